@@ -1,0 +1,25 @@
+"""Load generator for OpenAI-compatible servers, metric-compatible with ``vllm bench serve``.
+
+Command line: ``python -m inferflow.bench`` (also ``inferflow bench``), see
+:func:`inferflow.bench.cli.main`. Metric definitions: :mod:`inferflow.bench.metrics` and
+``docs/benchmarks.md``.
+"""
+
+from inferflow.bench.client import EndpointSpec, send_request
+from inferflow.bench.datasets import DatasetConfig, build_dataset
+from inferflow.bench.metrics import compute_metrics
+from inferflow.bench.records import RequestRecord, SampleRequest
+from inferflow.bench.runner import LoadConfig, RunOutput, run_load
+
+__all__ = [
+    "DatasetConfig",
+    "EndpointSpec",
+    "LoadConfig",
+    "RequestRecord",
+    "RunOutput",
+    "SampleRequest",
+    "build_dataset",
+    "compute_metrics",
+    "run_load",
+    "send_request",
+]

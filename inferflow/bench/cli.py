@@ -1,0 +1,226 @@
+"""``inferflow bench`` / ``python -m inferflow.bench``: the load generator's command line.
+
+Option names follow ``vllm bench serve`` (``--random-input-len`` and friends are accepted as
+aliases of the shorter names), so existing invocations carry over.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from inferflow.bench.client import EndpointSpec
+from inferflow.bench.datasets import DATASET_NAMES, DatasetConfig, build_dataset
+from inferflow.bench.metrics import GOODPUT_NAMES, METRIC_NAMES, compute_metrics, detailed_fields
+from inferflow.bench.report import default_filename, format_table, run_header, save_result
+from inferflow.bench.runner import LoadConfig, run_load
+from inferflow.bench.text import make_text_source
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="inferflow bench",
+        description="Load generator for OpenAI-compatible servers (vLLM bench serve metrics).",
+    )
+    g = p.add_argument_group("server")
+    g.add_argument("--base-url", help="e.g. http://127.0.0.1:8000 (overrides --host/--port)")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=int, default=8000)
+    g.add_argument("--endpoint", default="/v1/completions")
+    g.add_argument("--backend", choices=["openai", "openai-chat"], help="default: from --endpoint")
+    g.add_argument("--model", help="model id; default: the first of GET /v1/models")
+    g.add_argument("--served-model-name", help="name sent in requests (default: --model)")
+    g.add_argument("--header", nargs="*", default=[], metavar="KEY=VALUE")
+    g.add_argument("--timeout", type=float, default=6 * 3600.0, help="per-request seconds")
+    g = p.add_argument_group("dataset")
+    g.add_argument("--dataset-name", choices=DATASET_NAMES, default="random")
+    g.add_argument("--dataset-path", help="JSONL file for --dataset-name jsonl")
+    g.add_argument("--num-prompts", type=int)
+    g.add_argument("--input-len", "--random-input-len", dest="input_len", type=int)
+    g.add_argument("--output-len", "--random-output-len", dest="output_len", type=int, default=128)
+    g.add_argument(
+        "--range-ratio", "--random-range-ratio", dest="range_ratio", type=float, default=0.0
+    )
+    g.add_argument("--prefix-len", "--random-prefix-len", dest="prefix_len", type=int)
+    g.add_argument("--num-prefixes", type=int, default=1, help="shared-prefix: system prompts")
+    g.add_argument("--num-docs", type=int, help="long-doc: distinct documents (default: one each)")
+    g.add_argument("--tokenizer", help="tokenizer.json (or a folder holding it); default: words")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("load")
+    g.add_argument("--request-rate", type=float, default=math.inf, help="req/s; inf = all at once")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson")
+    g.add_argument("--max-concurrency", type=int)
+    g.add_argument("--num-warmups", type=int, default=0)
+    g.add_argument("--request-id-prefix", default="bench-")
+    g = p.add_argument_group("request")
+    g.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send ignore_eos (default: on for the random dataset, as in vLLM)",
+    )
+    g.add_argument(
+        "--force-output-len",
+        action="store_true",
+        help="also send min_tokens = max_tokens so every output has its set length",
+    )
+    g.add_argument(
+        "--no-stream-usage",
+        action="store_true",
+        help="do not send stream_options.include_usage (count chunks instead)",
+    )
+    g.add_argument("--temperature", type=float)
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--extra-body", type=json.loads, default=None, help="JSON merged into bodies")
+    g = p.add_argument_group("metrics and output")
+    g.add_argument("--percentile-metrics", default=",".join(METRIC_NAMES))
+    g.add_argument("--metric-percentiles", default="90,99")
+    g.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs, e.g. ttft:500 tpot:50")
+    g.add_argument("--label")
+    g.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE")
+    g.add_argument("--save-result", action="store_true")
+    g.add_argument("--save-detailed", action="store_true", help="add per-request arrays")
+    g.add_argument("--append-result", action="store_true")
+    g.add_argument("--result-dir")
+    g.add_argument("--result-filename")
+    g.add_argument("--disable-tqdm", action="store_true")
+    return p
+
+
+def parse_pairs(items: list[str], sep: str, what: str) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, found, value = item.partition(sep)
+        if not found or not key.strip():
+            raise ValueError(f"{what} must look like KEY{sep}VALUE, got {item!r}")
+        out[key.strip()] = value.strip()
+    return out
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float]:
+    slos = {k: float(v) for k, v in parse_pairs(items or [], ":", "--goodput").items()}
+    for name, value in slos.items():
+        if name not in GOODPUT_NAMES or value < 0:
+            raise ValueError(f"--goodput: {name}:{value} (names {GOODPUT_NAMES}, values >= 0 ms)")
+    return slos
+
+
+def fetch_first_model(base_url: str, headers: dict[str, str]) -> str:
+    try:
+        response = httpx.get(f"{base_url}/v1/models", headers=headers, timeout=30.0)
+        response.raise_for_status()
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise ConnectionError(f"could not read the model from {base_url}/v1/models: {exc}") from exc
+
+
+def endpoint_from_args(args: argparse.Namespace, dataset: str) -> tuple[EndpointSpec, str]:
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    headers = parse_pairs(args.header, "=", "--header")
+    model = args.model or fetch_first_model(base_url, headers)
+    backend = args.backend or ("openai-chat" if "chat" in args.endpoint else "openai")
+    extra = {
+        k: v
+        for k, v in (
+            ("temperature", args.temperature),
+            ("top_p", args.top_p),
+            ("top_k", args.top_k),
+        )
+        if v is not None
+    }
+    extra.update(args.extra_body or {})
+    spec = EndpointSpec(
+        api_url=base_url + args.endpoint,
+        model=args.served_model_name or model,
+        chat=backend == "openai-chat",
+        ignore_eos=args.ignore_eos if args.ignore_eos is not None else dataset == "random",
+        force_output_len=args.force_output_len,
+        include_usage=not args.no_stream_usage,
+        extra_body=extra,
+        extra_headers=headers,
+    )
+    return spec, model
+
+
+def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Build the dataset, run the load, and return the result dict (vLLM layout)."""
+    dataset = DatasetConfig(
+        name=args.dataset_name,
+        num_prompts=args.num_prompts,
+        input_len=args.input_len,
+        output_len=args.output_len,
+        range_ratio=args.range_ratio,
+        prefix_len=args.prefix_len,
+        num_prefixes=args.num_prefixes,
+        num_docs=args.num_docs,
+        path=args.dataset_path,
+        seed=args.seed,
+    )
+    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+    metric_names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    goodput = parse_goodput(args.goodput)
+    samples = build_dataset(dataset, make_text_source(args.tokenizer))
+    spec, model = endpoint_from_args(args, dataset.name)
+    load = LoadConfig(
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        seed=args.seed,
+        request_id_prefix=args.request_id_prefix,
+        num_warmups=args.num_warmups,
+        timeout_s=args.timeout,
+        disable_tqdm=args.disable_tqdm,
+    )
+    run = asyncio.run(run_load(spec, samples, load))
+    result = run_header(
+        backend="openai-chat" if spec.chat else "openai",
+        label=args.label,
+        model_id=model,
+        tokenizer_id=args.tokenizer,
+        num_prompts=len(samples),
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        max_concurrency=args.max_concurrency,
+        metadata={"dataset_name": dataset.name, **parse_pairs(args.metadata, "=", "--metadata")},
+    )
+    result.update(compute_metrics(run.records, run.duration, percentiles, goodput, metric_names))
+    if args.save_detailed:
+        result.update(detailed_fields(run.records))
+    failures = [r.error for r in run.records if not r.success]
+    if failures:
+        print(f"{len(failures)} request(s) failed; first errors:", file=sys.stderr)
+        for error in failures[:5]:
+            print(f"  {error}", file=sys.stderr)
+    print(format_table(result, metric_names, percentiles))
+    if args.save_result or args.append_result:
+        name = args.result_filename or default_filename(result)
+        path = Path(args.result_dir or ".") / name
+        save_result(result, path, append=args.append_result)
+        print(f"results written to {path}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Exit code: 0 when at least one request completed, 1 when none did or the server is
+    unreachable, 2 for bad arguments."""
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    try:
+        result = run_from_args(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"inferflow bench: error: {exc}", file=sys.stderr)
+        return 2
+    except ConnectionError as exc:
+        print(f"inferflow bench: error: {exc}", file=sys.stderr)
+        return 1
+    return 0 if result["completed"] > 0 else 1
