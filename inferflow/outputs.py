@@ -1,0 +1,56 @@
+"""What generation returns, offline (``LLM.generate``) and per engine step (``LLMEngine.step``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class TokenLogprob:
+    """Logprob of one generated token and the top alternatives at that position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)  # (token_id, logprob), best first
+
+
+@dataclass
+class RequestMetrics:
+    """Wall-clock timestamps (``time.time()``) and counters of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None  # queue time = first_scheduled - arrival
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_preemptions: int = 0
+
+
+@dataclass
+class CompletionOutput:
+    """One generated sequence. ``text``/``token_ids`` are cumulative; ``delta_*`` are what this
+    step added (what a streaming frontend sends)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: str | int | None = None  # the stop string or stop token that matched
+    logprobs: list[TokenLogprob] | None = None
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None

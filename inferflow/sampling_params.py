@@ -1,0 +1,69 @@
+"""Per-request sampling and stopping parameters (vLLM-compatible names)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+class SamplingParamsError(ValueError):
+    """A sampling parameter is out of range; ``field`` names it (used for HTTP 400s)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass
+class SamplingParams:
+    """How one request samples and when it stops.
+
+    ``temperature == 0`` means greedy (argmax); ``top_k <= 0`` and ``top_p == 1`` disable those
+    filters. ``seed`` makes sampling reproducible per request, independent of batch composition.
+    ``stop`` strings are matched on detokenized text and are not included in the output;
+    ``stop_token_ids`` (and EOS unless ``ignore_eos``) end generation at the token level.
+    ``logprobs=n`` returns the sampled token's logprob plus the top-n alternatives.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    min_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.stop = list(self.stop)
+        self.stop_token_ids = list(self.stop_token_ids)
+        self.validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    def validate(self) -> None:
+        """Raise :class:`SamplingParamsError` naming the first bad field."""
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise SamplingParamsError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 100.0:
+            raise SamplingParamsError("temperature", f"must be in [0, 100], got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or self.top_k < -1:
+            raise SamplingParamsError("top_k", f"must be -1, 0 (disabled) or >= 1, got {self.top_k!r}")
+        if not math.isfinite(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise SamplingParamsError("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or self.seed < 0):
+            raise SamplingParamsError("seed", f"must be a non-negative integer, got {self.seed!r}")
+        if any(not isinstance(s, str) or s == "" for s in self.stop):
+            raise SamplingParamsError("stop", "must be non-empty strings")
+        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+            raise SamplingParamsError("stop_token_ids", "must be non-negative integers")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
+            raise SamplingParamsError("logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise SamplingParamsError("min_tokens", "must be in [0, max_tokens]")

@@ -1,0 +1,86 @@
+"""The one dataclass the scheduler hands to the executor each step, and what comes back.
+
+Engine loop (see ``inferflow/engine_loop.py``)::
+
+    plan = scheduler.schedule()          # SchedulerOutput
+    out = executor.execute(plan)         # ExecutorOutput
+    finished = scheduler.update(plan, out)
+
+Invariants the scheduler guarantees for a plan:
+- every ``ScheduledChunk.slot`` is distinct (one row per running sequence per step);
+- ``chunk.start_pos`` equals the number of tokens whose KV is already in that slot, so the
+  chunk's tokens occupy positions ``[start_pos, start_pos + len(token_ids))`` and
+  ``start_pos + len(token_ids) <= engine capacity``;
+- ``kv_loads`` run before the forward pass (prefix-cache hits: pool block -> slot), ``kv_saves``
+  after it (blocks that became full this step: slot -> pool), so a block saved in step N can be
+  loaded by another request from step N+1 on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferflow.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class KVBlockCopy:
+    """Copy one block of ``block_size`` tokens between a slot and the KV block pool.
+
+    Positions covered in the slot: ``[block_index * block_size, (block_index + 1) * block_size)``.
+    """
+
+    slot: int
+    block_index: int  # index of the block within the sequence (position // block_size)
+    block_id: int  # physical block id in the pool
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """One row of an engine step: a prefill chunk or a single decode token of one request."""
+
+    request_id: str
+    slot: int
+    token_ids: tuple[int, ...]  # tokens whose KV this step computes (len >= 1)
+    start_pos: int  # tokens already cached in the slot == position of token_ids[0]
+    sample: bool  # True when this row completes the prompt (or decodes): sample one token
+    sampling_params: SamplingParams
+    # tokens generated so far (excluding this step); lets samplers apply penalties / min_tokens
+    num_output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    """Everything the executor needs for one step; built by ``Scheduler.schedule()``."""
+
+    chunks: tuple[ScheduledChunk, ...]
+    kv_loads: tuple[KVBlockCopy, ...] = ()
+    kv_saves: tuple[KVBlockCopy, ...] = ()
+    # requests that finished or were cancelled/preempted since the last plan: the executor drops
+    # any per-request state (e.g. seeded RNGs) it keeps for them.
+    finished_request_ids: frozenset[str] = frozenset()
+    step_id: int = 0
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(len(c.token_ids) for c in self.chunks)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    """The token sampled for one request in one step."""
+
+    token_id: int
+    logprob: float | None = None  # log-probability of token_id (when logprobs were requested)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class ExecutorOutput:
+    """Result of one engine step: a sampled token per chunk that had ``sample=True``."""
+
+    sampled: dict[str, SampledToken] = field(default_factory=dict)
