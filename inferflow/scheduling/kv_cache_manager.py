@@ -1,0 +1,206 @@
+"""Per-request KV blocks on top of :class:`BlockPool`: prefix lookup, allocation, saves, free.
+
+Physical picture (DESIGN.md §4): a running sequence's KV lives contiguously in its engine *slot*;
+the block pool is the accounted KV memory and the backing store of cached blocks. So:
+
+- a request owns ``ceil(num_computed_tokens / block_size)`` blocks (accounting);
+- a prefix hit = ``kv_loads`` (pool block -> the sequence's slot, before the forward pass), after
+  which only the rest of the prompt is prefilled;
+- a block of a running sequence that becomes full in a step is ``kv_saves``-d (slot -> pool, after
+  the forward pass) and registered in the prefix cache by ``commit_saves`` once the step ran.
+
+The scheduler talks to this class only; it never touches blocks directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from inferflow.scheduling.block_hash import BlockKey, ExtraKeys, extend_block_keys
+from inferflow.scheduling.block_pool import BlockPool
+from inferflow.scheduling.plan import KVBlockCopy
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def max_prefix_hit_tokens(num_tokens: int) -> int:
+    """The named rule "always recompute at least the last prompt token".
+
+    The step that completes a prompt must sample from the logits of its last token, so at least
+    that token is computed even when the whole prompt is cached: a hit covers at most
+    ``num_tokens - 1`` tokens (rounded down to full blocks by the caller).
+    """
+    return num_tokens - 1
+
+
+@dataclass(frozen=True)
+class PrefixHit:
+    """Result of a lookup: the cached leading blocks and every full-block key computed on the way."""
+
+    block_ids: tuple[int, ...]
+    num_tokens: int  # len(block_ids) * block_size
+    keys: tuple[BlockKey, ...] = ()
+
+
+@dataclass
+class PrefixCacheStats:
+    queries: int = 0  # tokens looked up (sum of sequence lengths at admission)
+    hits: int = 0  # tokens served from the cache
+    requests: int = 0
+    request_hits: int = 0  # admissions with at least one cached block
+
+
+@dataclass
+class _Seq:
+    blocks: list[int]
+    keys: list[BlockKey]
+    extra_keys: ExtraKeys
+    num_saved: int  # leading blocks that are cached or already scheduled for a save
+    pending: dict[int, BlockKey] = field(default_factory=dict)  # block id -> key, saved this step
+
+
+class KVCacheManager:
+    """Owns the pool and every request's block list (keyed by request id)."""
+
+    def __init__(
+        self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True
+    ) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.stats = PrefixCacheStats()
+        self._seqs: dict[str, _Seq] = {}
+
+    # -- queries ---------------------------------------------------------------------------
+    def block_ids(self, request_id: str) -> list[int]:
+        seq = self._seqs.get(request_id)
+        return [] if seq is None else list(seq.blocks)
+
+    def holds(self, request_id: str) -> bool:
+        return request_id in self._seqs
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return cdiv(num_tokens, self.block_size)
+
+    def find_prefix(self, token_ids: Sequence[int], extra_keys: ExtraKeys = ()) -> PrefixHit:
+        """Longest chain of cached full blocks of ``token_ids`` (read-only: no refcount change)."""
+        if not self.enable_prefix_caching:
+            return PrefixHit((), 0)
+        limit = max_prefix_hit_tokens(len(token_ids))
+        keys = extend_block_keys([], token_ids, limit, self.block_size, extra_keys)
+        hits: list[int] = []
+        for key in keys:
+            block_id = self.pool.lookup(key)
+            if block_id is None:
+                break
+            hits.append(block_id)
+        return PrefixHit(tuple(hits), len(hits) * self.block_size, tuple(keys[: len(hits)]))
+
+    def can_admit(self, hit: PrefixHit, num_tokens: int) -> bool:
+        """Would ``admit(hit, num_tokens)`` succeed? Unreferenced hit blocks leave the free queue too."""
+        need = self.num_blocks_for(num_tokens) - len(hit.block_ids)
+        evictable_hits = sum(1 for b in hit.block_ids if self.pool.ref_cnt(b) == 0)
+        return need + evictable_hits <= self.pool.num_free_blocks
+
+    def can_grow(self, request_id: str, num_tokens: int) -> bool:
+        """Would ``grow(request_id, num_tokens)`` succeed?"""
+        need = self.num_blocks_for(num_tokens) - len(self._seqs[request_id].blocks)
+        return need <= self.pool.num_free_blocks
+
+    def max_tokens_fitting(self, request_id: str) -> int:
+        """Most tokens ``request_id`` can cover (KV positions) with its blocks plus all free ones."""
+        return (len(self._seqs[request_id].blocks) + self.pool.num_free_blocks) * self.block_size
+
+    # -- transitions ---------------------------------------------------------------------------
+    def admit(
+        self,
+        request_id: str,
+        hit: PrefixHit,
+        num_tokens: int,
+        slot: int,
+        extra_keys: ExtraKeys = (),
+    ) -> list[KVBlockCopy]:
+        """Take the hit blocks and enough new ones to cover ``num_tokens``; return the kv_loads.
+
+        ``num_tokens`` counts every token with KV after this step (hit + chunk to compute).
+        """
+        if request_id in self._seqs:
+            raise ValueError(f"request {request_id!r} already holds blocks")
+        if not self.can_admit(hit, num_tokens):
+            raise ValueError(f"request {request_id!r}: not enough free blocks (check can_admit)")
+        self.pool.touch(hit.block_ids)  # before allocate, so it cannot evict our own hits
+        new = self.pool.allocate(self.num_blocks_for(num_tokens) - len(hit.block_ids))
+        self._seqs[request_id] = _Seq(
+            list(hit.block_ids) + new, list(hit.keys), extra_keys, len(hit.block_ids)
+        )
+        return [KVBlockCopy(slot, i, b) for i, b in enumerate(hit.block_ids)]
+
+    def record_lookup(self, num_tokens: int, hit: PrefixHit) -> None:
+        if self.enable_prefix_caching:
+            self.stats.queries += num_tokens
+            self.stats.hits += hit.num_tokens
+            self.stats.requests += 1
+            self.stats.request_hits += bool(hit.block_ids)
+
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        """Allocate blocks so ``request_id`` covers ``num_tokens`` KV positions."""
+        seq = self._seqs[request_id]
+        if not self.can_grow(request_id, num_tokens):
+            raise ValueError(f"request {request_id!r}: not enough free blocks (check can_grow)")
+        seq.blocks += self.pool.allocate(self.num_blocks_for(num_tokens) - len(seq.blocks))
+
+    def take_saves(
+        self, request_id: str, token_ids: Sequence[int], num_tokens: int, slot: int
+    ) -> list[KVBlockCopy]:
+        """kv_saves for the blocks that become full once ``token_ids[:num_tokens]`` have KV.
+
+        A block whose content is already cached (or being saved by another request) is skipped.
+        The keys are registered by ``commit_saves`` after the step ran.
+        """
+        seq = self._seqs[request_id]
+        num_full = num_tokens // self.block_size
+        if not self.enable_prefix_caching or num_full <= seq.num_saved:
+            return []
+        extend_block_keys(seq.keys, token_ids, num_tokens, self.block_size, seq.extra_keys)
+        pending_keys = {k for s in self._seqs.values() for k in s.pending.values()}
+        saves = []
+        for i in range(seq.num_saved, num_full):
+            key = seq.keys[i]
+            if self.pool.lookup(key) is None and key not in pending_keys:
+                seq.pending[seq.blocks[i]] = key
+                saves.append(KVBlockCopy(slot, i, seq.blocks[i]))
+        seq.num_saved = num_full
+        return saves
+
+    def commit_saves(self, saves: Iterable[KVBlockCopy]) -> None:
+        """After the step ran: register the saved blocks' keys (of requests still holding them)."""
+        owners = {b: s for s in self._seqs.values() for b in s.pending}
+        for copy in saves:
+            seq = owners.get(copy.block_id)
+            if seq is not None:
+                self.pool.cache(copy.block_id, seq.pending.pop(copy.block_id))
+
+    def free(self, request_id: str) -> None:
+        """Release the request's blocks, tail-first (its prefix stays cached longest); idempotent."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is not None:
+            self.pool.free(reversed(seq.blocks))
+
+    def check_integrity(self) -> None:
+        """Pool invariants plus: refcounts equal the number of request block lists holding a block."""
+        self.pool.check_integrity()
+        refs = [0] * self.pool.num_blocks
+        for rid, seq in self._seqs.items():
+            assert len(set(seq.blocks)) == len(seq.blocks), f"{rid} holds a block twice"
+            for b in seq.blocks:
+                refs[b] += 1
+            assert seq.num_saved <= len(seq.blocks), rid
+        for b, n in enumerate(refs):
+            assert self.pool.ref_cnt(b) == n, (
+                f"block {b}: ref_cnt {self.pool.ref_cnt(b)} != {n} holders"
+            )
