@@ -1,0 +1,56 @@
+"""Typed settings of a compiled engine (the ``executor`` config slot fills these)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PRECISIONS = ("fp32", "fp16", "int8", "int4")
+GRAPH_FORMS = ("gqa", "canonical")
+
+
+def default_engine_dir() -> Path:
+    """Where compiled engines are cached: $INFERFLOW_ENGINE_DIR, else $INFERFLOW_HOME/compiled_engines."""
+    if env := os.environ.get("INFERFLOW_ENGINE_DIR"):
+        return Path(env).expanduser()
+    home = Path(os.environ.get("INFERFLOW_HOME", Path.home() / ".cache" / "inferflow")).expanduser()
+    return home / "compiled_engines"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How to build and run the compiled engine.
+
+    ``max_slots`` sequences run at once, each owning ``max_model_len`` token positions of KV in
+    its slot; ``num_blocks`` x ``block_size`` tokens is the block pool that backs the prefix cache
+    and bounds admitted KV (0 = one full slot's worth of blocks per slot).
+    """
+
+    precision: str = "fp32"
+    graph_form: str = "gqa"
+    max_slots: int = 8
+    max_model_len: int = 1024
+    block_size: int = 16
+    num_blocks: int = 0
+    intra_op_threads: int = 0  # 0 = onnxruntime's default (one per core)
+    inter_op_threads: int = 1
+    allow_spinning: bool = False  # ORT worker threads spin between calls: lower latency, idle CPU
+    cache_dir: str | None = None  # None = default_engine_dir()
+    quant_block_size: int = 32
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"executor.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.graph_form not in GRAPH_FORMS:
+            raise ValueError(f"executor.graph_form: {self.graph_form!r} is not one of {', '.join(GRAPH_FORMS)}")
+        if self.max_slots < 1 or self.max_model_len < 2 or self.block_size < 1:
+            raise ValueError("executor: max_slots >= 1, max_model_len >= 2 and block_size >= 1 are required")
+
+    @property
+    def resolved_num_blocks(self) -> int:
+        return self.num_blocks or self.max_slots * -(-self.max_model_len // self.block_size)
+
+    @property
+    def engine_dir(self) -> Path:
+        return Path(self.cache_dir).expanduser() if self.cache_dir else default_engine_dir()

@@ -1,0 +1,99 @@
+"""Compiled-engine cache: ``<engine_dir>/<key>/{model.onnx, model.onnx.data, manifest.json}``.
+
+The key hashes everything that determines the built file: the weights' digest, the graph-builder
+version, the runtime versions (onnx, onnxruntime) and the engine settings. A second start with the
+same inputs reuses the entry; any change gives a new key (a stale engine is never loaded). An entry
+whose manifest or files do not verify is rebuilt, never crashed on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from inferflow.models.safetensors_reader import file_digest
+
+log = logging.getLogger(__name__)
+
+MANIFEST = "manifest.json"
+MODEL_FILE = "model.onnx"
+_VERIFY_SHA_BELOW = 2 << 30  # hash files below 2 GiB on load; larger ones are checked by size
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    path: Path
+    manifest: dict[str, Any]
+    reused: bool  # True when loaded from the cache, False when built now
+
+    @property
+    def model_path(self) -> Path:
+        return self.path / MODEL_FILE
+
+
+def cache_key(fields: dict[str, Any]) -> str:
+    blob = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+def _verify(entry: Path, key: str) -> dict[str, Any] | None:
+    """The manifest when the entry is complete and intact, else None (with a log line why)."""
+    try:
+        manifest = json.loads((entry / MANIFEST).read_text())
+        if manifest.get("key") != key:
+            raise ValueError("manifest key does not match")
+        for name, meta in manifest["files"].items():
+            f = entry / name
+            if f.stat().st_size != meta["size"]:
+                raise ValueError(f"{name} has the wrong size")
+            if meta["size"] < _VERIFY_SHA_BELOW and file_digest(f) != meta["sha256"]:
+                raise ValueError(f"{name} does not match its digest")
+        return manifest
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning("compiled engine %s is unusable (%s); rebuilding", entry, exc)
+        return None
+
+
+def get_or_build(engine_dir: Path, fields: dict[str, Any],
+                 build: Callable[[], onnx.ModelProto]) -> CacheEntry:
+    """Return the cached engine for ``fields``, building (and caching) it when absent or corrupt."""
+    key = cache_key(fields)
+    entry = engine_dir / key
+    if entry.exists():
+        manifest = _verify(entry, key)
+        if manifest is not None:
+            log.info("reusing compiled engine %s", entry)
+            return CacheEntry(key, entry, manifest, reused=True)
+        shutil.rmtree(entry, ignore_errors=True)
+    engine_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    model = build()
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=engine_dir))
+    try:
+        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True,
+                        location=MODEL_FILE + ".data", size_threshold=1024)
+        files = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)} for f in sorted(tmp.iterdir())}
+        manifest = {"key": key, **fields, "files": files, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    "build_seconds": round(time.time() - started, 3)}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+        try:
+            os.replace(tmp, entry)  # atomic publish; a concurrent builder of the same key may win
+        except OSError:
+            if _verify(entry, key) is None:
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("built compiled engine %s in %.1fs", entry, time.time() - started)
+    return CacheEntry(key, entry, manifest, reused=False)

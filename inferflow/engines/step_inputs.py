@@ -1,0 +1,99 @@
+"""Pure functions turning one step's rows into engine input arrays (testable without an engine).
+
+A *row* is one sequence's work in a step: ``len(token_ids)`` new tokens starting at position
+``start_pos`` of slot ``slot``. Rows become one or more engine *calls*; in each call every row's
+padded chunk must fit its slot: ``start_pos + S <= capacity`` (S = longest chunk of the call).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    slot: int
+    token_ids: tuple[int, ...]
+    start_pos: int
+    sample: bool  # return logits of the row's last token
+
+
+@dataclass
+class StepArrays:
+    """Inputs of one engine call (names as in ``inferflow.models.llama_graph``)."""
+
+    input_ids: np.ndarray  # int64 (N,)
+    pad_index: np.ndarray  # int64 (B, S); N marks padding
+    unpad_index: np.ndarray  # int64 (N,)
+    logits_index: np.ndarray  # int64 (R,)
+    seqlens_k: np.ndarray  # int32 (B,) tokens after the step - 1 (0 for idle slots)
+    query_seqlens: np.ndarray  # int32 (B,) valid tokens (0 for idle slots)
+    position_ids: np.ndarray  # int64 (B, S) absolute positions (canonical form)
+    write_indices: np.ndarray  # int64 (B,) tokens before the step (canonical form)
+    slots: np.ndarray  # int64 (B,) slot of each batch entry
+    sampled_rows: list[int]  # indices into the call's rows whose logits come back, in order
+
+
+def split_calls(rows: Sequence[EngineRow], capacity: int) -> list[list[int]]:
+    """Group row indices into calls so that every row's padded chunk fits its slot.
+
+    Usually one call. Longest chunks first; a row joins the first call whose chunk length S
+    (its first, longest member) satisfies ``start_pos + S <= capacity``.
+    """
+    order = sorted(range(len(rows)), key=lambda i: -len(rows[i].token_ids))
+    calls: list[list[int]] = []
+    for i in order:
+        r = rows[i]
+        for call in calls:
+            if r.start_pos + len(rows[call[0]].token_ids) <= capacity:
+                call.append(i)
+                break
+        else:
+            calls.append([i])
+    return [sorted(c) for c in calls]
+
+
+def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool) -> StepArrays:
+    """Arrays for one call over ``rows``.
+
+    ``slot_range=True`` (in-place GQA form): batch entry b is slot b for b in [0, max slot];
+    slots without a row are idle (query_seqlens 0). ``False`` (canonical form): entry b is rows[b].
+    """
+    if slot_range:
+        batch = max(r.slot for r in rows) + 1
+        entry_of = {r.slot: r.slot for r in rows}
+        slots = np.arange(batch, dtype=np.int64)
+    else:
+        batch = len(rows)
+        entry_of = {r.slot: b for b, r in enumerate(rows)}
+        slots = np.array([r.slot for r in rows], dtype=np.int64)
+    s_max = max(len(r.token_ids) for r in rows)
+    n = sum(len(r.token_ids) for r in rows)
+    pad_index = np.full((batch, s_max), n, dtype=np.int64)
+    unpad_index = np.empty(n, dtype=np.int64)
+    seqlens_k = np.zeros(batch, dtype=np.int32)
+    query_seqlens = np.zeros(batch, dtype=np.int32)
+    write_indices = np.zeros(batch, dtype=np.int64)
+    position_ids = np.zeros((batch, s_max), dtype=np.int64)
+    input_ids = np.empty(n, dtype=np.int64)
+    logits_index: list[int] = []
+    sampled_rows: list[int] = []
+    offset = 0
+    for i, r in enumerate(rows):
+        b, length = entry_of[r.slot], len(r.token_ids)
+        input_ids[offset:offset + length] = r.token_ids
+        pad_index[b, :length] = np.arange(offset, offset + length)
+        unpad_index[offset:offset + length] = b * s_max + np.arange(length)
+        seqlens_k[b] = r.start_pos + length - 1
+        query_seqlens[b] = length
+        write_indices[b] = r.start_pos
+        position_ids[b] = r.start_pos + np.arange(s_max)
+        if r.sample:
+            logits_index.append(offset + length - 1)
+            sampled_rows.append(i)
+        offset += length
+    return StepArrays(input_ids, pad_index, unpad_index, np.array(logits_index, dtype=np.int64),
+                      seqlens_k, query_seqlens, position_ids, write_indices, slots, sampled_rows)

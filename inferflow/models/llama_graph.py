@@ -1,0 +1,236 @@
+"""Llama-family checkpoint -> ONNX graph, in two forms built from the same layer code.
+
+- ``canonical``: standard ONNX ops only (opset 24: RMSNormalization, RotaryEmbedding,
+  TensorScatter, Attention, DequantizeLinear). The form TensorRT parses; on ONNX Runtime it is
+  the reference the tests compare the CPU form with.
+- ``gqa``: the CPU form. ``com.microsoft::GroupQueryAttention`` applies rotary itself and writes
+  the new K/V into the slot buffers in place (past_key and present_key bound to one buffer);
+  int8/int4 weights use ``com.microsoft::MatMulNBits``.
+
+Both forms take the same *packed* step (a prefill chunk or decode token per row) and only pad
+for attention. Shapes: N packed tokens, B rows (slots), S padded chunk length, R sampled rows,
+C slot capacity, H hidden, Hq/Hkv heads, D head dim, V vocab.
+
+Inputs (both forms)
+  input_ids    int64 (N,)    tokens of every row, row after row
+  pad_index    int64 (B, S)  packed index of padded position (b, s); N = padding (a zero row)
+  unpad_index  int64 (N,)    flat padded position b*S + s of packed token n
+  logits_index int64 (R,)    packed tokens whose next-token logits are returned
+  past_key_{i}, past_value_{i}  (B, Hkv, C, D) per layer
+GQA form: seqlens_k int32 (B,) = tokens in the slot after the step - 1; total_seq_len int32 ()
+  = C; query_seqlens int32 (B,) valid tokens per row (0 = idle slot).
+Canonical form: position_ids int64 (B, S); write_indices int64 (B,) = tokens before the step.
+Outputs: logits float32 (R, V); present_key_{i}, present_value_{i} (B, Hkv, C, D).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from inferflow.models.checkpoint import LayerWeights, ModelWeights
+from inferflow.models.config import ModelConfig
+from inferflow.models.quantize import quantize_blocked
+from inferflow.models.rope import cos_sin_cache
+
+GRAPH_BUILDER_VERSION = "1"
+GraphForm = Literal["gqa", "canonical"]
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    form: GraphForm = "gqa"
+    precision: str = "fp32"  # fp32 | fp16 | int8 | int4 (weight-only for int8/int4)
+    max_model_len: int = 2048  # rows of the rotary tables; positions must stay below it
+    quant_block_size: int = 32
+
+    @property
+    def act_dtype(self) -> np.dtype:
+        return np.dtype(np.float16 if self.precision == "fp16" else np.float32)
+
+
+class _Graph:
+    """Accumulates nodes and initializers; names are unique by construction."""
+
+    def __init__(self, spec: GraphSpec) -> None:
+        self.spec = spec
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self._n = 0
+
+    def name(self, base: str) -> str:
+        self._n += 1
+        return f"{base}_{self._n}"
+
+    def const(self, base: str, value: np.ndarray) -> str:
+        name = self.name(base)
+        self.inits.append(numpy_helper.from_array(value, name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: object) -> list[str]:
+        outs = [self.name(op_type.lower()) for _ in range(n_out)]
+        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs))
+        return outs
+
+    def op1(self, op_type: str, inputs: list[str], domain: str = "", **attrs: object) -> str:
+        return self.op(op_type, inputs, 1, domain, **attrs)[0]
+
+    def weight(self, base: str, w: np.ndarray) -> str:
+        return self.const(base, w.astype(self.spec.act_dtype))
+
+    def linear(self, x: str, base: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
+        """x (N, K) @ w (K, N_out) [+ bias], in the spec's weight precision."""
+        p = self.spec.precision
+        if p in ("int8", "int4"):
+            qw = quantize_blocked(w, 8 if p == "int8" else 4, self.spec.quant_block_size)
+            if self.spec.form == "gqa":
+                y = self.op1("MatMulNBits", [x, self.const(base + "_q", qw.matmulnbits_b()),
+                                             self.const(base + "_scales", qw.matmulnbits_scales())],
+                             domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size)
+            else:
+                qtype = onnx.TensorProto.INT8 if qw.bits == 8 else onnx.TensorProto.INT4
+                qname = self.name(base + "_q")
+                self.inits.append(helper.make_tensor(qname, qtype, list(qw.q.shape), qw.q.reshape(-1).tolist()))
+                deq = self.op1("DequantizeLinear", [qname, self.const(base + "_scales", qw.scales)],
+                               axis=0, block_size=qw.block_size)
+                y = self.op1("MatMul", [x, deq])
+        else:
+            y = self.op1("MatMul", [x, self.weight(base, w)])
+        return self.op1("Add", [y, self.weight(base + "_bias", bias)]) if bias is not None else y
+
+    def rms_norm(self, x: str, w: np.ndarray, eps: float) -> str:
+        op = "RMSNormalization" if self.spec.form == "canonical" else "SimplifiedLayerNormalization"
+        return self.op1(op, [x, self.weight("norm", w)], axis=-1, epsilon=eps)
+
+
+def _pad(g: _Graph, x: str, width: int, pad_index: str) -> str:
+    """Packed (N, W) -> padded (B, S, W): append a zero row and gather it for padding."""
+    zero = g.weight("zero_row", np.zeros((1, width)))
+    return g.op1("Gather", [g.op1("Concat", [x, zero], axis=0), pad_index], axis=0)
+
+
+def _unpad(g: _Graph, y: str, width: int, unpad_index: str) -> str:
+    """Padded (B, S, W) -> packed (N, W)."""
+    flat = g.op1("Reshape", [y, g.const("shape", np.array([-1, width], np.int64))])
+    return g.op1("Gather", [flat, unpad_index], axis=0)
+
+
+class _Layers:
+    """Emits the decoder; ``attention`` differs by form, everything else is shared."""
+
+    def __init__(self, g: _Graph, cfg: ModelConfig) -> None:
+        self.g, self.cfg = g, cfg
+        cos, sin = cos_sin_cache(cfg, g.spec.max_model_len)
+        self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
+        self.mask: str | None = None
+
+    def layer(self, i: int, x: str, lw: LayerWeights) -> str:
+        g, cfg = self.g, self.cfg
+        h = g.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
+        q = g.linear(h, f"l{i}_q", lw.wq, lw.bq)
+        k = g.linear(h, f"l{i}_k", lw.wk, lw.bk)
+        v = g.linear(h, f"l{i}_v", lw.wv, lw.bv)
+        attn = self.attention(i, q, k, v)
+        x = g.op1("Add", [x, g.linear(attn, f"l{i}_o", lw.wo)])
+        h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+        gate = g.linear(h, f"l{i}_gate", lw.w_gate)
+        act = g.op1("Mul", [gate, g.op1("Sigmoid", [gate])])  # SiLU
+        up = g.linear(h, f"l{i}_up", lw.w_up)
+        return g.op1("Add", [x, g.linear(g.op1("Mul", [act, up]), f"l{i}_down", lw.w_down)])
+
+    def attention(self, i: int, q: str, k: str, v: str) -> str:
+        cfg, g = self.cfg, self.g
+        qw, kw = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        qp, kp, vp = _pad(g, q, qw, "pad_index"), _pad(g, k, kw, "pad_index"), _pad(g, v, kw, "pad_index")
+        out = self._gqa(i, qp, kp, vp) if g.spec.form == "gqa" else self._canonical(i, qp, kp, vp)
+        return _unpad(g, out, qw, "unpad_index")
+
+    def _gqa(self, i: int, q: str, k: str, v: str) -> str:
+        cfg, g = self.cfg, self.g
+        inputs = [q, k, v, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_seq_len",
+                  self.cos, self.sin, "", "", "", "", "", "", "", "query_seqlens"]
+        g.nodes.append(helper.make_node(
+            "GroupQueryAttention", inputs, [f"attn_{i}", f"present_key_{i}", f"present_value_{i}"],
+            name=f"GroupQueryAttention_{i}", domain="com.microsoft", num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads, do_rotary=1, rotary_interleaved=0))
+        return f"attn_{i}"
+
+    def _heads(self, x: str, n: int) -> str:
+        """(B, S, n*D) -> (B, n, S, D)."""
+        shape = self.g.const("shape", np.array([0, 0, n, self.cfg.head_dim], np.int64))
+        return self.g.op1("Transpose", [self.g.op1("Reshape", [x, shape])], perm=[0, 2, 1, 3])
+
+    def _canonical(self, i: int, q: str, k: str, v: str) -> str:
+        cfg, g = self.cfg, self.g
+        qh = g.op1("RotaryEmbedding", [self._heads(q, cfg.num_heads), self.cos, self.sin, "position_ids"])
+        kh = g.op1("RotaryEmbedding", [self._heads(k, cfg.num_kv_heads), self.cos, self.sin, "position_ids"])
+        vh = self._heads(v, cfg.num_kv_heads)
+        g.nodes.append(helper.make_node("TensorScatter", [f"past_key_{i}", kh, "write_indices"],
+                                        [f"present_key_{i}"], name=f"ScatterK_{i}", axis=2))
+        g.nodes.append(helper.make_node("TensorScatter", [f"past_value_{i}", vh, "write_indices"],
+                                        [f"present_value_{i}"], name=f"ScatterV_{i}", axis=2))
+        y = g.op1("Attention", [qh, f"present_key_{i}", f"present_value_{i}", self._causal_mask()])
+        y = g.op1("Transpose", [y], perm=[0, 2, 1, 3])  # (B, S, Hq, D)
+        return g.op1("Reshape", [y, g.const("shape", np.array([0, 0, -1], np.int64))])
+
+    def _causal_mask(self) -> str:
+        """bool (B, 1, S, C): key position j is visible to the query at position p iff j <= p."""
+        if self.mask is None:
+            g = self.g
+            cap = g.op1("Gather", [g.op1("Shape", ["past_key_0"]), g.const("i", np.array(2, np.int64))], axis=0)
+            keys = g.op1("Range", [g.const("z", np.array(0, np.int64)), cap, g.const("o", np.array(1, np.int64))])
+            pos = g.op1("Unsqueeze", ["position_ids", g.const("axes", np.array([1, 3], np.int64))])
+            self.mask = g.op1("LessOrEqual", [keys, pos])
+        return self.mask
+
+
+def _io(cfg: ModelConfig, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    act = helper.np_dtype_to_tensor_dtype(spec.act_dtype)
+    i64, i32 = TensorProto.INT64, TensorProto.INT32
+    v = helper.make_tensor_value_info
+    inputs = [v("input_ids", i64, ["N"]), v("pad_index", i64, ["B", "S"]),
+              v("unpad_index", i64, ["N"]), v("logits_index", i64, ["R"])]
+    if spec.form == "gqa":
+        inputs += [v("seqlens_k", i32, ["B"]), v("total_seq_len", i32, []), v("query_seqlens", i32, ["B"])]
+    else:
+        inputs += [v("position_ids", i64, ["B", "S"]), v("write_indices", i64, ["B"])]
+    outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
+    kv_shape = ["B", cfg.num_kv_heads, "C", cfg.head_dim]
+    for i in range(cfg.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(v(f"past_{kind}_{i}", act, kv_shape))
+            outputs.append(v(f"present_{kind}_{i}", act, kv_shape))
+    return inputs, outputs
+
+
+def build_llama_graph(cfg: ModelConfig, weights: ModelWeights, spec: GraphSpec,
+                      on_layer: Callable[[int], None] | None = None) -> onnx.ModelProto:
+    """The whole decoder as one ONNX model (see the module docstring for the I/O contract).
+
+    ``on_layer(i)`` is called after each decoder layer is emitted (progress reporting).
+    """
+    g = _Graph(spec)
+    layers = _Layers(g, cfg)
+    x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)  # (N, H)
+    for i, lw in enumerate(weights.layers):
+        x = layers.layer(i, x, lw)
+        if on_layer is not None:
+            on_layer(i)
+    x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
+    x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
+    assert weights.lm_head is not None
+    logits = g.linear(x, "lm_head", weights.lm_head) if spec.precision == "fp16" else \
+        g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])
+    g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
+    inputs, outputs = _io(cfg, spec)
+    graph = helper.make_graph(g.nodes, f"inferflow_{cfg.architecture}_{spec.form}", inputs, outputs, g.inits)
+    opsets = [helper.make_opsetid("", 24 if spec.form == "canonical" else 21)]
+    if spec.form == "gqa":
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    return helper.make_model(graph, opset_imports=opsets, ir_version=11, producer_name="inferflow",
+                             producer_version=GRAPH_BUILDER_VERSION)

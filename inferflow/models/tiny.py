@@ -1,0 +1,190 @@
+"""Small seeded Llama checkpoints in Hugging Face layout, made offline in about a second.
+
+``make_checkpoint`` writes a random-weight Llama (any shape) with a byte-level BPE tokenizer
+trained on a fixed corpus: same arguments -> byte-identical files. ``tiny_llama_path()`` is the
+embedded default model, created on first use under ``$INFERFLOW_HOME`` (default
+``~/.cache/inferflow``) so ``python -m inferflow`` and the tests work on a fresh offline machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from inferflow.models.safetensors_writer import round_to_dtype, save_safetensors
+from inferflow.models.tiny_corpus import CORPUS
+
+SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
+                  "<|end_header_id|>", "<|eot_id|>"]
+
+# Llama 3 style template (what transformers renders for Llama 3.1 Instruct, minus tool calls).
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """Shape of a generated checkpoint (defaults: the embedded ``tiny_llama``)."""
+
+    hidden_size: int = 128
+    intermediate_size: int = 384
+    num_layers: int = 4
+    num_heads: int = 8
+    num_kv_heads: int = 2
+    vocab_size: int = 1024
+    max_position_embeddings: int = 2048
+    rope_theta: float = 500000.0
+    llama3_rope_scaling: bool = True
+    tie_word_embeddings: bool = False
+    rms_norm_eps: float = 1e-5
+    architecture: str = "LlamaForCausalLM"
+    attention_bias: bool = False
+    head_dim: int | None = None
+
+
+def train_tokenizer(vocab_size: int, out: Path) -> None:
+    """Byte-level BPE trained on the fixed corpus; writes tokenizer.json + tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    config = {
+        "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": True,
+        "chat_template": CHAT_TEMPLATE, "model_max_length": 2048,
+        "tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+
+
+def _random_weights(spec: TinySpec, head_dim: int, seed: int) -> dict[str, np.ndarray]:
+    """Seeded weights scaled so logits are peaked (greedy decoding is then robust to round-off)."""
+    rng = np.random.default_rng(seed)
+    h, i, v = spec.hidden_size, spec.intermediate_size, spec.vocab_size
+
+    def lin(out_f: int, in_f: int, gain: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal((out_f, in_f)) * gain / np.sqrt(in_f)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": rng.standard_normal((v, h)).astype(np.float32)}
+    for n in range(spec.num_layers):
+        p = f"model.layers.{n}."
+        w[p + "input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        w[p + "post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        w[p + "self_attn.q_proj.weight"] = lin(spec.num_heads * head_dim, h, 2.0)
+        w[p + "self_attn.k_proj.weight"] = lin(spec.num_kv_heads * head_dim, h, 2.0)
+        w[p + "self_attn.v_proj.weight"] = lin(spec.num_kv_heads * head_dim, h)
+        w[p + "self_attn.o_proj.weight"] = lin(h, spec.num_heads * head_dim, 0.5)
+        w[p + "mlp.gate_proj.weight"] = lin(i, h)
+        w[p + "mlp.up_proj.weight"] = lin(i, h)
+        w[p + "mlp.down_proj.weight"] = lin(h, i, 0.5)
+        if spec.attention_bias:
+            for name, width in (("q", spec.num_heads), ("k", spec.num_kv_heads), ("v", spec.num_kv_heads)):
+                w[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(width * head_dim)).astype(np.float32)
+    w["model.norm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    if not spec.tie_word_embeddings:
+        w["lm_head.weight"] = lin(v, h, 4.0)
+    return w
+
+
+def _config_json(spec: TinySpec, head_dim: int, dtype: str) -> dict:
+    cfg = {
+        "architectures": [spec.architecture],
+        "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
+                       "Qwen2ForCausalLM": "qwen2"}[spec.architecture],
+        "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
+        "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
+        "head_dim": head_dim, "hidden_act": "silu",
+        "max_position_embeddings": spec.max_position_embeddings, "rms_norm_eps": spec.rms_norm_eps,
+        "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_word_embeddings,
+        "attention_bias": spec.attention_bias, "torch_dtype": dtype,
+        "bos_token_id": 0, "eos_token_id": 4,  # ids of <|begin_of_text|> and <|eot_id|>
+        "initializer_range": 0.02, "use_cache": True,
+    }
+    if spec.architecture == "MistralForCausalLM":
+        cfg["sliding_window"] = None
+    if spec.architecture == "Qwen2ForCausalLM":
+        cfg["use_sliding_window"] = False
+    if spec.llama3_rope_scaling:
+        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0,
+                               "original_max_position_embeddings": max(spec.max_position_embeddings // 4, 16)}
+    return cfg
+
+
+def make_checkpoint(path: Path | str, spec: TinySpec | None = None, *, seed: int = 0,
+                    dtype: str = "float32", shards: int = 1, **overrides: object) -> Path:
+    """Write a seeded random-weight checkpoint to ``path`` (created) and return it.
+
+    ``dtype`` is the safetensors storage type (float32, float16, bfloat16); ``shards > 1`` writes
+    ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``.
+    """
+    spec = spec or TinySpec()
+    if overrides:
+        spec = TinySpec(**{**asdict(spec), **overrides})  # type: ignore[arg-type]
+    head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = _random_weights(spec, head_dim, seed)
+    (out / "config.json").write_text(json.dumps(_config_json(spec, head_dim, dtype), indent=2))
+    _write_weights(weights, out, dtype, shards)
+    train_tokenizer(spec.vocab_size, out)
+    (out / "generation_config.json").write_text(json.dumps(
+        {"bos_token_id": 0, "eos_token_id": 4, "do_sample": False}, indent=2))
+    return out
+
+
+def _write_weights(weights: dict[str, np.ndarray], out: Path, dtype: str, shards: int) -> None:
+    weights = {k: round_to_dtype(v, dtype) for k, v in weights.items()}
+    if shards <= 1:
+        save_safetensors(weights, out / "model.safetensors", dtype)
+        return
+    names = sorted(weights)
+    weight_map: dict[str, str] = {}
+    for k in range(shards):
+        fname = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: weights[n] for n in names[k::shards]}
+        save_safetensors(part, out / fname, dtype)
+        weight_map.update(dict.fromkeys(part, fname))
+    index = {"metadata": {"total_size": sum(v.nbytes for v in weights.values())}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def inferflow_home() -> Path:
+    return Path(os.environ.get("INFERFLOW_HOME", Path.home() / ".cache" / "inferflow")).expanduser()
+
+
+TINY_LLAMA_VERSION = "v1"
+
+
+def tiny_llama_path() -> Path:
+    """The embedded default model, created deterministically on first use (atomic rename)."""
+    target = inferflow_home() / "models" / f"tiny_llama-{TINY_LLAMA_VERSION}"
+    if (target / "tokenizer_config.json").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tiny_llama-", dir=target.parent))
+    try:
+        make_checkpoint(tmp, TinySpec(), seed=0)
+        # another process may win the race; its files are identical to ours
+        with contextlib.suppress(OSError):
+            tmp.rename(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target

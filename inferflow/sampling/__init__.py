@@ -1,0 +1,1 @@
+"""Token sampling (pure numpy) and stop-string handling."""

@@ -1,0 +1,99 @@
+"""Choose the next token of each sampled row: greedy, temperature, top-k, top-p, per-request seed.
+
+Pure numpy over a (R, V) float32 logits matrix. Rows are independent: a request's token depends
+only on its own logits, parameters and RNG, never on which other requests share the step, so
+greedy and seeded outputs do not depend on batch composition. Logprobs are of the model's raw
+distribution (log_softmax of the unmodified logits), as OpenAI and vLLM report them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.plan import SampledToken
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    request_id: str
+    params: SamplingParams
+    num_output_tokens: int  # tokens generated before this one (for min_tokens)
+
+
+def log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.float64)
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
+def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """(V,) probabilities after temperature, top-k and top-p (nucleus) filtering."""
+    x = logits.astype(np.float64) / params.temperature
+    if params.top_k > 0 and params.top_k < x.size:
+        kth = np.partition(x, -params.top_k)[-params.top_k]
+        x = np.where(x < kth, -np.inf, x)
+    p = np.exp(x - x.max())
+    p /= p.sum()
+    if params.top_p < 1.0:
+        order = np.argsort(-p, kind="stable")
+        cum = np.cumsum(p[order])
+        # keep the smallest prefix whose mass reaches top_p (always at least the top token)
+        keep = order[: int(np.searchsorted(cum, params.top_p)) + 1]
+        mask = np.zeros_like(p, dtype=bool)
+        mask[keep] = True
+        p = np.where(mask, p, 0.0)
+        p /= p.sum()
+    return p
+
+
+class Sampler:
+    """Samples one token per row; keeps one RNG per request (seeded ones are reproducible)."""
+
+    def __init__(self, eos_token_ids: Iterable[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._rngs: dict[str, np.random.Generator] = {}
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for rid in request_ids:
+            self._rngs.pop(rid, None)
+
+    def _rng(self, row: SampleRow) -> np.random.Generator:
+        rng = self._rngs.get(row.request_id)
+        if rng is None:
+            rng = self._rngs[row.request_id] = np.random.default_rng(row.params.seed)
+        return rng
+
+    def sample(self, logits: np.ndarray, rows: Sequence[SampleRow]) -> list[SampledToken]:
+        """logits (R, V) -> one SampledToken per row, in order."""
+        return [self._sample_one(logits[i], row) for i, row in enumerate(rows)]
+
+    def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
+        params = row.params
+        masked = logits
+        if row.num_output_tokens < params.min_tokens:
+            blocked = [t for t in (*self.eos_token_ids, *params.stop_token_ids) if t < logits.size]
+            masked = logits.copy()
+            masked[blocked] = -np.inf
+        if params.greedy:
+            token = int(np.argmax(masked))
+        else:
+            p = filtered_probs(masked, params)
+            # inverse-CDF draw over the surviving tokens: one uniform per token keeps a seeded
+            # stream reproducible, and a filtered-out token can never be drawn
+            nz = np.flatnonzero(p)
+            cdf = np.cumsum(p[nz])
+            k = int(np.searchsorted(cdf, self._rng(row).random() * cdf[-1], side="right"))
+            token = int(nz[min(k, nz.size - 1)])
+        if params.logprobs is None:
+            return SampledToken(token)
+        lp = log_softmax(logits)
+        top: tuple[tuple[int, float], ...] = ()
+        if params.logprobs > 0:
+            idx = np.argpartition(-lp, params.logprobs - 1)[: params.logprobs]
+            idx = idx[np.argsort(-lp[idx], kind="stable")]
+            top = tuple((int(t), float(lp[t])) for t in idx)
+        return SampledToken(token, float(lp[token]), top)
