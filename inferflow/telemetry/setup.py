@@ -1,0 +1,290 @@
+"""Tracing configuration and TracerProvider construction (one provider per process).
+
+Call :func:`setup_tracing` once in every process that emits spans — LitServe's API process (root
+SERVER spans) and each inference worker (stage, queue, compute and engine-step spans) — and pass
+the returned provider (or ``provider.get_tracer(...)``) explicitly. The global OpenTelemetry
+provider is left alone unless ``set_global=True``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from importlib import metadata
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SpanExporter,
+)
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, SpanKind
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes
+
+from inferflow.telemetry import attributes as A
+from inferflow.telemetry.otlp_json import OtlpJsonFileSpanExporter
+
+EXPORTERS = ("off", "file", "console", "otlp", "jaeger")
+PROTOCOLS = ("grpc", "http")
+DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
+DEFAULT_HTTP_ENDPOINT = "http://localhost:4318/v1/traces"
+TRACER_NAME = "inferflow"
+
+
+class TracingConfigError(ValueError):
+    """A tracing setting is invalid; ``field`` names it (``tracing.<field>``)."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"tracing.{field_name}: {message}")
+        self.field = field_name
+
+
+def _parse_headers(value: Mapping[str, str] | str | None) -> dict[str, str]:
+    """``{"k": "v"}`` or ``"k=v,k2=v2"`` (OTEL_EXPORTER_OTLP_HEADERS style) -> dict."""
+    if value is None:
+        return {}
+    if isinstance(value, str):
+        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(p) != 2 for p in pairs):
+            raise TracingConfigError("headers", f"expected 'key=value,...', got {value!r}")
+        return {k.strip(): v.strip() for k, v in pairs}
+    return {str(k): str(v) for k, v in value.items()}
+
+
+@dataclass
+class TracingConfig:
+    """The ``tracing`` config group.
+
+    ``exporter``: ``off`` (no spans recorded), ``file`` (OTLP-JSON lines at ``file_path``; the
+    default), ``console`` (one JSON span per line on stdout), ``otlp`` (OTLP over ``protocol`` to
+    ``endpoint`` with ``headers``), ``jaeger`` (OTLP gRPC to a local Jaeger, default
+    ``http://localhost:4317``). ``sample_ratio`` is the share of new traces kept
+    (``ParentBased(TraceIdRatioBased)``: an incoming sampled/unsampled traceparent is obeyed).
+    ``file_path=None`` means ``$INFERFLOW_HOME/traces/traces.jsonl`` (``~/.cache/inferflow``).
+    """
+
+    exporter: str = "file"
+    endpoint: str | None = None
+    protocol: str = "grpc"
+    headers: dict[str, str] = field(default_factory=dict)
+    sample_ratio: float = 1.0
+    file_path: str | None = None
+    service_name: str = "inferflow"
+    export_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        self.headers = _parse_headers(self.headers)
+        if self.exporter not in EXPORTERS:
+            raise TracingConfigError(
+                "exporter", f"must be one of {'|'.join(EXPORTERS)}, got {self.exporter!r}"
+            )
+        if self.protocol not in PROTOCOLS:
+            raise TracingConfigError(
+                "protocol", f"must be one of {'|'.join(PROTOCOLS)}, got {self.protocol!r}"
+            )
+        if (
+            not isinstance(self.sample_ratio, int | float)
+            or not 0.0 <= float(self.sample_ratio) <= 1.0
+        ):
+            raise TracingConfigError(
+                "sample_ratio", f"must be in [0, 1], got {self.sample_ratio!r}"
+            )
+        if self.endpoint is not None and not urlsplit(self.endpoint).scheme:
+            raise TracingConfigError(
+                "endpoint", f"must be a URL like http://host:4317, got {self.endpoint!r}"
+            )
+        if not self.service_name:
+            raise TracingConfigError("service_name", "must not be empty")
+        if self.export_timeout_s <= 0:
+            raise TracingConfigError("export_timeout_s", "must be > 0")
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, object]) -> TracingConfig:
+        """Build from a plain mapping (e.g. ``OmegaConf.to_container(cfg.tracing)``). Keys starting
+        with ``_`` (``_target_``) are ignored; an unknown key raises naming it."""
+        known = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if not k.startswith("_")}
+        for key in kwargs:
+            if key not in known:
+                raise TracingConfigError(key, f"unknown field (known: {', '.join(sorted(known))})")
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    @property
+    def effective_protocol(self) -> str:
+        return "grpc" if self.exporter == "jaeger" else self.protocol
+
+    def resolved_endpoint(self) -> str:
+        """Endpoint URL; for HTTP a bare ``http://host:4318`` gets the ``/v1/traces`` path."""
+        if self.effective_protocol == "grpc":
+            return self.endpoint or DEFAULT_GRPC_ENDPOINT
+        if self.endpoint is None:
+            return DEFAULT_HTTP_ENDPOINT
+        if urlsplit(self.endpoint).path in ("", "/"):
+            return self.endpoint.rstrip("/") + "/v1/traces"
+        return self.endpoint
+
+    def resolved_file_path(self) -> Path:
+        if self.file_path:
+            return Path(self.file_path).expanduser()
+        home = os.environ.get("INFERFLOW_HOME") or str(Path.home() / ".cache" / "inferflow")
+        return Path(home).expanduser() / "traces" / "traces.jsonl"
+
+
+class LinkAwareRatioSampler(Sampler):
+    """Root-span sampler: keeps a new trace when any of its span links is sampled (so an engine
+    step span is kept whenever it served a traced request), otherwise by trace-id ratio."""
+
+    def __init__(self, ratio: float) -> None:
+        self._ratio = TraceIdRatioBased(ratio)
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: list[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        if links and any(link.context.trace_flags.sampled for link in links):
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, trace_state)
+        return self._ratio.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state
+        )
+
+    def get_description(self) -> str:
+        return f"LinkAwareRatioSampler{{{self._ratio.get_description()}}}"
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def resource_attributes(
+    *,
+    model_name: str | None = None,
+    model_version: str | None = None,
+    engine: str | None = None,
+    engine_version: str | None = None,
+    extra: Mapping[str, str | int | float | bool] | None = None,
+) -> dict[str, str | int | float | bool]:
+    """Resource attributes naming the service, model and engine/runtime versions.
+
+    ``service.version`` is inferflow's version; runtime package versions are read from installed
+    metadata (nothing is imported). ``extra`` entries win.
+    """
+    attrs: dict[str, str | int | float | bool] = {
+        "service.version": _package_version("inferflow") or "0.0.0+unknown",
+        "process.runtime.name": platform.python_implementation().lower(),
+        "process.runtime.version": platform.python_version(),
+    }
+    for package in ("onnxruntime", "tensorrt", "litserve", "opentelemetry-sdk"):
+        version = _package_version(package)
+        if version is not None:
+            attrs[f"inferflow.runtime.{package.replace('-', '_')}.version"] = version
+    for key, value in (
+        (A.RESOURCE_MODEL_NAME, model_name),
+        (A.RESOURCE_MODEL_VERSION, model_version),
+        (A.RESOURCE_ENGINE_NAME, engine),
+        (A.RESOURCE_ENGINE_VERSION, engine_version),
+    ):
+        if value is not None:
+            attrs[key] = value
+    attrs.update(extra or {})
+    return attrs
+
+
+def make_exporter(cfg: TracingConfig) -> SpanExporter | None:
+    """The span exporter for ``cfg.exporter`` (None for ``off``)."""
+    if cfg.exporter == "off":
+        return None
+    if cfg.exporter == "file":
+        return OtlpJsonFileSpanExporter(cfg.resolved_file_path())
+    if cfg.exporter == "console":
+        return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + os.linesep)
+    endpoint = cfg.resolved_endpoint()
+    if cfg.effective_protocol == "grpc":
+        # imported lazily: grpc costs ~0.2 s at import and is not needed by other exporters
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        headers = {k.lower(): v for k, v in cfg.headers.items()}  # gRPC metadata keys are lowercase
+        insecure = urlsplit(endpoint).scheme != "https"
+        return OTLPSpanExporter(
+            endpoint=endpoint, insecure=insecure, headers=headers, timeout=cfg.export_timeout_s
+        )
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpOTLPSpanExporter,
+    )
+
+    return HttpOTLPSpanExporter(
+        endpoint=endpoint, headers=cfg.headers, timeout=cfg.export_timeout_s
+    )
+
+
+def setup_tracing(
+    cfg: TracingConfig,
+    resource_attrs: Mapping[str, str | int | float | bool] | None = None,
+    *,
+    set_global: bool = False,
+) -> TracerProvider:
+    """Build this process's TracerProvider from ``cfg``.
+
+    ``off`` returns a provider whose spans are never recorded nor exported (``ALWAYS_OFF``).
+    Otherwise spans go through a ``BatchSpanProcessor`` (export off the request path) with
+    ``ParentBased(LinkAwareRatioSampler(sample_ratio))``. ``resource_attrs`` — typically
+    :func:`resource_attributes` — plus ``service.name`` form the resource. Call
+    :func:`shutdown_tracing` (or rely on the provider's atexit hook) to flush at exit.
+    """
+    attrs = dict(resource_attrs or {})
+    attrs["service.name"] = cfg.service_name
+    resource = Resource.create(attrs)
+    exporter = make_exporter(cfg)
+    if exporter is None:
+        provider = TracerProvider(resource=resource, sampler=ALWAYS_OFF)
+    else:
+        sampler = ParentBased(root=LinkAwareRatioSampler(float(cfg.sample_ratio)))
+        provider = TracerProvider(resource=resource, sampler=sampler)
+        provider.add_span_processor(
+            BatchSpanProcessor(exporter, export_timeout_millis=int(cfg.export_timeout_s * 1000))
+        )
+    if set_global:
+        trace.set_tracer_provider(provider)
+    return provider
+
+
+def get_tracer(provider: trace.TracerProvider) -> trace.Tracer:
+    """inferflow's tracer (instrumentation scope ``inferflow``) from an explicit provider."""
+    return provider.get_tracer(TRACER_NAME, _package_version("inferflow"))
+
+
+def flush_tracing(provider: trace.TracerProvider, timeout_s: float = 10.0) -> bool:
+    """Export everything finished so far; True when it all went out within ``timeout_s``."""
+    flush = getattr(provider, "force_flush", None)
+    return bool(flush(int(timeout_s * 1000))) if flush is not None else True
+
+
+def shutdown_tracing(provider: trace.TracerProvider) -> None:
+    """Flush and stop the exporters (idempotent)."""
+    shutdown = getattr(provider, "shutdown", None)
+    if shutdown is not None:
+        shutdown()
