@@ -64,6 +64,7 @@ class _State:
     def __init__(self, config: FakeServerConfig) -> None:
         self.config = config
         self.active = 0
+        self.peak_active = 0
         self.received: list[ReceivedRequest] = []
 
 
@@ -98,6 +99,7 @@ async def _stream(state: _State, rec: ReceivedRequest, chat: bool, n: int) -> As
         else None
     )
     state.active += 1
+    state.peak_active = max(state.peak_active, state.active)
     try:
         if chat:
             yield _sse(_chunk(True, None, None, -1))
@@ -212,6 +214,11 @@ class FakeServer:
     @property
     def received(self) -> list[ReceivedRequest]:
         return self._state.received
+
+    @property
+    def peak_active(self) -> int:
+        """Most streams this server had open at once."""
+        return self._state.peak_active
 
     def start(self) -> FakeServer:
         self._thread.start()

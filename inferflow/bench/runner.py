@@ -43,8 +43,9 @@ class LoadConfig:
 
 @dataclass
 class RunOutput:
-    records: list[RequestRecord]
+    records: list[RequestRecord]  # in send order
     duration: float  # seconds, wall time of the measured part of the run
+    start: float = 0.0  # perf_counter at the start of the run (offsets count from here)
 
 
 def make_client(load: LoadConfig) -> httpx.AsyncClient:
@@ -77,7 +78,7 @@ async def run_load(spec: EndpointSpec, samples: list[SampleRequest], load: LoadC
         records = list(await asyncio.gather(*tasks))
         duration = time.perf_counter() - start
         bar.close()
-    return RunOutput(records, duration)
+    return RunOutput(records, duration, start)
 
 
 async def _one(
