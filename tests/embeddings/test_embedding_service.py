@@ -1,0 +1,117 @@
+"""EmbeddingService (engine + dynamic batcher) and the offline Embedder, against sentence-transformers."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from embedding_cases import SENTENCES, cosine_rows
+
+from inferflow.embeddings import Embedder, EmbeddingInputError, EmbeddingService
+from inferflow.engines.encoder_engine import EncoderEngine
+from inferflow.scheduling.dynamic_batcher import BatcherClosed, DynamicBatchingConfig
+
+COSINE = 0.9999
+
+
+@pytest.fixture
+def service(minilm_engine: EncoderEngine) -> Iterator[EmbeddingService]:
+    tokenizer = minilm_engine.checkpoint.tokenizer()
+    config = DynamicBatchingConfig(max_batch_size=8, max_delay_ms=10.0, max_queue_size=64)
+    svc = EmbeddingService(minilm_engine, tokenizer, config, model_name="all-MiniLM-L6-v2")
+    yield svc
+    svc.close()
+
+
+def concurrently(fn: object, args: list[object]) -> list[object]:
+    """Run fn(arg) in one thread per arg, all released together by a barrier."""
+    barrier, results = threading.Barrier(len(args)), [None] * len(args)
+
+    def run(i: int) -> None:
+        barrier.wait()
+        results[i] = fn(args[i])  # type: ignore[operator]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def test_one_request_with_many_inputs_matches_sentence_transformers(
+    service: EmbeddingService, minilm_reference: np.ndarray
+) -> None:
+    result = service.embed(SENTENCES)
+    assert result.vectors.shape == (len(SENTENCES), 384)
+    assert cosine_rows(result.vectors, minilm_reference).min() >= COSINE
+    lengths = [len(r) for r in service.tokenizer.encode_batch(SENTENCES)]
+    assert result.prompt_tokens == sum(lengths)  # after truncation: the long one counts 256
+    assert max(lengths) == 256
+    assert result.queue_time_s >= 0 and result.compute_time_s > 0
+
+
+def test_32_concurrent_clients_are_batched_and_match_sentence_transformers(
+    service: EmbeddingService, minilm_reference: np.ndarray
+) -> None:
+    requests = [SENTENCES[i % len(SENTENCES)] for i in range(32)]
+    results = concurrently(lambda text: service.embed([text]), requests)
+    vectors = np.concatenate([r.vectors for r in results])  # type: ignore[attr-defined]
+    expected = minilm_reference[[i % len(SENTENCES) for i in range(32)]]
+    assert cosine_rows(vectors, expected).min() >= COSINE
+    stats = service.stats()
+    assert stats.items_processed == 32
+    assert max(stats.batch_size_histogram) > 1  # requests shared engine calls
+    assert stats.batches_formed < 32
+
+
+def test_token_id_inputs_are_used_as_given(service: EmbeddingService) -> None:
+    ids = service.tokenizer.encode("The quick brown fox")
+    by_text, by_ids = service.embed(["The quick brown fox"]), service.embed([ids])
+    np.testing.assert_allclose(by_ids.vectors, by_text.vectors, atol=1e-6)
+    assert by_ids.prompt_tokens == len(ids)
+    too_long = service.embed([[101] + [2088] * 400])
+    assert too_long.prompt_tokens == 256  # truncated to the model's max length
+
+
+@pytest.mark.parametrize(
+    ("inputs", "field", "message"),
+    [
+        ([], "input", "non-empty list"),
+        ("just a string", "input", "non-empty list"),
+        (["ok", []], "input[1]", "non-empty list of token ids"),
+        (["ok", [101, 30522]], "input[1]", "token id 30522"),
+        ([[101, -1]], "input[0]", "token id -1"),
+        ([[101, True]], "input[0]", "token id True"),
+        ([["a", "b"]], "input[0]", "token id 'a'"),
+        (["x"] * 65, "input", "at most 64 inputs"),
+    ],
+)
+def test_invalid_inputs_name_the_field(
+    service: EmbeddingService, inputs: object, field: str, message: str
+) -> None:
+    with pytest.raises(EmbeddingInputError, match=message) as err:
+        service.embed(inputs)  # type: ignore[arg-type]
+    assert err.value.field == field
+
+
+def test_embed_async_and_closed_service(service: EmbeddingService) -> None:
+    result = asyncio.run(service.embed_async(["hello world", "Short."]))
+    np.testing.assert_allclose(
+        result.vectors, service.embed(["hello world", "Short."]).vectors, atol=1e-6
+    )
+    service.close()
+    with pytest.raises(BatcherClosed):
+        service.embed(["after close"])
+
+
+def test_offline_embedder_matches_sentence_transformers(
+    minilm: Path, engine_cache: Path, minilm_reference: np.ndarray
+) -> None:
+    vectors = Embedder(minilm, batch_size=5, cache_dir=engine_cache).embed(SENTENCES)
+    assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), 384)
+    assert cosine_rows(vectors, minilm_reference).min() >= COSINE
