@@ -1,0 +1,1 @@
+"""inferflow's Hydra config tree, importable as ``inferflow.conf`` (``pkg://inferflow.conf``)."""

@@ -1,0 +1,243 @@
+"""``python -m inferflow [OVERRIDES]`` and the ``inferflow`` console script.
+
+``inferflow [OVERRIDES]`` composes the config with Hydra (``--cfg job``, ``--help``, ``--info``,
+``-m`` work as usual), builds the serving graph and runs ``task`` (``serve`` by default).
+Subcommands: ``inferflow traces FILE ...`` and ``inferflow bench ...``.
+
+Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no traceback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import hydra
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.types import RunMode
+from omegaconf import DictConfig
+from omegaconf.errors import OmegaConfBaseException
+
+from inferflow.config import (
+    CONF_SOURCE,
+    CONFIG_NAME,
+    ConfigError,
+    Task,
+    describe_omegaconf_error,
+    prepare_overrides,
+    register_configs,
+)
+from inferflow.graph import ServingGraph, build_graph
+
+SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
+PROG = "inferflow"
+
+
+class ComponentUnavailable(RuntimeError):
+    """A part of inferflow this command needs is not installed/importable (exit code 1)."""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of both ``python -m inferflow`` and the ``inferflow`` script."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            return _subcommand(args[0], args[1:])
+        return _run_hydra(args)
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except ComponentUnavailable as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    module_name = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name and module_name.startswith(exc.name):
+            raise ComponentUnavailable(
+                f"'{PROG} {name}' needs {module_name}, which is not available"
+            ) from None
+        raise
+    return int(module.main(argv) or 0)
+
+
+def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
+    """(Hydra flags, overrides) as Hydra's own argument parser sees them."""
+    from hydra._internal.utils import get_args_parser
+
+    parsed = get_args_parser().parse_args(args)
+    overrides = list(parsed.overrides or [])
+    flags = list(args)
+    for item in overrides:
+        flags.remove(item)
+    return flags, overrides
+
+
+def _run_hydra(args: list[str]) -> int:
+    flags, overrides = _split_overrides(args)
+    overrides = prepare_overrides(overrides)
+    if {"-m", "--multirun"} & set(flags) and not any(
+        o.startswith("hydra.output_subdir=") for o in overrides
+    ):
+        overrides.append("hydra.output_subdir=.hydra")  # sweeps keep Hydra's record of each run
+    register_configs()
+    failures: list[str] = []
+
+    def run_task(cfg: DictConfig) -> None:
+        try:
+            _task(cfg)
+        except ConfigError as exc:  # reported here: Hydra would add its own lines
+            label = f" [{', '.join(HydraConfig.get().overrides.task)}]" if _multirun() else ""
+            failures.append(f"{PROG}{label}: {exc}")
+            print(failures[-1], file=sys.stderr)
+
+    task = hydra.main(config_path=CONF_SOURCE, config_name=CONFIG_NAME, version_base="1.3")(
+        run_task
+    )
+    saved_argv, saved_env = sys.argv, os.environ.get("HYDRA_FULL_ERROR")
+    # Hydra would print its own multi-line report and exit 1; we want the exception instead.
+    sys.argv, os.environ["HYDRA_FULL_ERROR"] = [PROG, *flags, *overrides], "1"
+    try:
+        task()
+    except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as exc:
+        raise ConfigError(describe_hydra_error(exc)) from None
+    finally:
+        sys.argv = saved_argv
+        if saved_env is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = saved_env
+    return 2 if failures else 0
+
+
+def _multirun() -> bool:
+    return HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def describe_hydra_error(exc: Exception) -> str:
+    """One line for a composition error: the key or group, and what is allowed."""
+    if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
+        group, _, option = exc.missing_cfg_file.rpartition("/")
+        if exc.options:
+            return f"{group}={option}: unknown option; available: {', '.join(exc.options)}"
+        return (
+            f"{group}={option}: no config '{exc.missing_cfg_file}' in the config search path "
+            "(is the plugin installed, or its conf folder listed in INFERFLOW_CONFIG_PATH?)"
+        )
+    if isinstance(exc, OverrideParseException):
+        return f"cannot parse override '{exc.override}': {exc.message.splitlines()[0]}"
+    cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
+    if isinstance(cause, OmegaConfBaseException):
+        return str(describe_omegaconf_error(cause))
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+def _task(cfg: DictConfig) -> None:
+    graph = build_graph(cfg)
+    out_dir = Path(HydraConfig.get().runtime.output_dir) if _multirun() else None
+    if out_dir is not None:  # every sweep run records exactly what it ran
+        (out_dir / "resolved_config.yaml").write_text(
+            yaml.safe_dump(graph.to_container(), sort_keys=False)
+        )
+    task = Task(cfg.task)
+    if task is Task.serve:
+        serve(graph)
+    elif task is Task.check:
+        print(check(graph))
+    else:
+        output = cfg.offline.output or (str(out_dir / "results.json") if out_dir else None)
+        results = run_offline(graph, dict(cfg.offline))
+        text = json.dumps(results, indent=2)
+        if output:
+            Path(output).write_text(text + "\n")
+        print(text)
+
+
+def serve(graph: ServingGraph) -> None:
+    """Hand the graph to the LitServe runtime (``inferflow.server.runtime.serve``)."""
+    try:
+        from inferflow.server.runtime import serve as serve_graph
+    except ModuleNotFoundError as exc:
+        if exc.name and "inferflow.server.runtime".startswith(exc.name):
+            raise ComponentUnavailable(
+                "the HTTP server (inferflow.server.runtime) is not available in this build; "
+                "task=check validates the graph without serving"
+            ) from None
+        raise
+    serve_graph(graph)
+
+
+def check(graph: ServingGraph) -> str:
+    """Set up the request stages, push one prompt through them, describe the graph."""
+    from inferflow.stages.base import StageRequest
+
+    graph.setup_stages()
+    probe = graph.process(StageRequest("check", prompt="Hello, inferflow!"))
+    lines = [
+        f"model: {graph.model_name} ({graph.model_path}), max_model_len={graph.max_model_len}",
+        "request stages: "
+        + " -> ".join(f"{s.name} ({type(s).__name__})" for s in graph.request_stages),
+        f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",
+    ]
+    for name, slot in graph.engine_slots.items():
+        lines.append(f"{name}: {type(slot).__name__} {_fields(slot)}")
+    lines.append(f"server: http://{graph.server.host}:{graph.server.port}")
+    lines.append(f"tracing: {graph.tracing.exporter.value}")
+    return "\n".join(lines)
+
+
+def _fields(obj: Any) -> str:
+    import dataclasses
+
+    items = dataclasses.asdict(obj).items() if dataclasses.is_dataclass(obj) else []
+    return " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in items)
+
+
+def run_offline(graph: ServingGraph, params: dict[str, Any]) -> dict[str, Any]:
+    """Submit ``num_prompts`` random prompts at once to the engine, run to completion, report
+    throughput and latency (the metric names of ``vllm bench``)."""
+    import random
+    import time
+
+    from inferflow.sampling_params import SamplingParams
+
+    engine = graph.create_engine()
+    rng = random.Random(params["seed"])
+    vocab = graph.stage_context().model_config.vocab_size
+    sp = SamplingParams(max_tokens=params["max_tokens"], temperature=0.0, ignore_eos=True)
+    start = time.time()
+    for i in range(params["num_prompts"]):
+        ids = [rng.randrange(vocab) for _ in range(params["prompt_len"])]
+        engine.add_request(f"offline-{i}", ids, sp, arrival_time=start)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished.extend(out for out in engine.step() if out.finished)
+    wall = time.time() - start
+    out_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
+    metrics = [o.metrics for o in finished if o.metrics is not None]
+    ttft = sorted((m.first_token_time or m.arrival_time) - m.arrival_time for m in metrics)
+    e2e = sorted((m.finished_time or m.arrival_time) - m.arrival_time for m in metrics)
+    return {
+        "batching": type(graph.engine_slots.get("batching")).__name__,
+        "num_requests": len(finished),
+        "duration_s": wall,
+        "output_throughput_tok_s": out_tokens / wall if wall > 0 else 0.0,
+        "request_throughput_req_s": len(finished) / wall if wall > 0 else 0.0,
+        "mean_ttft_ms": 1000 * sum(ttft) / len(ttft) if ttft else None,
+        "median_ttft_ms": 1000 * ttft[len(ttft) // 2] if ttft else None,
+        "mean_e2el_ms": 1000 * sum(e2e) / len(e2e) if e2e else None,
+    }

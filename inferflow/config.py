@@ -1,0 +1,459 @@
+"""Typed config schemas of the serving graph, registered in Hydra's ConfigStore.
+
+The config tree (``conf/``, shipped as the package ``inferflow.conf``) composes into
+:class:`InferflowConfig`. Built-in stage options get their schema from the stage class itself
+(its dataclass fields + ``_target_``), so a bad value or an unknown key fails at composition
+with the key's name. ``model``, ``server`` and ``tracing`` are typed here; the server and the
+tracing setup read them from ``ServingGraph.server`` / ``ServingGraph.tracing``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.resources
+import os
+import re
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    MissingMandatoryValue,
+    OmegaConfBaseException,
+)
+
+from inferflow.stages.base import PassThroughStage
+from inferflow.stages.batching import (
+    ContinuousBatching,
+    DynamicBatching,
+    NoBatching,
+    StaticBatching,
+)
+from inferflow.stages.cache import NoPrefixCache, PrefixCache
+from inferflow.stages.detokenizer import IncrementalDetokenizer
+from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
+from inferflow.stages.tokenizer import CheckpointTokenizer
+from inferflow.stages.validator import RequestValidator
+
+CONF_PACKAGE = "inferflow.conf"
+CONF_SOURCE = f"pkg://{CONF_PACKAGE}"
+CONFIG_NAME = "config"
+
+# Slot name -> kind. Request slots run per request; engine slots shape the engine.
+REQUEST_SLOTS = ("validator", "tokenizer")
+ENGINE_SLOTS = ("cache", "batching", "executor", "detokenizer")
+SLOTS = REQUEST_SLOTS + ENGINE_SLOTS
+
+# Built-in options of each slot group -> the class its conf/<group>/<option>.yaml instantiates.
+BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
+    "validator": {"default": RequestValidator, "none": PassThroughStage},
+    "tokenizer": {"default": CheckpointTokenizer},
+    "cache": {"prefix": PrefixCache, "none": NoPrefixCache},
+    "batching": {
+        "none": NoBatching,
+        "static": StaticBatching,
+        "dynamic": DynamicBatching,
+        "continuous": ContinuousBatching,
+    },
+    "executor": {"onnxruntime": OnnxRuntimeExecutor, "tensorrt": TensorRTExecutor},
+    "detokenizer": {"default": IncrementalDetokenizer},
+}
+
+
+class ModelTask(str, Enum):
+    generate = "generate"
+    embed = "embed"  # encoder models (e.g. all-MiniLM-L6-v2) served on /v1/embeddings
+
+
+@dataclass
+class ModelConfig:
+    """Which model is served and where its checkpoint is (architecture: the checkpoint's
+    ``config.json``).
+
+    Lookup order: ``path`` if set; else ``builtin`` (generated on first use); else
+    ``models_dir/dirname``, then the Hugging Face cache snapshot of ``hf_repo`` (read only,
+    nothing is downloaded). ``name`` is the id served on ``/v1/models`` (default: the
+    checkpoint folder's name). ``max_model_len`` caps the context (default: the checkpoint's).
+    """
+
+    name: str | None = None
+    path: str | None = None
+    dirname: str | None = None
+    models_dir: str | None = "${oc.env:INFERFLOW_MODELS_DIR,null}"  # None: $INFERFLOW_HOME/models
+    hf_repo: str | None = None
+    builtin: str | None = None
+    max_model_len: int | None = None
+    task: ModelTask = ModelTask.generate
+
+
+@dataclass
+class RateLimitConfig:
+    """Per API key limits (None = unlimited); exceeding one is a 429 with ``Retry-After``."""
+
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+@dataclass
+class ServerConfig:
+    """The HTTP frontend. ``api_keys`` (or the comma-separated env var named by
+    ``api_keys_env``) turn on bearer-token auth; ``workers`` is LitServe's workers per device."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = field(default_factory=list)
+    api_keys_env: str = "INFERFLOW_API_KEYS"
+    max_payload_bytes: int = 1_048_576
+    request_timeout_s: float = 600.0
+    max_waiting_requests: int = 256
+    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    workers: int = 1
+    shutdown_grace_s: float = 30.0
+    log_level: LogLevel = LogLevel.info
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        for name in ("max_payload_bytes", "max_waiting_requests", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        if self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
+            raise ValueError("request_timeout_s must be > 0 and shutdown_grace_s >= 0")
+
+
+class TracingExporter(str, Enum):
+    off = "off"
+    file = "file"
+    console = "console"
+    otlp = "otlp"
+    jaeger = "jaeger"
+
+
+class OtlpProtocol(str, Enum):
+    grpc = "grpc"
+    http = "http"
+
+
+@dataclass
+class TracingConfig:
+    """The ``tracing`` group; same fields as ``inferflow.telemetry.setup.TracingConfig``
+    (build it with ``TracingConfig.from_mapping(dataclasses.asdict(graph.tracing))``).
+    ``file_path=None``: ``$INFERFLOW_HOME/traces/traces.jsonl``."""
+
+    exporter: TracingExporter = TracingExporter.file
+    endpoint: str | None = None
+    protocol: OtlpProtocol = OtlpProtocol.grpc
+    headers: dict[str, str] = field(default_factory=dict)
+    sample_ratio: float = 1.0
+    file_path: str | None = None
+    service_name: str = "inferflow"
+    export_timeout_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sample_ratio <= 1.0:
+            raise ValueError(f"sample_ratio: must be in [0, 1], got {self.sample_ratio}")
+
+
+class Task(str, Enum):
+    serve = "serve"  # start the HTTP server (the default)
+    check = "check"  # build the graph, set up the request stages, print a summary; no engine
+    offline = "offline"  # load the engine, run the synthetic ``offline`` workload, report
+
+
+@dataclass
+class OfflineConfig:
+    """Synthetic workload of ``task=offline`` (experiments): ``num_prompts`` random prompts of
+    ``prompt_len`` tokens, greedy, ``max_tokens`` each, all submitted at once."""
+
+    num_prompts: int = 16
+    prompt_len: int = 32
+    max_tokens: int = 16
+    seed: int = 0
+    output: str | None = None  # results JSON; in multirun defaults to <job dir>/results.json
+
+
+@dataclass
+class InferflowConfig:
+    """The root config. Slots hold a ``_target_`` node (or null when removed with ``~slot``)."""
+
+    model: ModelConfig = MISSING
+    validator: Any = None
+    tokenizer: Any = None
+    cache: Any = None
+    batching: Any = None
+    executor: Any = None
+    detokenizer: Any = None
+    pipeline: list[str] = field(default_factory=lambda: list(SLOTS))
+    stages: dict[str, Any] = field(default_factory=dict)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    allowed_targets: list[str] = field(default_factory=list)
+    task: Task = Task.serve
+    offline: OfflineConfig = field(default_factory=OfflineConfig)
+
+
+def target_of(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def stage_schema(cls: type, target: str | None = None) -> type:
+    """A dataclass with ``_target_`` (default: ``cls``'s import path) + ``cls``'s init fields,
+    types resolved, so OmegaConf can check values and reject unknown keys."""
+    specs: list[tuple[str, Any, Any]] = [("_target_", str, field(default=target or target_of(cls)))]
+    if dataclasses.is_dataclass(cls):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                default = field(default=f.default)
+            elif f.default_factory is not dataclasses.MISSING:
+                default = field(default_factory=f.default_factory)
+            else:
+                default = field(default=MISSING)
+            specs.append((f.name, hints[f.name], default))
+    schema = dataclasses.make_dataclass(f"{cls.__name__}Schema", specs)
+    schema.__module__ = cls.__module__
+    return schema
+
+
+def schema_name(group: str, option: str) -> str:
+    """ConfigStore name of a built-in option's schema (a root-level config, so it is not listed
+    as a selectable group option): referenced as ``- /<name>@_here_`` in the option's YAML."""
+    return f"{group}_{option}_schema"
+
+
+def register_configs(store: ConfigStore | None = None) -> None:
+    """Store the root schema and every built-in option's schema (idempotent)."""
+    cs = store or ConfigStore.instance()
+    cs.store(name="inferflow_schema", node=InferflowConfig)
+    for group, options in BUILTIN_OPTIONS.items():
+        for option, cls in options.items():
+            cs.store(name=schema_name(group, option), node=stage_schema(cls))
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; ``str()`` is one line naming the key (exit code 2)."""
+
+    def __init__(self, message: str, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
+
+
+# ---------------------------------------------------------------- where checkpoints are found
+
+BUILTIN_MODELS = {"tiny_llama": "inferflow.models.tiny.tiny_llama_path"}
+
+
+def inferflow_home() -> Path:
+    return Path(os.environ.get("INFERFLOW_HOME", "~/.cache/inferflow")).expanduser()
+
+
+def _hf_snapshot(repo: str) -> Path | None:
+    """The Hugging Face cache's snapshot of ``repo`` (refs/main, else the newest), if any."""
+    hub = (
+        os.environ.get("HF_HUB_CACHE")
+        or Path(os.environ.get("HF_HOME", "~/.cache/huggingface")) / "hub"
+    )
+    root = Path(hub).expanduser() / f"models--{repo.replace('/', '--')}"
+    ref = root / "refs" / "main"
+    if ref.is_file():
+        return root / "snapshots" / ref.read_text().strip()
+    snaps = sorted((root / "snapshots").glob("*"), key=lambda p: p.stat().st_mtime)
+    return snaps[-1] if snaps else None
+
+
+def resolve_model(model: ModelConfig) -> tuple[Path, str]:
+    """(checkpoint folder, served name) for ``model``; :class:`ConfigError` when not found."""
+    if model.path:
+        path = Path(os.path.expandvars(model.path)).expanduser().resolve()
+        if not (path / "config.json").is_file():
+            problem = "has no config.json" if path.is_dir() else "does not exist"
+            raise ConfigError(
+                f"model.path={path} {problem}; point model.path at a Hugging Face checkpoint folder (config.json, *.safetensors, tokenizer.json)",
+                "model.path",
+            )
+        return path, model.name or path.name
+    if model.builtin:
+        if model.builtin not in BUILTIN_MODELS:
+            raise ConfigError(
+                f"model.builtin: unknown {model.builtin!r}; allowed values: {', '.join(BUILTIN_MODELS)}",
+                "model.builtin",
+            )
+        from hydra.utils import get_method
+
+        path = Path(get_method(BUILTIN_MODELS[model.builtin])())
+        return path, model.name or path.name
+    if not model.dirname and not model.hf_repo:
+        raise ConfigError(
+            "model.path: a checkpoint folder is required, e.g. +model=local model.path=/models/Llama-3.2-1B-Instruct",
+            "model.path",
+        )
+    looked: list[str] = []
+    if model.dirname:
+        base = (
+            Path(model.models_dir).expanduser() if model.models_dir else inferflow_home() / "models"
+        )
+        looked.append(str(base / model.dirname))
+        if (base / model.dirname / "config.json").is_file():
+            return (base / model.dirname).resolve(), model.name or model.dirname
+    if model.hf_repo:
+        looked.append(f"the Hugging Face cache ({model.hf_repo})")
+        snap = _hf_snapshot(model.hf_repo)
+        if snap is not None and (snap / "config.json").is_file():
+            return snap.resolve(), model.name or model.hf_repo.split("/")[-1]
+    folder = model.dirname or "the checkpoint folder"
+    raise ConfigError(
+        f"checkpoint of model '{model.name}' not found (looked in {' and '.join(looked)}); "
+        f"put the Hugging Face checkpoint files (config.json, *.safetensors, tokenizer.json) in "
+        f"{looked[0]}, set INFERFLOW_MODELS_DIR to the folder containing {folder}, "
+        "or pass model.path=/path/to/checkpoint",
+        "model.path",
+    )
+
+
+# ---------------------------------------------------------------- plugins and the search path
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """An installed plugin: ``[project.entry-points."inferflow.plugins"] NAME = "pkg.conf"``.
+
+    The entry point names the plugin's config package (Hydra config groups such as ``stages/``
+    or ``batching/``); it joins the config search path, and its parent module (``pkg``) becomes
+    an allowed ``_target_`` prefix. Nothing is imported to discover a plugin.
+    """
+
+    name: str
+    conf_module: str
+
+    @property
+    def search_path(self) -> str:
+        return f"pkg://{self.conf_module}"
+
+    @property
+    def target_prefix(self) -> str:
+        module = self.conf_module
+        return module[: -len(".conf")] if module.endswith(".conf") else module
+
+
+def discover_plugins() -> list[Plugin]:
+    """Installed plugins (entry point group ``inferflow.plugins``), sorted by name."""
+    eps = importlib.metadata.entry_points(group="inferflow.plugins")
+    return sorted((Plugin(ep.name, ep.module) for ep in eps), key=lambda p: p.name)
+
+
+def env_search_paths(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``$INFERFLOW_CONFIG_PATH``: folders (or ``pkg://``/``file://`` URLs), ``os.pathsep``-separated."""
+    raw = (os.environ if environ is None else environ).get("INFERFLOW_CONFIG_PATH", "")
+    paths = []
+    for item in filter(None, (p.strip() for p in raw.split(os.pathsep))):
+        if item.startswith(("pkg://", "file://")):
+            paths.append(item)
+        else:
+            paths.append("file://" + str(Path(item).expanduser().resolve()))
+    return paths
+
+
+def defaulted_groups() -> list[str]:
+    """Groups that have a default in ``conf/config.yaml`` (``+group=x`` is rewritten for them)."""
+    text = importlib.resources.files(CONF_PACKAGE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    defaults = yaml.safe_load(text).get("defaults", [])
+    return [
+        next(iter(d))
+        for d in defaults
+        if isinstance(d, dict) and not next(iter(d)).startswith(("override ", "hydra/"))
+    ]
+
+
+def prepare_overrides(
+    overrides: Sequence[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """What inferflow does to the command line before Hydra sees it.
+
+    1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
+       them), so both spellings select another model while the default still applies.
+    2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
+       any entries the user passed in ``hydra.searchpath=[...]``).
+    """
+    groups = set(defaulted_groups())
+    out: list[str] = []
+    user_paths: list[str] = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
+            item = f"{key[1:]}={value}"
+        if sep and key == "hydra.searchpath":
+            user_paths = _parse_list_override(item)
+            continue
+        out.append(item)
+    paths = user_paths + env_search_paths(environ) + [p.search_path for p in discover_plugins()]
+    if paths:
+        quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
+        out.append(f"hydra.searchpath=[{quoted}]")
+    return out
+
+
+def _parse_list_override(item: str) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = OverridesParser.create().parse_override(item).value()
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose the config as ``python -m inferflow OVERRIDES`` would (tests, notebooks, tools).
+
+    Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
+    """
+    register_configs()
+    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+        return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
+
+
+# ---------------------------------------------------------------- one-line error messages
+
+_CONVERT = re.compile(r"Value '(.*)' of type '.*' could not be converted to (\w+)")
+_ENUM = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
+_EXPECTED = {
+    "Integer": "an integer",
+    "Float": "a number",
+    "Boolean": "true or false",
+    "String": "a string",
+}
+
+
+def describe_omegaconf_error(exc: OmegaConfBaseException, prefix: str = "") -> ConfigError:
+    """One line naming the key and what is allowed, from an OmegaConf validation/key error."""
+    full_key = f"{prefix}{getattr(exc, 'full_key', None) or ''}".rstrip(".") or "config"
+    first = str(getattr(exc, "msg", None) or exc).splitlines()[0]
+    if m := _ENUM.match(first):
+        return ConfigError(f"{full_key}: invalid value '{m[1]}'; allowed values: {m[2]}", full_key)
+    if m := _CONVERT.match(first):
+        expected = _EXPECTED.get(m[2], m[2].lower())
+        return ConfigError(f"{full_key}: invalid value '{m[1]}'; expected {expected}", full_key)
+    if isinstance(exc, ConfigKeyError | ConfigAttributeError) and first.startswith("Key "):
+        parent = getattr(exc, "parent_node", None)
+        keys = [k for k in parent if k != "hydra"] if isinstance(parent, DictConfig) else []
+        allowed = f"; allowed keys: {', '.join(map(str, keys))}" if keys else ""
+        return ConfigError(f"{full_key}: unknown key{allowed}", full_key)
+    if isinstance(exc, MissingMandatoryValue):
+        return ConfigError(f"{full_key}: a value is required (pass {full_key}=...)", full_key)
+    return ConfigError(f"{full_key}: {first}", full_key)

@@ -1,0 +1,365 @@
+"""Build the serving graph from a composed config.
+
+``build_graph(cfg)`` is cheap and side-effect free apart from locating the checkpoint (the
+embedded tiny model is generated on first use): LitServe workers call it again from the plain
+dict (``graph.to_container()``). Expensive work happens later: ``setup_stages()`` loads the
+tokenizer, ``create_engine()`` loads the weights and builds or loads the compiled engine.
+
+``_target_`` is code execution, so only allowlisted modules are imported: ``inferflow.*``,
+installed plugins (entry point group ``inferflow.plugins``), and prefixes the user opted into
+(``allowed_targets=[...]`` or ``$INFERFLOW_ALLOWED_TARGETS``, comma-separated).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from inferflow.config import (
+    ENGINE_SLOTS,
+    REQUEST_SLOTS,
+    SLOTS,
+    ConfigError,
+    ModelConfig,
+    ServerConfig,
+    TracingConfig,
+    describe_omegaconf_error,
+    discover_plugins,
+    resolve_model,
+    stage_schema,
+)
+from inferflow.stages.base import RequestStage, StageContext, StageRequest
+from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+
+if TYPE_CHECKING:
+    from inferflow.llm_engine import LLMEngine
+
+META_KEYS = ("_target_", "after", "before")  # keys of a stage node that are not its config
+
+
+@dataclass
+class ServingGraph:
+    """The composed server: request stages in pipeline order + engine settings + frontend config.
+
+    ``request_stages`` run per request before the engine (call ``setup_stages()`` once per
+    process first, or let ``process()`` do it). ``engine_slots`` maps present engine-side slot
+    names (cache, batching, executor, detokenizer) to their typed config objects. ``config`` is
+    the resolved config (``model.path``/``model.name`` filled in); ``to_container()`` is its
+    plain-dict form for worker processes.
+    """
+
+    model_name: str
+    model_path: Path
+    model: ModelConfig
+    request_stages: list[RequestStage]
+    engine_slots: dict[str, EngineSlot]
+    server: ServerConfig
+    tracing: TracingConfig
+    config: DictConfig
+    _context: StageContext | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @property
+    def max_model_len(self) -> int:
+        """Served context length: ``model.max_model_len`` capped by the checkpoint's limit."""
+        from inferflow.models.config import parse_model_config
+
+        limit = parse_model_config(self.model_path / "config.json").max_position_embeddings
+        return min(limit, self.model.max_model_len or limit)
+
+    def to_container(self) -> dict[str, Any]:
+        """The resolved config as plain picklable data (enums as strings)."""
+        data = OmegaConf.to_container(self.config, resolve=True, enum_to_str=True)
+        assert isinstance(data, dict)
+        return data  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ request path
+
+    def stage_context(self, tokenizer: Any = None) -> StageContext:
+        """What stages get at setup; loads config.json and (unless given) the tokenizer."""
+        from inferflow.models.config import parse_model_config
+        from inferflow.models.tokenizer import Tokenizer
+
+        return StageContext(
+            model_name=self.model_name,
+            model_path=self.model_path,
+            model_config=parse_model_config(self.model_path / "config.json"),
+            tokenizer=tokenizer if tokenizer is not None else Tokenizer(self.model_path),
+            max_model_len=self.max_model_len,
+        )
+
+    def setup_stages(self, context: StageContext | None = None) -> StageContext:
+        """Call ``setup`` on every request stage once (thread-safe); returns the context."""
+        with self._lock:
+            if self._context is None:
+                ctx = context or self.stage_context()
+                for stage in self.request_stages:
+                    stage.setup(ctx)
+                self._context = ctx
+            return self._context
+
+    def process(self, request: StageRequest) -> StageRequest:
+        """Run ``request`` through the request stages; ``StageError`` propagates (HTTP 4xx)."""
+        if self._context is None:
+            self.setup_stages()
+        for stage in self.request_stages:
+            request = stage.process(request)
+        return request
+
+    # ------------------------------------------------------------------ engine
+
+    def engine_spec(self) -> EngineSpec:
+        """Every present engine slot's contribution, with the shared sizes filled in."""
+        spec = EngineSpec()
+        for slot in self.engine_slots.values():
+            slot.contribute(spec)
+        shared = spec.shared
+        shared.setdefault("max_model_len", self.max_model_len)
+        shared.setdefault("max_slots", spec.scheduler.get("max_num_seqs", 1))
+        shared.setdefault("block_size", 16)
+        shared.setdefault("num_blocks", 0)
+        return spec
+
+    def create_engine(self) -> LLMEngine:
+        """Load the checkpoint and build (or load the cached) compiled engine. Expensive."""
+        from inferflow.engines.config import EngineConfig
+        from inferflow.llm_engine import LLMEngine
+        from inferflow.scheduling.config import SchedulerConfig
+
+        spec = self.engine_spec()
+        try:
+            engine_config = EngineConfig(**spec.engine, **spec.shared)
+            scheduler_config = SchedulerConfig(
+                **spec.scheduler,
+                **{**spec.shared, "num_blocks": engine_config.resolved_num_blocks},
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"engine settings: {exc}") from None
+        return LLMEngine.from_config(
+            self.model_path,
+            engine_config,
+            scheduler_config,
+            backend=spec.backend,
+            **spec.llm_engine,
+        )
+
+
+# ---------------------------------------------------------------------- allowlist
+
+
+def allowed_prefixes(
+    cfg: DictConfig | None = None, environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """Module prefixes a ``_target_`` may come from."""
+    env = (os.environ if environ is None else environ).get("INFERFLOW_ALLOWED_TARGETS", "")
+    user = list(cfg.get("allowed_targets") or []) if cfg is not None else []
+    plugins = [p.target_prefix for p in discover_plugins()]
+    return [
+        "inferflow",
+        *plugins,
+        *filter(None, (s.strip() for s in env.split(","))),
+        *map(str, user),
+    ]
+
+
+def _under(name: str, prefixes: list[str]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in prefixes)
+
+
+def locate_target(target: Any, where: str, prefixes: list[str]) -> Any:
+    """Import ``target`` only if allowlisted; the object found must live in an allowed module too
+    (so ``inferflow.some_module.os.system`` is refused)."""
+    if not isinstance(target, str) or not target:
+        raise ConfigError(f"{where}._target_: must be a dotted import path, got {target!r}", where)
+    if not _under(target, prefixes):
+        raise ConfigError(
+            f"{where}._target_={target} is not allowed: targets must come from "
+            f"{', '.join(p + '.*' for p in prefixes)}; to trust it, install it as a plugin, pass "
+            f"allowed_targets=[{target.rsplit('.', 1)[0]}] or set INFERFLOW_ALLOWED_TARGETS",
+            f"{where}._target_",
+        )
+    from hydra.utils import get_object
+
+    try:
+        obj = get_object(target)
+    except Exception as exc:
+        raise ConfigError(
+            f"{where}._target_={target} cannot be imported: {exc}".splitlines()[0]
+        ) from None
+    module = getattr(obj, "__module__", None) or ""
+    if not _under(module, prefixes):
+        raise ConfigError(
+            f"{where}._target_={target} resolves to {module}, which is not allowed", where
+        )
+    return obj
+
+
+def _check_nested_targets(node: Any, where: str, prefixes: list[str]) -> None:
+    if isinstance(node, dict):
+        if "_target_" in node:
+            locate_target(node["_target_"], where, prefixes)
+        for key, value in node.items():
+            _check_nested_targets(value, f"{where}.{key}", prefixes)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_nested_targets(value, f"{where}[{i}]", prefixes)
+
+
+# ---------------------------------------------------------------------- instantiation
+
+
+def instantiate_stage(node: DictConfig, where: str, kind: type, prefixes: list[str]) -> Any:
+    """Build one stage from its node, giving it only its own keys (validated against the
+    class's dataclass fields when it has them)."""
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        raise ConfigError(f"{where}: needs a _target_ (got {node!r})", where)
+    cls = locate_target(node._target_, where, prefixes)
+    if not (isinstance(cls, type) and issubclass(cls, kind)):
+        raise ConfigError(
+            f"{where}._target_={node._target_} is not a {kind.__name__} subclass", where
+        )
+    slot_kind = getattr(cls, "kind", "")
+    if issubclass(cls, EngineSlot) and slot_kind and slot_kind != where:
+        raise ConfigError(
+            f"{where}._target_={node._target_} fills the {slot_kind} slot, not {where}", where
+        )
+    params = {k: v for k, v in node.items() if k not in META_KEYS}
+    try:
+        if dataclasses.is_dataclass(cls):
+            typed = OmegaConf.merge(OmegaConf.structured(stage_schema(cls)), params)
+            params = {k: typed[k] for k in params}
+        kwargs = OmegaConf.to_container(OmegaConf.create(params), resolve=True)
+    except OmegaConfBaseException as exc:
+        raise describe_omegaconf_error(exc, prefix=f"{where}.") from None
+    assert isinstance(kwargs, dict)
+    _check_nested_targets(kwargs, where, prefixes)
+    try:
+        if any(_has_target(v) for v in kwargs.values()):
+            from hydra.utils import instantiate
+
+            kwargs = {k: instantiate(v, _convert_="all") for k, v in kwargs.items()}
+        stage = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}".splitlines()[0], where) from None
+    if isinstance(stage, RequestStage):
+        stage.name = where.rsplit(".", 1)[-1]
+    return stage
+
+
+def _has_target(value: Any) -> bool:
+    if isinstance(value, dict):
+        return "_target_" in value or any(_has_target(v) for v in value.values())
+    return isinstance(value, list) and any(_has_target(v) for v in value)
+
+
+# ---------------------------------------------------------------------- pipeline order
+
+
+def splice_order(pipeline: list[str], stages: Mapping[str, Any]) -> list[str]:
+    """Names in request order: the pipeline's slots with each extra stage placed ``after:`` or
+    ``before:`` its anchor (a slot or another extra stage); stages sharing an anchor keep their
+    declaration order."""
+    order = list(pipeline)
+    last_after: dict[str, str] = {}
+    pending = dict(stages)
+    while pending:
+        placed = []
+        for name, node in pending.items():
+            after, before = node.get("after"), node.get("before")
+            if (after is None) == (before is None):
+                raise ConfigError(
+                    f"stages.{name}: set exactly one of after: or before: (a slot or stage name)"
+                )
+            anchor = after if after is not None else before
+            if anchor not in order:
+                continue
+            if after is not None:
+                order.insert(order.index(last_after.get(anchor, anchor)) + 1, name)
+                last_after[anchor] = name
+            else:
+                order.insert(order.index(anchor), name)
+            placed.append(name)
+        if not placed:
+            name, node = next(iter(pending.items()))
+            anchor = node.get("after", node.get("before"))
+            raise ConfigError(
+                f"stages.{name}: anchor {anchor!r} is not in the pipeline; known: {', '.join(order)}",
+                f"stages.{name}",
+            )
+        for name in placed:
+            del pending[name]
+    return order
+
+
+# ---------------------------------------------------------------------- build
+
+
+def _typed(schema: type, node: Any, key: str) -> Any:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
+        return OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise describe_omegaconf_error(exc, prefix=f"{key}.") from None
+    except ValueError as exc:  # a schema's __post_init__ range check
+        raise ConfigError(f"{key}.{exc}".splitlines()[0], key) from None
+
+
+def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
+    """Instantiate the serving graph described by ``cfg`` (a composed config or its plain dict).
+
+    Raises :class:`~inferflow.config.ConfigError` (one line naming the key) for anything the
+    user must fix: bad values, unknown keys, disallowed ``_target_``, a missing checkpoint.
+    """
+    if not isinstance(cfg, DictConfig):
+        cfg = OmegaConf.create(dict(cfg))
+    try:
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+    except OmegaConfBaseException as exc:
+        raise describe_omegaconf_error(exc) from None
+    model: ModelConfig = _typed(ModelConfig, cfg.get("model"), "model")
+    model_path, model_name = resolve_model(model)
+    cfg.model.path, cfg.model.name = str(model_path), model_name
+    prefixes = allowed_prefixes(cfg)
+    pipeline = [str(s) for s in cfg.get("pipeline") or SLOTS]
+    for slot in pipeline:
+        if slot not in SLOTS:
+            raise ConfigError(
+                f"pipeline: unknown slot {slot!r}; slots: {', '.join(SLOTS)}", "pipeline"
+            )
+    if cfg.get("executor") is None:
+        raise ConfigError(
+            "executor: required (executor=onnxruntime or executor=tensorrt)", "executor"
+        )
+    extra = {str(k): v for k, v in (cfg.get("stages") or {}).items()}
+    built: dict[str, Any] = {}
+    for name in pipeline:
+        if cfg.get(name) is not None:
+            kind = RequestStage if name in REQUEST_SLOTS else EngineSlot
+            built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
+    for name, node in extra.items():
+        built[name] = instantiate_stage(node, f"stages.{name}", RequestStage, prefixes)
+    request_stages: list[RequestStage] = []
+    for name in splice_order(pipeline, extra):
+        item = built.get(name)
+        if isinstance(item, RequestStage):
+            request_stages.append(item)
+        elif isinstance(item, EngineSlot):
+            request_stages.extend(item.request_stages())
+    return ServingGraph(
+        model_name=model_name,
+        model_path=model_path,
+        model=dataclasses.replace(model, path=str(model_path), name=model_name),
+        request_stages=request_stages,
+        engine_slots={n: s for n, s in built.items() if n in ENGINE_SLOTS},
+        server=_typed(ServerConfig, cfg.get("server"), "server"),
+        tracing=_typed(TracingConfig, cfg.get("tracing"), "tracing"),
+        config=cfg,
+    )
