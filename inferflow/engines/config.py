@@ -38,6 +38,7 @@ class EngineConfig:
     allow_spinning: bool = False  # ORT worker threads spin between calls: lower latency, idle CPU
     cache_dir: str | None = None  # None = default_engine_dir()
     quant_block_size: int = 32
+    quant_accuracy_level: int = 4  # int8/int4: 0 = float activations, 4 = int8 activations (faster)
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

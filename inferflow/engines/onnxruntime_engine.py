@@ -48,7 +48,8 @@ class OnnxRuntimeEngine:
                                   f"sliding_window={cfg.sliding_window} attention is not supported")
         self.model_config, self.config = cfg, config
         self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
-        self.spec = GraphSpec(config.graph_form, config.precision, self.capacity, config.quant_block_size)  # type: ignore[arg-type]
+        self.spec = GraphSpec(config.graph_form, config.precision, self.capacity,  # type: ignore[arg-type]
+                              config.quant_block_size, config.quant_accuracy_level)
         self.cache_entry: CacheEntry = get_or_build(config.engine_dir, self.cache_fields(checkpoint),
                                                     lambda: _build(checkpoint, self.spec))
         self.session = ort.InferenceSession(str(self.cache_entry.model_path), self._session_options(),
@@ -65,6 +66,7 @@ class OnnxRuntimeEngine:
                 "onnx_version": onnx.__version__, "onnxruntime_version": ort.__version__,
                 "graph_form": self.spec.form, "precision": self.spec.precision,
                 "max_model_len": self.capacity, "quant_block_size": self.spec.quant_block_size,
+                "quant_accuracy_level": self.spec.quant_accuracy_level,
                 "architecture": self.model_config.architecture}
 
     def _session_options(self) -> ort.SessionOptions:
@@ -76,6 +78,7 @@ class OnnxRuntimeEngine:
         spin = "1" if self.config.allow_spinning else "0"
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(self.spec.quant_accuracy_level))
         so.log_severity_level = 3
         return so
 

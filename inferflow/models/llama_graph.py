@@ -48,6 +48,10 @@ class GraphSpec:
     precision: str = "fp32"  # fp32 | fp16 | int8 | int4 (weight-only for int8/int4)
     max_model_len: int = 2048  # rows of the rotary tables; positions must stay below it
     quant_block_size: int = 32
+    # MatMulNBits accuracy_level: 0 = float activations (exact dequantized matmul); 4 = int8
+    # activations (faster on CPU, ~1e-1 logit error). ORT's DequantizeLinear->MatMul fusion in the
+    # canonical form takes it from the session, so the engine sets both to the same value.
+    quant_accuracy_level: int = 4
 
     @property
     def act_dtype(self) -> np.dtype:
@@ -91,7 +95,8 @@ class _Graph:
             if self.spec.form == "gqa":
                 y = self.op1("MatMulNBits", [x, self.const(base + "_q", qw.matmulnbits_b()),
                                              self.const(base + "_scales", qw.matmulnbits_scales())],
-                             domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size)
+                             domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size,
+                             accuracy_level=self.spec.quant_accuracy_level)
             else:
                 qtype = onnx.TensorProto.INT8 if qw.bits == 8 else onnx.TensorProto.INT4
                 qname = self.name(base + "_q")

@@ -1,0 +1,69 @@
+"""Offline inference, as vLLM users know it::
+
+    from inferflow import LLM, SamplingParams
+    llm = LLM("/models/Llama-3.2-1B-Instruct")
+    outputs = llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0))
+    print(outputs[0].outputs[0].text)
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from inferflow.llm_engine import LLMEngine
+from inferflow.outputs import RequestOutput
+from inferflow.sampling_params import SamplingParams
+
+
+class LLM:
+    """Generate from prompts on a checkpoint folder; runs the engine loop to completion.
+
+    Keyword arguments are engine settings (``precision``, ``max_slots``, ``max_model_len``,
+    ``graph_form``, ``intra_op_threads``, ...) and scheduler settings (``max_num_seqs``,
+    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``mode``, ...).
+    """
+
+    def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
+        if model is None:
+            from inferflow.models.tiny import tiny_llama_path
+
+            model = tiny_llama_path()
+        self.engine = LLMEngine.from_path(model, **kwargs)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Outputs in prompt order. A prompt is text or a list of token ids."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = sampling_params or SamplingParams()
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        order = []
+        for prompt, p in zip(prompts, per_prompt, strict=True):
+            rid = str(next(self._ids))
+            if isinstance(prompt, str):
+                self.engine.add_request(rid, self.tokenizer.encode(prompt), p, prompt=prompt)
+            else:
+                self.engine.add_request(rid, list(prompt), p)
+            order.append(rid)
+        return self._run(order)
+
+    def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
+             sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
+        """Apply the checkpoint's chat template to one conversation (or a list of them)."""
+        convs = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.tokenizer.encode_chat(conv) for conv in convs]  # type: ignore[arg-type]
+        return self.generate(prompts, sampling_params)
+
+    def _run(self, order: list[str]) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[rid] for rid in order]

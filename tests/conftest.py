@@ -1,0 +1,35 @@
+"""Suite-wide setup: nothing touches the user's home, nothing is downloaded.
+
+INFERFLOW_HOME (embedded tiny model) and INFERFLOW_ENGINE_DIR (compiled engines) point into one
+session temp folder, so the suite starts from a clean machine state and child processes (servers,
+CLIs) inherit the same locations.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+_SESSION_HOME: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _SESSION_HOME
+    import tempfile
+
+    if "INFERFLOW_TEST_KEEP_HOME" not in os.environ:
+        _SESSION_HOME = Path(tempfile.mkdtemp(prefix="inferflow-tests-"))
+        os.environ["INFERFLOW_HOME"] = str(_SESSION_HOME / "home")
+        os.environ["INFERFLOW_ENGINE_DIR"] = str(_SESSION_HOME / "compiled_engines")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    import shutil
+
+    if _SESSION_HOME is not None:
+        shutil.rmtree(_SESSION_HOME, ignore_errors=True)

@@ -1,0 +1,54 @@
+"""Factories for engine tests: seeded checkpoints (cached per session) and small engines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from inferflow.engines.config import EngineConfig
+from inferflow.engines.onnxruntime_engine import OnnxRuntimeEngine
+from inferflow.engines.step_inputs import EngineRow
+from inferflow.models.checkpoint import load_checkpoint
+from inferflow.models.tiny import TinySpec, make_checkpoint
+
+PROMPTS = ["Hello, world! The moon", "def add(a, b):", "Once upon a time there was a robot",
+           "What is the capital of France?"]
+
+# name -> (make_checkpoint kwargs). "gqa8x2" is the Llama-3-like default: 8 query / 2 KV heads,
+# rope_theta 500000 with llama3 rope scaling, untied embeddings.
+CHECKPOINTS: dict[str, dict[str, object]] = {
+    "gqa8x2": {},
+    "tied": {"tie_word_embeddings": True},
+    "bf16": {"dtype": "bfloat16"},
+    "fp16_sharded": {"dtype": "float16", "shards": 3},
+    "plain_rope": {"llama3_rope_scaling": False, "rope_theta": 10000.0, "num_kv_heads": 8},
+    "qwen2_bias": {"architecture": "Qwen2ForCausalLM", "attention_bias": True},
+    "mistral": {"architecture": "MistralForCausalLM", "num_kv_heads": 4},
+}
+
+
+def make_named_checkpoint(root: Path, name: str) -> Path:
+    kwargs = dict(CHECKPOINTS[name])
+    dtype = str(kwargs.pop("dtype", "float32"))
+    shards = int(kwargs.pop("shards", 1))  # type: ignore[call-overload]
+    path = root / name
+    if not (path / "tokenizer.json").exists():
+        make_checkpoint(path, TinySpec(**kwargs), seed=1, dtype=dtype, shards=shards)  # type: ignore[arg-type]
+    return path
+
+
+def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeEngine:
+    settings: dict[str, object] = {"max_slots": 4, "max_model_len": 256}
+    settings.update(kwargs)
+    return OnnxRuntimeEngine(load_checkpoint(path), EngineConfig(**settings))  # type: ignore[arg-type]
+
+
+def greedy(engine: OnnxRuntimeEngine, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
+    """Greedy decode with one prefill call then one decode call per token; returns tokens, logits."""
+    logits = engine.forward([EngineRow(slot, tuple(prompt), 0, True)])[0]
+    tokens, all_logits, pos = [], [logits], len(prompt)
+    for _ in range(n):
+        tokens.append(int(logits.argmax()))
+        logits = engine.forward([EngineRow(slot, (tokens[-1],), pos, True)])[0]
+        all_logits.append(logits)
+        pos += 1
+    return tokens, all_logits

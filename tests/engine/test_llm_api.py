@@ -1,0 +1,68 @@
+"""The offline API: LLM.generate / LLM.chat on the engine loop."""
+
+from __future__ import annotations
+
+import pytest
+from engine_factories import PROMPTS, make_named_checkpoint
+
+from inferflow import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
+    path = make_named_checkpoint(tmp_path_factory.mktemp("llm"), "gqa8x2")
+    return LLM(path, max_slots=4, max_model_len=256, max_num_batched_tokens=64)
+
+
+def greedy(max_tokens: int = 16, **kw: object) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)  # type: ignore[arg-type]
+
+
+def test_generate_returns_tokens_and_text_in_order(llm: LLM) -> None:
+    outs = llm.generate(PROMPTS, greedy())
+    assert [o.prompt for o in outs] == PROMPTS
+    for o in outs:
+        c = o.outputs[0]
+        assert len(c.token_ids) == 16 and c.finish_reason == "length"
+        assert c.text == llm.tokenizer.decode(c.token_ids)
+
+
+def test_batched_generation_equals_one_at_a_time(llm: LLM) -> None:
+    together = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy(24))]
+    alone = [llm.generate(p, greedy(24))[0].outputs[0].token_ids for p in PROMPTS]
+    assert together == alone
+
+
+def test_stop_token_ids_and_stop_strings(llm: LLM) -> None:
+    base = llm.generate(PROMPTS[0], greedy(16))[0].outputs[0]
+    stop_tok = base.token_ids[5]
+    first = base.token_ids.index(stop_tok)
+    out = llm.generate(PROMPTS[0], greedy(16, stop_token_ids=[stop_tok]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_tok
+    assert out.token_ids == base.token_ids[: first + 1]
+    stop_text = base.text[len(base.text) // 2:][:3]
+    out = llm.generate(PROMPTS[0], greedy(16, stop=[stop_text]))[0].outputs[0]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_text
+    assert out.text == base.text[: base.text.index(stop_text)]
+
+
+def test_seeded_sampling_is_reproducible_in_any_batch(llm: LLM) -> None:
+    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=7, max_tokens=12)
+    alone = llm.generate(PROMPTS[1], params)[0].outputs[0].token_ids
+    mixed = llm.generate([PROMPTS[0], PROMPTS[1]], [greedy(12), params])[1].outputs[0].token_ids
+    assert alone == mixed
+
+
+def test_logprobs_returned_per_token(llm: LLM) -> None:
+    c = llm.generate(PROMPTS[2], greedy(6, logprobs=2))[0].outputs[0]
+    assert c.logprobs is not None and len(c.logprobs) == 6
+    for tok, lp in zip(c.token_ids, c.logprobs, strict=True):
+        assert lp.token_id == tok and lp.logprob <= 0 and lp.top[0][0] == tok  # greedy = top-1
+
+
+def test_chat_applies_the_template(llm: LLM) -> None:
+    messages = [{"role": "user", "content": "What is two plus two?"}]
+    out = llm.chat(messages, greedy(8))[0]
+    assert out.prompt_token_ids == llm.tokenizer.encode_chat(messages)
+    assert llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False).startswith(
+        "<|begin_of_text|><|start_header_id|>user")
