@@ -1,0 +1,360 @@
+"""Continuous / static / no batching over a block-accounted KV cache with chunked prefill.
+
+One step (``schedule``), under a budget of ``max_num_batched_tokens``:
+
+1. **decodes**: every running request whose prompt is done gets its one token, in service order;
+   if its next block cannot be allocated, the last running request in service order that is not yet
+   scheduled this step is preempted (possibly itself);
+2. **continuing prefills**: running requests still prefilling get a chunk of the remaining budget,
+   shrunk to the free memory (preempting only requests behind them; otherwise they wait a step);
+3. **admission** (skipped in a step that preempted, and in ``static`` mode once the batch closed):
+   waiting requests in queue order, while a slot, ``max_running`` and blocks for the first chunk
+   allow; prefix hits become ``kv_loads`` and only the rest is prefilled.
+
+Preemption is by recompute: the victim frees its slot and blocks (its saved blocks stay cached),
+goes back to the front of the waiting queue with its output kept, and later re-prefills
+prompt + output, which yields the same continuation.
+
+Not thread-safe: the owner calls ``add_request`` / ``finish_requests`` between steps.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from inferflow.outputs import TokenLogprob
+from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.kv_cache_manager import KVCacheManager, PrefixHit
+from inferflow.scheduling.plan import (
+    ExecutorOutput,
+    KVBlockCopy,
+    SampledToken,
+    ScheduledChunk,
+    SchedulerOutput,
+)
+from inferflow.scheduling.policy import SortKey, make_queue, sort_key
+from inferflow.scheduling.request import Request, RequestStatus, check_stop
+from inferflow.scheduling.slots import SlotAllocator
+from inferflow.scheduling.updates import RequestUpdate, SchedulerStats
+
+
+@dataclass
+class _Step:
+    """The plan being built by one ``schedule()`` call."""
+
+    budget: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+    loads: list[KVBlockCopy] = field(default_factory=list)
+    saves: list[KVBlockCopy] = field(default_factory=list)
+    scheduled: set[str] = field(default_factory=set)
+    preempted: bool = False
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.slots = SlotAllocator(config.max_slots)
+        self._clock = clock
+        self._keys: dict[str, SortKey] = {}  # live request id -> service-order key
+        self.waiting = make_queue(config.policy, self._keys)
+        self.running: list[Request] = []
+        self._requests: dict[str, Request] = {}  # live (unfinished) requests
+        self._to_report: set[str] = set()  # finished/preempted since the last plan
+        self._seq = itertools.count()
+        self._batch_open = True  # static mode: may the current batch still admit?
+        self._num_steps = 0
+        self._num_preemptions = 0
+        self._num_scheduled_tokens = 0
+
+    # -- requests in and out ---------------------------------------------------------------------
+    def add_request(self, request: Request) -> None:
+        """Queue a fresh request. Raises ValueError if it could never run under this config."""
+        if request.request_id in self._requests:
+            raise ValueError(f"request {request.request_id!r} is already queued or running")
+        if (
+            request.status != RequestStatus.WAITING
+            or request.num_computed_tokens
+            or request.output_token_ids
+        ):
+            raise ValueError(f"request {request.request_id!r} is not fresh")
+        self._check_fits(request)
+        self._requests[request.request_id] = request
+        self._keys[request.request_id] = sort_key(self.config.policy, request, next(self._seq))
+        self.waiting.add(request)
+
+    def _check_fits(self, request: Request) -> None:
+        cfg = self.config
+        n = request.num_prompt_tokens
+        if n > cfg.max_model_len:
+            raise ValueError(
+                f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
+            )
+        # worst case KV: the last token of a finished sequence never gets KV (see check_length)
+        final_len = min(n + request.sampling_params.max_tokens, max(n + 1, cfg.max_model_len))
+        need = self.kv.num_blocks_for(final_len - 1)
+        if need > cfg.num_blocks:
+            raise ValueError(
+                f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
+            )
+
+    def finish_requests(
+        self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED
+    ) -> list[Request]:
+        """Finish live requests from outside (cancel, timeout, stop string): their slot and blocks
+        are freed now, and the executor hears of it in the next plan. Unknown ids are ignored."""
+        if not status.is_finished:
+            raise ValueError(f"finish_requests needs a finished status, got {status!r}")
+        done = []
+        for rid in request_ids:
+            request = self._requests.get(rid)
+            if request is not None:
+                self._finish(request, status, None)
+                done.append(request)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self._requests.get(request_id)
+
+    # -- schedule ----------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        step = _Step(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted and self._admission_open():
+            self._schedule_waiting(step)
+        self._num_steps += 1
+        self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
+        reported, self._to_report = frozenset(self._to_report), set()
+        return SchedulerOutput(
+            chunks=tuple(step.chunks),
+            kv_loads=tuple(step.loads),
+            kv_saves=tuple(step.saves),
+            finished_request_ids=reported,
+            step_id=self._num_steps,
+        )
+
+    def _schedule_running(self, step: _Step) -> None:
+        order = sorted(self.running, key=self._key)
+        for request in [r for r in order if r.num_tokens_to_compute == 1]:
+            if request.status == RequestStatus.RUNNING and step.budget > 0:
+                self._schedule_decode(request, step)
+        for request in [r for r in order if r.num_tokens_to_compute > 1]:
+            if request.status == RequestStatus.RUNNING and step.budget > 0:
+                self._schedule_prefill(request, step)
+
+    def _schedule_decode(self, request: Request, step: _Step) -> None:
+        while not self.kv.can_grow(request.request_id, request.num_computed_tokens + 1):
+            victim = self._pick_victim(step, behind=None)
+            assert victim is not None  # `request` itself is always a candidate
+            self._preempt(victim, step)
+            if victim is request:
+                return
+        self._emit_chunk(request, 1, step)
+
+    def _schedule_prefill(self, request: Request, step: _Step) -> None:
+        n = self._chunk_size(request.num_tokens_to_compute, step.budget)
+        while n > 0:
+            fit = self.kv.max_tokens_fitting(request.request_id) - request.num_computed_tokens
+            if fit >= n or (fit > 0 and self.config.enable_chunked_prefill):
+                self._emit_chunk(request, min(n, fit), step)
+                return
+            victim = self._pick_victim(step, behind=request)
+            if victim is None:
+                return  # keep its blocks, try again next step
+            self._preempt(victim, step)
+
+    def _admission_open(self) -> bool:
+        if self.config.mode != "static":
+            return True
+        if not self.running:
+            self._batch_open = True
+        return self._batch_open
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        """Admit in queue order; stop at the first request that does not fit (no overtaking)."""
+        cfg = self.config
+        while (
+            self.waiting
+            and step.budget > 0
+            and len(self.running) < cfg.max_running
+            and self.slots.num_free
+        ):
+            request = self.waiting.peek()
+            hit = self.kv.find_prefix(request.all_token_ids, request.cache_extra_keys)
+            n = self._chunk_size(request.num_tokens - hit.num_tokens, step.budget)
+            if n == 0:
+                return  # budget too small for an unchunked prompt: next step, batch stays open
+            if not self.kv.can_admit(hit, hit.num_tokens + n):
+                break
+            self._admit(self.waiting.pop(), hit, n, step)
+        if step.budget > 0:  # static mode: stopped by seqs/slots/memory/queue, not by the budget
+            self._batch_open = False
+
+    def _admit(self, request: Request, hit: PrefixHit, n: int, step: _Step) -> None:
+        slot = self.slots.allocate()
+        rid = request.request_id
+        step.loads += self.kv.admit(rid, hit, hit.num_tokens + n, slot, request.cache_extra_keys)
+        self.kv.record_lookup(request.num_tokens, hit)
+        request.slot, request.status = slot, RequestStatus.RUNNING
+        request.num_computed_tokens = hit.num_tokens
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = self._clock()
+            request.metrics.num_cached_prompt_tokens = min(
+                hit.num_tokens, request.num_prompt_tokens
+            )
+        self.running.append(request)
+        self._emit_chunk(request, n, step)
+
+    def _chunk_size(self, remaining: int, budget: int) -> int:
+        """Tokens of a prefill to compute this step; 0 if it must wait (unchunked and too long)."""
+        cfg = self.config
+        if not cfg.enable_chunked_prefill:
+            return remaining if remaining <= budget else 0
+        n = min(remaining, budget)
+        if cfg.long_prefill_token_threshold:
+            n = min(n, cfg.long_prefill_token_threshold)
+        return n
+
+    def _emit_chunk(self, request: Request, n: int, step: _Step) -> None:
+        """Schedule ``all_token_ids[num_computed : num_computed + n]`` of a running request."""
+        start, end = request.num_computed_tokens, request.num_computed_tokens + n
+        assert request.slot is not None and 0 < n <= step.budget and end <= request.num_tokens
+        rid = request.request_id
+        self.kv.grow(rid, end)
+        step.chunks.append(
+            ScheduledChunk(
+                request_id=rid,
+                slot=request.slot,
+                token_ids=request.token_slice(start, end),
+                start_pos=start,
+                sample=end == request.num_tokens,
+                sampling_params=request.sampling_params,
+                num_output_tokens=request.num_output_tokens,
+            )
+        )
+        step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
+        request.num_computed_tokens = end
+        step.budget -= n
+        step.scheduled.add(rid)
+
+    # -- preemption ----------------------------------------------------------------------------
+    def _key(self, request: Request) -> SortKey:
+        return self._keys[request.request_id]
+
+    def _pick_victim(self, step: _Step, behind: Request | None) -> Request | None:
+        """Last running request in service order not scheduled this step (strictly behind ``behind``)."""
+        candidates = [
+            r
+            for r in self.running
+            if r.request_id not in step.scheduled
+            and (behind is None or self._key(r) > self._key(behind))
+        ]
+        return max(candidates, key=self._key, default=None)
+
+    def _preempt(self, request: Request, step: _Step) -> None:
+        self._release(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.metrics.num_preemptions += 1
+        self._num_preemptions += 1
+        self.waiting.prepend(request)
+        self._to_report.add(request.request_id)  # the executor drops its per-request state
+        step.preempted = True
+
+    def _release(self, request: Request) -> None:
+        """Give back the slot and blocks of a running request."""
+        self.running.remove(request)
+        self.kv.free(request.request_id)
+        assert request.slot is not None
+        self.slots.free(request.slot)
+        request.slot = None
+
+    def _finish(
+        self, request: Request, status: RequestStatus, stop_reason: int | str | None
+    ) -> None:
+        if request.status == RequestStatus.RUNNING:
+            self._release(request)
+        else:
+            self.waiting.remove(request)
+        request.status, request.stop_reason = status, stop_reason
+        request.metrics.finished_time = self._clock()
+        del self._requests[request.request_id], self._keys[request.request_id]
+        self._to_report.add(request.request_id)
+
+    # -- update ----------------------------------------------------------------------------
+    def update(self, plan: SchedulerOutput, output: ExecutorOutput) -> list[RequestUpdate]:
+        """Apply one executed step: register saved blocks, append sampled tokens, finish stopped
+        requests (freeing their blocks at once). Returns one update per request that got a token."""
+        self.kv.commit_saves(plan.kv_saves)
+        updates = []
+        for chunk in plan.chunks:
+            request = self._requests.get(chunk.request_id)
+            if not chunk.sample or request is None or request.status != RequestStatus.RUNNING:
+                continue  # a prefill chunk, or finished from outside since the plan was made
+            sampled = output.sampled.get(chunk.request_id)
+            if sampled is None:
+                raise ValueError(f"executor returned no token for request {chunk.request_id!r}")
+            updates.append(self._apply_sample(request, sampled))
+        return updates
+
+    def _apply_sample(self, request: Request, sampled: SampledToken) -> RequestUpdate:
+        logprob = None
+        if request.sampling_params.logprobs is not None and sampled.logprob is not None:
+            logprob = TokenLogprob(sampled.token_id, sampled.logprob, list(sampled.top_logprobs))
+        request.append_output(sampled.token_id, logprob)
+        now = self._clock()
+        if request.metrics.first_token_time is None:
+            request.metrics.first_token_time = now
+        request.metrics.last_token_time = now
+        decision = check_stop(request, self.config.max_model_len)
+        if decision is not None:
+            self._finish(request, decision.status, decision.stop_reason)
+        return RequestUpdate(
+            request=request,
+            new_token_ids=(sampled.token_id,),
+            new_logprobs=() if logprob is None else (logprob,),
+            finish_reason=request.finish_reason,
+            stop_reason=request.stop_reason,
+        )
+
+    # -- introspection -------------------------------------------------------------------------
+    @property
+    def stats(self) -> SchedulerStats:
+        pool = self.kv.pool
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_kv_blocks_total=pool.num_blocks,
+            num_kv_blocks_used=pool.num_used_blocks,
+            num_kv_blocks_free=pool.num_free_blocks,
+            num_kv_blocks_cached=pool.num_cached_blocks,
+            prefix_cache_queries=self.kv.stats.queries,
+            prefix_cache_hits=self.kv.stats.hits,
+            num_preemptions=self._num_preemptions,
+            num_steps=self._num_steps,
+            num_scheduled_tokens=self._num_scheduled_tokens,
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError if scheduler, KV manager, pool or slots disagree."""
+        self.kv.check_integrity()
+        self.slots.check_integrity()
+        assert len(self.running) <= self.config.max_running
+        assert {r.slot for r in self.running} == set(self.slots.used), "slot bookkeeping"
+        for r in self.running:
+            assert r.status == RequestStatus.RUNNING and 0 < r.num_computed_tokens <= r.num_tokens
+            assert len(self.kv.block_ids(r.request_id)) == self.kv.num_blocks_for(
+                r.num_computed_tokens
+            )
+            assert r.num_computed_tokens <= self.config.max_model_len
+        for r in self.waiting:
+            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), r.status
+            assert r.slot is None and r.num_computed_tokens == 0 and not self.kv.holds(r.request_id)
+        live = [r.request_id for r in itertools.chain(self.running, self.waiting)]
+        assert sorted(live) == sorted(self._requests) == sorted(self._keys), "a request got lost"

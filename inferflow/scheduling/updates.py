@@ -1,0 +1,58 @@
+"""What the scheduler reports back: per-request updates of a step, and its counters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferflow.outputs import TokenLogprob
+from inferflow.scheduling.request import Request
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """One request's progress in one step (what ``LLMEngine`` turns into a RequestOutput delta).
+
+    ``request`` is the live object: ``request.output_token_ids`` is cumulative and already includes
+    ``new_token_ids``; ``request.metrics`` has the timestamps.
+    """
+
+    request: Request
+    new_token_ids: tuple[int, ...]
+    new_logprobs: tuple[TokenLogprob, ...] = ()  # empty unless the request asked for logprobs
+    finish_reason: str | None = None  # "stop" | "length" | "abort"; None while running
+    stop_reason: int | str | None = None  # the stop token id that matched, if any
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """A snapshot for metrics/telemetry (taken outside the scheduling logic)."""
+
+    num_running: int
+    num_waiting: int
+    num_kv_blocks_total: int
+    num_kv_blocks_used: int  # referenced by running requests
+    num_kv_blocks_free: int  # allocatable: truly free + cached-unreferenced
+    num_kv_blocks_cached: int  # registered in the prefix cache (referenced or not)
+    prefix_cache_queries: int  # tokens looked up at admission
+    prefix_cache_hits: int  # of which served from the cache
+    num_preemptions: int
+    num_steps: int
+    num_scheduled_tokens: int  # all tokens computed so far (prefill + decode)
+
+    @property
+    def kv_usage(self) -> float:
+        return self.num_kv_blocks_used / self.num_kv_blocks_total
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )

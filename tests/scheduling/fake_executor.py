@@ -1,0 +1,131 @@
+"""A fake executor that really simulates KV *content* (token ids), so scheduling bugs change outputs.
+
+- Each slot holds, per position, the token id whose "KV" is there (None = never written).
+- Each pool block holds a tuple of ``block_size`` token ids (or None).
+- ``kv_loads`` copy pool -> slot before the forward pass, ``kv_saves`` slot -> pool after it.
+- A chunk writes its token ids at ``[start_pos, start_pos + len)``.
+- The sampled token = a deterministic hash of the slot's content ``[0, start_pos + len)`` (greedy).
+
+A wrong prefix copy, a missing load, a wrong ``start_pos`` or stale content from the slot's previous
+owner therefore changes the output; reading a never-written position raises. ``reference_output``
+is the independent oracle: the same hash applied to the sequence itself, no scheduler involved.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.plan import ExecutorOutput, SampledToken, SchedulerOutput
+
+
+def next_token(kv_content: Sequence[int], vocab_size: int) -> int:
+    digest = hashlib.blake2b(array("q", kv_content).tobytes(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % vocab_size
+
+
+def reference_output(
+    prompt: Sequence[int],
+    params: SamplingParams,
+    eos_token_ids: Sequence[int],
+    max_model_len: int,
+    vocab_size: int,
+) -> list[int]:
+    """What a correct scheduler + this executor must produce for one request, however batched."""
+    tokens, out = list(prompt), []
+    while True:
+        tok = next_token(tokens, vocab_size)
+        tokens.append(tok)
+        out.append(tok)
+        stop_ok = len(out) >= params.min_tokens
+        if stop_ok and (
+            (not params.ignore_eos and tok in eos_token_ids) or tok in params.stop_token_ids
+        ):
+            return out
+        if len(out) >= params.max_tokens or len(tokens) >= max_model_len:
+            return out
+
+
+@dataclass
+class StepRecord:
+    step_id: int
+    rows: dict[str, tuple[int, int, bool]]  # request id -> (start_pos, num tokens, sample)
+    num_loads: int
+    num_saves: int
+
+
+@dataclass
+class FakeExecutor:
+    max_slots: int
+    capacity: int  # = max_model_len
+    num_blocks: int
+    block_size: int
+    vocab_size: int = 64
+    slots: list[list[int | None]] = field(init=False)
+    pool: list[tuple[int, ...] | None] = field(init=False)
+    history: list[StepRecord] = field(default_factory=list)
+    plans: list[SchedulerOutput] = field(default_factory=list)
+    _owner: dict[int, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.slots = [[None] * self.capacity for _ in range(self.max_slots)]
+        self.pool = [None] * self.num_blocks
+
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        self._check_plan(plan)
+        self.plans.append(plan)
+        self._forget(plan.finished_request_ids)
+        for chunk in plan.chunks:
+            if self._owner.get(chunk.slot) != chunk.request_id:  # new owner: old content is garbage
+                self._owner[chunk.slot] = chunk.request_id
+                self.slots[chunk.slot] = [None] * self.capacity
+        bs = self.block_size
+        for load in plan.kv_loads:
+            content = self.pool[load.block_id]
+            assert content is not None, f"load of never-saved block {load.block_id}"
+            self.slots[load.slot][load.block_index * bs : (load.block_index + 1) * bs] = list(
+                content
+            )
+        sampled = {}
+        for chunk in plan.chunks:
+            kv = self.slots[chunk.slot]
+            end = chunk.start_pos + len(chunk.token_ids)
+            kv[chunk.start_pos : end] = list(chunk.token_ids)
+            if chunk.sample:
+                content = kv[:end]
+                assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
+                tok = next_token(content, self.vocab_size)  # type: ignore[arg-type]
+                logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
+                sampled[chunk.request_id] = SampledToken(tok, logprob)
+        for save in plan.kv_saves:
+            content = self.slots[save.slot][save.block_index * bs : (save.block_index + 1) * bs]
+            assert None not in content, f"save of an incomplete block {save}"
+            self.pool[save.block_id] = tuple(content)  # type: ignore[arg-type]
+        self.history.append(self._record(plan))
+        return ExecutorOutput(sampled=sampled)
+
+    def _forget(self, request_ids: frozenset[str]) -> None:
+        for slot, owner in list(self._owner.items()):
+            if owner in request_ids:
+                del self._owner[slot]
+
+    def _check_plan(self, plan: SchedulerOutput) -> None:
+        slots = [c.slot for c in plan.chunks]
+        assert len(set(slots)) == len(slots), f"two rows in one slot: {slots}"
+        assert not {c.request_id for c in plan.chunks} & plan.finished_request_ids
+        for c in plan.chunks:
+            assert 0 <= c.slot < self.max_slots and len(c.token_ids) >= 1
+            assert c.start_pos + len(c.token_ids) <= self.capacity, (
+                f"{c.request_id} overflows its slot"
+            )
+        assert {copy.slot for copy in plan.kv_loads} <= set(slots), (
+            "load into a slot that does not run"
+        )
+
+    @staticmethod
+    def _record(plan: SchedulerOutput) -> StepRecord:
+        rows = {c.request_id: (c.start_pos, len(c.token_ids), c.sample) for c in plan.chunks}
+        return StepRecord(plan.step_id, rows, len(plan.kv_loads), len(plan.kv_saves))

@@ -1,0 +1,145 @@
+"""Factories for scheduler tests: tiny configs, requests, a scheduler + fake executor harness."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from fake_executor import FakeExecutor, reference_output
+
+from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling import Request, RequestStatus, Scheduler, SchedulerConfig, step
+from inferflow.scheduling.plan import SchedulerOutput
+from inferflow.scheduling.updates import RequestUpdate
+
+VOCAB = 64
+EOS = 0
+
+TINY = dict(
+    max_num_seqs=4,
+    max_num_batched_tokens=32,
+    max_model_len=64,
+    num_blocks=16,
+    block_size=4,
+    max_slots=4,
+)
+
+
+def make_config(**overrides: object) -> SchedulerConfig:
+    return SchedulerConfig(**{**TINY, **overrides})  # type: ignore[arg-type]
+
+
+def make_request(
+    request_id: str,
+    prompt: Sequence[int],
+    *,
+    max_tokens: int = 8,
+    arrival_time: float = 0.0,
+    priority: int = 0,
+    **params: object,
+) -> Request:
+    """Greedy request; EOS = token 0 (the fake's vocabulary is 0..63)."""
+    sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)  # type: ignore[arg-type]
+    return Request(
+        request_id,
+        list(prompt),
+        sp,
+        eos_token_ids=(EOS,),
+        arrival_time=arrival_time,
+        priority=priority,
+    )
+
+
+def expected(request: Request, config: SchedulerConfig) -> list[int]:
+    """The oracle output of ``request`` (run alone, no scheduler)."""
+    return reference_output(
+        request.prompt_token_ids,
+        request.sampling_params,
+        request.eos_token_ids,
+        config.max_model_len,
+        VOCAB,
+    )
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self._t = itertools.count()
+
+    def __call__(self) -> float:
+        return float(next(self._t))
+
+
+@dataclass
+class Harness:
+    """A scheduler and a fake executor driven by ``engine_loop.step``; integrity checked every step."""
+
+    config: SchedulerConfig
+    scheduler: Scheduler = field(init=False)
+    executor: FakeExecutor = field(init=False)
+    finished: dict[str, Request] = field(default_factory=dict)
+    updates: list[list[RequestUpdate]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        cfg = self.config
+        self.scheduler = Scheduler(cfg, clock=FakeClock())
+        self.executor = FakeExecutor(
+            cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB
+        )
+
+    def add(self, *requests: Request) -> None:
+        for r in requests:
+            self.scheduler.add_request(r)
+
+    def step(self) -> list[RequestUpdate]:
+        updates = step(self.scheduler, self.executor)
+        self.scheduler.check_integrity()
+        for u in updates:
+            if u.finished:
+                self.finished[u.request_id] = u.request
+        self.updates.append(updates)
+        return updates
+
+    def run(self, max_steps: int = 2000) -> int:
+        """Step until nothing is left; returns the number of steps taken."""
+        for n in itertools.count():
+            if not self.scheduler.has_unfinished_requests():
+                return n
+            assert n < max_steps, "scheduler made no progress"
+            self.step()
+        raise AssertionError("unreachable")
+
+    @property
+    def last_plan(self) -> SchedulerOutput:
+        return self.executor.plans[-1]
+
+    def outputs(self) -> dict[str, list[int]]:
+        return {rid: r.output_token_ids for rid, r in self.finished.items()}
+
+
+def run_alone_outputs(requests: Sequence[Request], config: SchedulerConfig) -> dict[str, list[int]]:
+    return {r.request_id: expected(r, config) for r in requests}
+
+
+def clone(request: Request) -> Request:
+    """A fresh copy (same id, prompt, params, arrival, priority) for a second run."""
+    return Request(
+        request.request_id,
+        list(request.prompt_token_ids),
+        request.sampling_params,
+        eos_token_ids=request.eos_token_ids,
+        arrival_time=request.arrival_time,
+        priority=request.priority,
+    )
+
+
+__all__ = [
+    "EOS",
+    "VOCAB",
+    "Harness",
+    "RequestStatus",
+    "clone",
+    "expected",
+    "make_config",
+    "make_request",
+]

@@ -1,0 +1,159 @@
+"""Property: random arrivals, lengths, cancellations and tight memory never leak a block, never lose
+a request, and every request that is not cancelled ends with its full reference output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+from sched_factories import EOS, Harness, expected, make_config, make_request
+
+from inferflow.scheduling import Request, RequestStatus, SchedulerConfig
+
+
+@dataclass
+class Arrival:
+    request: Request
+    step: int
+    cancel_step: int | None
+
+
+@st.composite
+def configs(draw: st.DrawFn) -> SchedulerConfig:
+    block_size = draw(st.sampled_from([2, 3, 4]))
+    num_blocks = draw(st.integers(4, 12))
+    # mostly max_model_len <= pool size, so long requests get capped rather than refused
+    max_model_len = draw(st.integers(6, num_blocks * block_size + 4))
+    max_slots, max_num_seqs = draw(st.integers(1, 6)), draw(st.integers(1, 6))
+    chunked = draw(st.booleans())
+    lowest = max(min(max_slots, max_num_seqs), 4) if chunked else max_model_len
+    return make_config(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_slots=max_slots,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        max_num_batched_tokens=draw(st.integers(lowest, lowest + 20)),
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=draw(st.booleans()),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3])),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        mode=draw(st.sampled_from(["continuous", "continuous", "static", "none"])),
+    )
+
+
+@st.composite
+def arrivals(draw: st.DrawFn, min_requests: int = 1) -> list[Arrival]:
+    tokens = st.integers(1, 8)  # small alphabet: shared prefixes happen; EOS (0) only if sampled
+    prefixes = draw(st.lists(st.lists(tokens, max_size=9), min_size=1, max_size=3))
+    out = []
+    for i in range(draw(st.integers(min_requests, 8))):
+        prompt = draw(st.sampled_from(prefixes)) + draw(st.lists(tokens, min_size=1, max_size=7))
+        max_tokens = draw(st.integers(1, 16))
+        request = make_request(
+            f"r{i}",
+            prompt,
+            max_tokens=max_tokens,
+            arrival_time=float(i),
+            priority=draw(st.integers(0, 2)),
+            ignore_eos=draw(st.booleans()),
+            min_tokens=draw(st.integers(0, max_tokens)),
+            stop_token_ids=draw(st.lists(st.integers(1, 63), max_size=2)),
+        )
+        cancel = draw(st.none() | st.none() | st.integers(0, 30))
+        out.append(Arrival(request, draw(st.integers(0, 6)), cancel))
+    return out
+
+
+@st.composite
+def tight_configs(draw: st.DrawFn) -> SchedulerConfig:
+    """Many slots, little memory (max_model_len = the whole pool): most workloads must preempt."""
+    num_blocks = draw(st.integers(6, 10))
+    return make_config(
+        block_size=2,
+        num_blocks=num_blocks,
+        max_slots=draw(st.integers(3, 6)),
+        max_num_seqs=6,
+        max_model_len=2 * num_blocks,
+        max_num_batched_tokens=draw(st.integers(6, 16)),
+        enable_prefix_caching=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+    )
+
+
+SETTINGS = settings(
+    max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
+)
+
+
+@SETTINGS
+@given(cfg=configs(), plan=arrivals())
+def test_random_workloads_finish_with_reference_outputs_and_no_leaks(
+    cfg: SchedulerConfig, plan: list[Arrival]
+) -> None:
+    run_workload(cfg, plan)
+
+
+@SETTINGS
+@given(cfg=tight_configs(), plan=arrivals(min_requests=4))
+def test_tight_memory_workloads_preempt_and_still_match(
+    cfg: SchedulerConfig, plan: list[Arrival]
+) -> None:
+    run_workload(cfg, plan)
+
+
+def run_workload(cfg: SchedulerConfig, plan: list[Arrival]) -> None:
+    h = Harness(cfg)
+    accepted: list[Arrival] = []
+    cancelled: set[str] = set()
+    last_arrival = max(a.step for a in plan)
+    t = 0
+    while t <= last_arrival or h.scheduler.has_unfinished_requests():
+        assert t < 3000, "a request got stuck"
+        for a in plan:
+            if a.step == t:
+                add(h, cfg, a, accepted)
+            if a.cancel_step == t and h.scheduler.finish_requests([a.request.request_id]):
+                cancelled.add(a.request.request_id)
+        h.scheduler.check_integrity()
+        h.step()
+        t += 1
+
+    stats = h.scheduler.stats
+    event(f"preempted: {stats.num_preemptions > 0}")
+    event(f"prefix hits: {stats.prefix_cache_hits > 0}")
+    event(f"cancelled: {bool(cancelled)}")
+    event(f"refused: {len(plan) - len(accepted)}")
+    assert stats.num_kv_blocks_used == 0 and stats.num_kv_blocks_free == cfg.num_blocks
+    assert (
+        stats.num_running == stats.num_waiting == 0 and h.scheduler.slots.num_free == cfg.max_slots
+    )
+    for a in accepted:
+        r = a.request
+        want = expected(r, cfg)
+        if r.request_id in cancelled:
+            assert r.status == RequestStatus.FINISHED_ABORTED
+            assert r.output_token_ids == want[: r.num_output_tokens]
+        else:
+            assert r.output_token_ids == want, r.request_id
+            assert h.finished[r.request_id] is r
+            stopped = want[-1] in r.sampling_params.stop_token_ids or (
+                want[-1] == EOS and not r.sampling_params.ignore_eos
+            )
+            assert r.finish_reason == (
+                "stop" if stopped and len(want) >= r.sampling_params.min_tokens else "length"
+            )
+
+
+def add(h: Harness, cfg: SchedulerConfig, a: Arrival, accepted: list[Arrival]) -> None:
+    r = a.request
+    try:
+        h.add(r)
+    except ValueError:
+        # refused only if it could never fit, even capped by max_model_len
+        assert r.num_prompt_tokens > cfg.max_model_len or (
+            r.num_prompt_tokens + r.sampling_params.max_tokens - 1 > cfg.num_blocks * cfg.block_size
+        )
+        return
+    accepted.append(a)
