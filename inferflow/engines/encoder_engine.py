@@ -1,27 +1,26 @@
 """ONNX Runtime engine for BERT-family encoders: token ids in, pooled embeddings out.
 
-The graph comes from ``inferflow.models.bert_graph`` and is cached on disk under
-``<cache_dir>/<hash>/model.onnx`` where the hash covers the weights' digest, the graph-builder
-version, the onnxruntime version and the graph-affecting settings (pooling, normalisation),
-so a stale engine is never loaded. (A private cache until the shared
-``inferflow.engines.engine_cache`` exists; the layout is the one DESIGN.md §4 describes.)
+The graph comes from ``inferflow.models.bert_graph`` and lives in the shared compiled-engine
+cache (``inferflow.engines.engine_cache``: ``<engine_dir>/<key>/model.onnx``); the key covers
+the weights' digest, the graph-builder version and source, the onnx/onnxruntime versions and the
+graph-affecting settings (pooling, normalisation), so a stale engine is never loaded.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import shutil
-import tempfile
+import inspect
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 
+from inferflow.engines.config import default_engine_dir
+from inferflow.engines.engine_cache import CacheEntry, get_or_build
+from inferflow.models import bert_graph
 from inferflow.models.bert import BertCheckpoint, load_bert_checkpoint
 from inferflow.models.bert_graph import GRAPH_BUILDER_VERSION, OPSET, build_bert_graph
 
@@ -36,18 +35,14 @@ class EncoderInputError(ValueError):
 
 @dataclass(frozen=True)
 class EncoderSettings:
-    """Session settings; none of them changes the graph, so none is part of the cache key."""
+    """Session settings; none of them changes the graph, so none is part of the cache key.
+
+    ``cache_dir`` of ``from_path``/``from_checkpoint`` defaults to ``default_engine_dir()``
+    ($INFERFLOW_ENGINE_DIR, else $INFERFLOW_HOME/compiled_engines, ~/.cache/inferflow).
+    """
 
     intra_op_threads: int = 0  # 0 = onnxruntime's default (one per physical core)
     allow_spinning: bool = False  # ORT's spin-wait after a run burns CPU on a shared machine
-
-
-def default_engine_cache_dir() -> Path:
-    """``$INFERFLOW_ENGINE_CACHE``, else ``$INFERFLOW_HOME/compiled_engines`` (~/.cache/inferflow)."""
-    if env := os.environ.get("INFERFLOW_ENGINE_CACHE"):
-        return Path(env)
-    home = os.environ.get("INFERFLOW_HOME") or Path.home() / ".cache" / "inferflow"
-    return Path(home) / "compiled_engines"
 
 
 def make_encoder_inputs(batch: Sequence[Sequence[int]], pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -64,8 +59,14 @@ def make_encoder_inputs(batch: Sequence[Sequence[int]], pad_id: int = 0) -> dict
 class EncoderEngine:
     """A loaded encoder. ``encode`` is thread-safe (onnxruntime sessions allow concurrent runs)."""
 
-    def __init__(self, session: ort.InferenceSession, checkpoint: BertCheckpoint) -> None:
+    def __init__(
+        self,
+        session: ort.InferenceSession,
+        checkpoint: BertCheckpoint,
+        cache_entry: CacheEntry | None = None,
+    ) -> None:
         self._session = session
+        self.cache_entry = cache_entry  # where the compiled graph lives (None: built in memory)
         self.checkpoint = checkpoint
         self.max_length = checkpoint.max_length
         self.embedding_dim = checkpoint.embedding_dim
@@ -93,7 +94,9 @@ class EncoderEngine:
         settings: EncoderSettings | None = None,
     ) -> EncoderEngine:
         """Build (or reuse from the cache) the ONNX graph and open an onnxruntime session."""
-        model_file = cached_encoder_model(checkpoint, Path(cache_dir or default_engine_cache_dir()))
+        entry = cached_encoder_model(
+            checkpoint, Path(cache_dir) if cache_dir else default_engine_dir()
+        )
         settings = settings or EncoderSettings()
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = settings.intra_op_threads
@@ -101,8 +104,11 @@ class EncoderEngine:
         spin = "1" if settings.allow_spinning else "0"
         opts.add_session_config_entry("session.intra_op.allow_spinning", spin)
         opts.add_session_config_entry("session.inter_op.allow_spinning", spin)
-        session = ort.InferenceSession(str(model_file), opts, providers=["CPUExecutionProvider"])
-        return cls(session, checkpoint)
+        opts.log_severity_level = 3
+        session = ort.InferenceSession(
+            str(entry.model_path), opts, providers=["CPUExecutionProvider"]
+        )
+        return cls(session, checkpoint, entry)
 
     def truncate(self, ids: Sequence[int]) -> list[int]:
         """Keep the first ``max_length`` ids (text tokenized by our tokenizer already fits)."""
@@ -134,37 +140,22 @@ class EncoderEngine:
         return np.asarray(out, dtype=np.float32)
 
 
-def engine_key(checkpoint: BertCheckpoint) -> dict[str, str]:
-    """What the cache hash covers (also written next to the model as manifest.json)."""
+def engine_fields(checkpoint: BertCheckpoint) -> dict[str, str]:
+    """What the compiled-engine cache key covers (also recorded in the entry's manifest)."""
     return {
         "kind": "bert-encoder",
-        "weights_sha256": checkpoint.weights_digest(),
-        "graph_builder": GRAPH_BUILDER_VERSION,
+        "weights_digest": checkpoint.weights_digest(),
+        "builder_version": GRAPH_BUILDER_VERSION,
+        # edits to the builder invalidate the cache even when nobody bumps the version
+        "builder_source": hashlib.sha256(inspect.getsource(bert_graph).encode()).hexdigest(),
         "opset": str(OPSET),
-        "onnx": onnx.__version__,
-        "onnxruntime": ort.__version__,
-        "settings": json.dumps(asdict(checkpoint.pooling), sort_keys=True),
+        "onnx_version": onnx.__version__,
+        "onnxruntime_version": ort.__version__,
+        "pooling": ",".join(checkpoint.pooling.modes),
+        "normalize": str(checkpoint.pooling.normalize),
     }
 
 
-def cached_encoder_model(checkpoint: BertCheckpoint, cache_dir: Path) -> Path:
-    """Path of ``<cache_dir>/<hash>/model.onnx``, building and publishing it atomically if absent."""
-    key = engine_key(checkpoint)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-    target = cache_dir / digest
-    model_file = target / "model.onnx"
-    if model_file.is_file():
-        return model_file
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{digest}-", dir=cache_dir))
-    try:
-        onnx.save_model(build_bert_graph(checkpoint), str(staging / "model.onnx"))
-        (staging / "manifest.json").write_text(json.dumps(key, indent=2, sort_keys=True))
-        try:
-            staging.rename(target)  # atomic publish; loses the race harmlessly
-        except OSError:
-            if not model_file.is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return model_file
+def cached_encoder_model(checkpoint: BertCheckpoint, cache_dir: Path) -> CacheEntry:
+    """The shared compiled-engine cache entry for ``checkpoint`` (built on first use)."""
+    return get_or_build(cache_dir, engine_fields(checkpoint), lambda: build_bert_graph(checkpoint))

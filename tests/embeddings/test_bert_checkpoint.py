@@ -12,12 +12,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from inferflow.models.bert import (
-    BertCheckpointError,
-    PoolingConfig,
-    load_bert_checkpoint,
-    minilm_path,
-)
+from inferflow.models.bert import PoolingConfig, load_bert_checkpoint, minilm_path
+from inferflow.models.errors import CheckpointError
 
 
 def test_minilm_path_points_at_the_packaged_model() -> None:
@@ -107,7 +103,7 @@ def test_bad_checkpoints_fail_with_one_clear_error(
 ) -> None:
     path = copy_model(make_bert("error_src"), tmp_path / "broken")
     mutate(path)
-    with pytest.raises(BertCheckpointError, match=re.escape(message)):
+    with pytest.raises(CheckpointError, match=re.escape(message)):
         load_bert_checkpoint(path)
 
 
@@ -123,5 +119,5 @@ def test_missing_weight_tensor_is_named(make_bert: Callable[..., Path], tmp_path
     del weights["encoder.layer.1.output.dense.weight"]
     path = copy_model(src.path, tmp_path / "missing")
     save_file(weights, str(path / "model.safetensors"))
-    with pytest.raises(BertCheckpointError, match=re.escape("encoder.layer.1.output.dense.weight")):
+    with pytest.raises(CheckpointError, match=re.escape("encoder.layer.1.output.dense.weight")):
         build_bert_graph(load_bert_checkpoint(path))

@@ -110,19 +110,20 @@ def test_tiny_berts_match_sentence_transformers(
     np.testing.assert_allclose(ours, expected, rtol=1e-3, atol=1e-4)
 
 
-def test_engine_cache_builds_once_and_keys_on_settings(
+def test_engine_cache_builds_once_and_keys_on_weights_and_settings(
     make_bert: Callable[..., Path], tmp_path: Path
 ) -> None:
     mean = load_bert_checkpoint(make_bert("cache_mean", seed=1))
     first = cached_encoder_model(mean, tmp_path)
-    stamp = first.stat().st_mtime_ns
-    assert cached_encoder_model(mean, tmp_path) == first  # reused, not rebuilt
-    assert first.stat().st_mtime_ns == stamp
-    manifest = json.loads((first.parent / "manifest.json").read_text())
-    assert manifest["onnxruntime"] == ort.__version__
-    assert manifest["weights_sha256"] == mean.weights_digest()
+    assert not first.reused
+    again = cached_encoder_model(mean, tmp_path)
+    assert again.reused and again.path == first.path  # second start: no rebuild
+    manifest = json.loads((first.path / "manifest.json").read_text())
+    assert manifest["onnxruntime_version"] == ort.__version__
+    assert manifest["weights_digest"] == mean.weights_digest()
+    assert manifest["pooling"] == "mean"
     cls_ckpt = load_bert_checkpoint(make_bert("cache_cls", seed=1, pooling=("cls",)))
-    assert cached_encoder_model(cls_ckpt, tmp_path).parent != first.parent  # settings in the key
+    assert cached_encoder_model(cls_ckpt, tmp_path).path != first.path  # settings in the key
     other = load_bert_checkpoint(make_bert("cache_seed2", seed=2))
-    assert cached_encoder_model(other, tmp_path).parent != first.parent  # weights in the key
+    assert cached_encoder_model(other, tmp_path).path != first.path  # weights in the key
     assert sorted(p.name.startswith(".") for p in tmp_path.iterdir()) == [False] * 3  # no temp left
