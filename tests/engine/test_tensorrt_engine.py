@@ -1,0 +1,60 @@
+"""TensorRT path: pure parts run everywhere; the GPU build/run test skips without TensorRT."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from engine_factories import make_named_checkpoint
+
+from inferflow.engines import tensorrt_engine as trt_engine
+from inferflow.engines.step_inputs import EngineRow, build_step_arrays
+from inferflow.models.checkpoint import load_checkpoint
+
+
+def test_module_imports_without_tensorrt() -> None:
+    importlib.reload(trt_engine)  # no tensorrt / cuda import at module level
+    if not trt_engine.tensorrt_available():
+        with pytest.raises(RuntimeError, match=r"pip install 'inferflow\[tensorrt\]'"):
+            trt_engine.import_tensorrt()
+
+
+def test_profiles_cover_decode_and_prefill(tmp_path: Path) -> None:
+    cfg = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2")).config
+    decode, prefill = trt_engine.optimization_profiles(cfg, max_slots=8, alloc_capacity=1024 + 256, max_chunk=256)
+    assert decode.shapes["pad_index"][2] == (8, 1)
+    assert prefill.shapes["pad_index"][2] == (8, 256)
+    assert prefill.shapes["input_ids"][2] == (256 + 8,)
+    assert decode.shapes["past_key_3"][2] == (8, cfg.num_kv_heads, 1280, cfg.head_dim)
+    assert len([k for k in decode.shapes if k.startswith("past_")]) == 2 * cfg.num_layers
+
+
+def test_idle_slots_write_past_their_valid_tokens() -> None:
+    rows = [EngineRow(0, (1, 2, 3), 5, True), EngineRow(2, (4,), 9, True)]
+    arrays = build_step_arrays(rows, slot_range=True)
+    # slot 1 is idle with 7 valid tokens: its garbage goes to positions >= 7
+    np.testing.assert_array_equal(trt_engine.idle_write_indices(arrays, [5, 7, 9, 0]), [5, 7, 9])
+    assert trt_engine.profile_index(arrays) == 1
+    assert trt_engine.profile_index(build_step_arrays([rows[1]], slot_range=True)) == 0
+
+
+@pytest.mark.gpu
+def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
+    pytest.importorskip("tensorrt")
+    pytest.importorskip("cuda")
+    from engine_factories import greedy, make_engine
+
+    from inferflow.engines.engine_cache import get_or_build
+    from inferflow.models.llama_graph import GraphSpec, build_llama_graph
+
+    path = make_named_checkpoint(tmp_path, "gqa8x2")
+    ck = load_checkpoint(path)
+    spec = GraphSpec("canonical", "fp32", 256 + 64)
+    entry = get_or_build(tmp_path / "engines", {"k": "trt"}, lambda: build_llama_graph(ck.config, ck.load_weights(), spec))
+    profiles = trt_engine.optimization_profiles(ck.config, 4, 256 + 64, 64)
+    plan = trt_engine.build_serialized_engine(str(entry.model_path), profiles)
+    runtime = trt_engine.TensorRTRuntime(plan, ck.config, 4, 256 + 64, np.dtype(np.float32))
+    prompt = ck.tokenizer.encode("Hello, world!")
+    assert greedy(runtime, prompt, 16)[0] == greedy(make_engine(path), prompt, 16)[0]  # type: ignore[arg-type]
