@@ -1,0 +1,294 @@
+"""The engine worker's continuous-batching loop: LitServe's ``ContinuousBatchingLoop``, fixed.
+
+LitServe 0.2.19's loop adds requests from an asyncio task while ``step`` runs in a thread (a
+race), drops the payload of the final ``FINISH_STREAMING`` output, spins a core when idle, and
+never cancels or times out a sequence. This subclass replaces its worker entry (``__call__``)
+with three threads (see :mod:`inferflow.server.worker_queues`):
+
+- the engine thread is the only one that calls the engine: it applies queued submits/cancels,
+  aborts requests past their deadline, runs one ``engine.step()`` and posts the deltas;
+- it blocks on the inbox when the engine has no unfinished request (~0% CPU when idle);
+- a cancel or an expired deadline calls ``engine.abort_request`` before the next step, so the
+  slot and KV blocks are free within one step; a request's last delta travels together with
+  its ``finish_reason`` and is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from litserve import LitAPI
+from litserve.callbacks import CallbackRunner
+from litserve.loops import ContinuousBatchingLoop
+from litserve.specs.base import LitSpec
+from litserve.transport.base import MessageTransport
+
+from inferflow.outputs import RequestOutput
+from inferflow.server.errors import ErrorInfo
+from inferflow.server.messages import (
+    CancelRequest,
+    LogprobEntry,
+    RequestUpdate,
+    StopWorker,
+    SubmitRequest,
+    WorkerInbound,
+)
+from inferflow.server.worker_queues import Inbox, Outbox, pump_requests
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Active:
+    """Bookkeeping for one request the engine is running."""
+
+    consumer_id: int
+    deadline: float | None
+    timeout_s: float | None
+    logprobs_sent: int = 0  # CompletionOutput.logprobs is cumulative; we send the new tail
+
+
+class EngineLoop(ContinuousBatchingLoop):
+    """Drives one ``LLMEngine`` for one LitServe worker. ``lit_api`` must be an ``EngineAPI``.
+
+    The base class's asyncio machinery (``schedule_task``, ``prefill``, async ``step``) is not
+    used; ``__call__`` and ``run`` keep LitServe's signatures so ``inference_worker`` runs us.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_sequence_length=0, no_pending_requests=False, sleep_delay=0.0)
+        self._active: dict[str, _Active] = {}
+        self._counters = {"finished_requests": 0, "aborted_requests": 0, "timed_out_requests": 0}
+        self._inbox: Inbox | None = None  # created in the worker process (locks do not pickle)
+        self._outbox: Outbox | None = None
+
+    def pre_setup(self, lit_api: LitAPI, spec: LitSpec | None = None) -> None:
+        if not lit_api.stream:
+            raise ValueError("EngineLoop streams its outputs: the LitAPI needs stream=True")
+        if not hasattr(lit_api, "engine_factory"):
+            raise TypeError("EngineLoop runs an inferflow.server.worker_api.EngineAPI")
+
+    def __call__(
+        self,
+        lit_api: LitAPI,
+        device: str,
+        worker_id: int,
+        request_queue: Any,
+        transport: MessageTransport,
+        workers_setup_status: dict[int, str],
+        callback_runner: CallbackRunner,
+    ) -> None:
+        self._inbox = Inbox()
+        self._outbox = Outbox(transport)
+        self._outbox.start()
+        intake = threading.Thread(
+            target=pump_requests,
+            args=(request_queue, self._inbox),
+            name="inferflow-intake",
+            daemon=True,
+        )
+        intake.start()
+        try:
+            self.run(
+                lit_api,
+                device,
+                worker_id,
+                request_queue,
+                transport,
+                workers_setup_status,
+                callback_runner,
+            )
+        finally:
+            self._outbox.close()
+
+    def run(
+        self,
+        lit_api: LitAPI,
+        device: str,
+        worker_id: int,
+        request_queue: Any,
+        transport: MessageTransport,
+        workers_setup_status: dict[int, str],
+        callback_runner: CallbackRunner,
+    ) -> None:  # type: ignore[override]
+        """The engine thread: apply inbound messages, expire deadlines, step, publish."""
+        engine = lit_api.engine  # type: ignore[attr-defined]
+        self._publish_stats(lit_api)
+        lit_api.mark_ready()  # type: ignore[attr-defined]
+        while True:
+            assert self._inbox is not None
+            messages = self._inbox.take_all(wait=not engine.has_unfinished_requests())
+            stop = self._apply(messages, lit_api)
+            if stop is not None:
+                self._fail_all(engine, stop.error)
+                self._publish_stats(lit_api)
+                return
+            self._expire(engine, time.time())
+            if engine.has_unfinished_requests():
+                self._step(engine, lit_api)
+            self._publish_stats(lit_api)
+
+    # --- inbound ------------------------------------------------------------------------------
+    def _apply(self, messages: list[WorkerInbound], lit_api: LitAPI) -> StopWorker | None:
+        for message in messages:
+            if isinstance(message, SubmitRequest):
+                self.add_request(message.request_id, message, lit_api, None)
+            elif isinstance(message, CancelRequest):
+                self._cancel(lit_api.engine, message.request_id)  # type: ignore[attr-defined]
+            elif isinstance(message, StopWorker):
+                return message
+        return None
+
+    def add_request(
+        self,
+        uid: str,
+        request: SubmitRequest,
+        lit_api: LitAPI,  # type: ignore[override]
+        lit_spec: LitSpec | None,
+        transport: MessageTransport | None = None,
+    ) -> None:
+        """Hand ``request`` to the engine; a request it refuses gets its 400 right away."""
+        engine = lit_api.engine  # type: ignore[attr-defined]
+        now = time.time()
+        if request.deadline is not None and now >= request.deadline:
+            self._post(request.consumer_id, _error_update(uid, _timeout_error(request)))
+            self._counters["timed_out_requests"] += 1
+            return
+        try:
+            engine.add_request(
+                uid,
+                request.prompt_token_ids,
+                request.params,
+                arrival_time=request.arrival_time,
+                priority=request.priority,
+            )
+        except ValueError as exc:
+            param = getattr(exc, "field", None)
+            self._post(
+                request.consumer_id, _error_update(uid, ErrorInfo(400, str(exc), param=param))
+            )
+            return
+        timeout = None if request.deadline is None else request.deadline - request.arrival_time
+        self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
+
+    def mark_completed(self, uid: str) -> None:
+        self._active.pop(uid, None)
+
+    def has_capacity(self, lit_api: LitAPI) -> bool:
+        """Admission is the engine scheduler's job; the frontend bounds the waiting queue."""
+        return True
+
+    def _cancel(self, engine: Any, uid: str) -> None:
+        if uid in self._active:
+            engine.abort_request(uid)
+            self.mark_completed(uid)
+            self._counters["aborted_requests"] += 1
+
+    def _expire(self, engine: Any, now: float) -> None:
+        expired = [
+            uid for uid, a in self._active.items() if a.deadline is not None and now >= a.deadline
+        ]
+        for uid in expired:
+            record = self._active[uid]
+            engine.abort_request(uid)
+            self.mark_completed(uid)
+            self._counters["timed_out_requests"] += 1
+            message = f"the request did not finish within {record.timeout_s:.3g} s"
+            self._post(
+                record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
+            )
+
+    def _fail_all(self, engine: Any, error: ErrorInfo) -> None:
+        for uid, record in list(self._active.items()):
+            engine.abort_request(uid)
+            self.mark_completed(uid)
+            self._post(record.consumer_id, _error_update(uid, error))
+
+    # --- outbound -----------------------------------------------------------------------------
+    def _step(self, engine: Any, lit_api: LitAPI) -> None:
+        try:
+            outputs = engine.step()
+        except Exception:
+            logger.exception("engine step failed; failing the running requests and restarting")
+            self._fail_all(
+                engine,
+                ErrorInfo(500, "the engine failed while running this request", code="engine_error"),
+            )
+            raise
+        token_text = lit_api.token_text  # type: ignore[attr-defined]
+        for output in outputs:
+            record = self._active.get(output.request_id)
+            if record is None:  # cancelled or timed out earlier: nobody is listening
+                continue
+            update = _update_from(output, record, token_text)
+            if update.final:
+                self.mark_completed(output.request_id)
+                self._counters["finished_requests"] += 1
+            self._post(record.consumer_id, update)
+
+    def _post(self, consumer_id: int, update: RequestUpdate) -> None:
+        assert self._outbox is not None
+        self._outbox.post(consumer_id, update)
+
+    def _publish_stats(self, lit_api: LitAPI) -> None:
+        lit_api.publish_stats(dict(self._counters, worker_pid=os.getpid()))  # type: ignore[attr-defined]
+
+
+def _timeout_error(request: SubmitRequest) -> ErrorInfo:
+    timeout = (request.deadline or 0.0) - request.arrival_time
+    return ErrorInfo(504, f"the request did not finish within {timeout:.3g} s", code="timeout")
+
+
+def _error_update(uid: str, error: ErrorInfo) -> RequestUpdate:
+    return RequestUpdate(request_id=uid, error=error)
+
+
+def _update_from(
+    output: RequestOutput, record: _Active, token_text: Callable[[int], str]
+) -> RequestUpdate:
+    """The delta of one ``RequestOutput`` as a ``RequestUpdate`` for the frontend."""
+    completion = output.outputs[0]
+    logprobs = None
+    if completion.logprobs is not None:
+        new = completion.logprobs[record.logprobs_sent :]
+        record.logprobs_sent = len(completion.logprobs)
+        logprobs = tuple(
+            LogprobEntry(
+                token_text(lp.token_id),
+                lp.token_id,
+                lp.logprob,
+                tuple((token_text(t), t, p) for t, p in lp.top),
+            )
+            for lp in new
+        )
+    error = None
+    if completion.finish_reason == "abort":  # aborted by the engine itself, not by us
+        error = ErrorInfo(500, "the engine aborted this request", code="aborted")
+    metrics = output.metrics
+    queue_time = inference_time = None
+    cached = 0
+    if metrics is not None:
+        cached = metrics.num_cached_prompt_tokens
+        if metrics.first_scheduled_time is not None:
+            queue_time = metrics.first_scheduled_time - metrics.arrival_time
+            end = metrics.finished_time or metrics.last_token_time or time.time()
+            inference_time = end - metrics.first_scheduled_time
+    return RequestUpdate(
+        request_id=output.request_id,
+        text=completion.delta_text,
+        logprobs=logprobs,
+        finish_reason=None if error else completion.finish_reason,
+        stop_reason=completion.stop_reason,
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=len(completion.token_ids),
+        cached_tokens=cached,
+        queue_time_s=queue_time,
+        inference_time_s=inference_time,
+        error=error,
+    )

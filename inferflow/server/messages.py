@@ -1,0 +1,118 @@
+"""Typed messages between the processes of a running server.
+
+::
+
+    API process --SubmitRequest/CancelRequest--> request queue (LitServe Manager) --> engine worker
+    engine worker --UpdateBatch--> response queue of that API process (one per API process)
+    supervisor (main process) --WorkerLost--> every API response queue
+    supervisor --StopWorker--> request queue
+
+Every queue put is a Manager round-trip, so the worker sends ONE ``UpdateBatch`` per API process
+per flush, carrying the new text of every request that advanced; ``RequestUpdate.merge`` folds
+several steps of one request into one update when the transport falls behind.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from inferflow.sampling_params import SamplingParams
+from inferflow.server.errors import ErrorInfo
+
+
+@dataclass(frozen=True)
+class SubmitRequest:
+    """A validated, tokenized request for the engine. Times are ``time.time()`` seconds."""
+
+    request_id: str
+    consumer_id: int  # response queue (API process) that receives this request's updates
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    deadline: float | None  # the worker aborts the request at this time and reports a 504
+    priority: int = 0
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C carrier, for telemetry
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """Abort a request (client disconnected, frontend timeout, worker restart)."""
+
+    request_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class StopWorker:
+    """Fail whatever is still running with ``error`` and leave the engine loop."""
+
+    error: ErrorInfo
+
+
+WorkerInbound = SubmitRequest | CancelRequest | StopWorker
+
+
+@dataclass(frozen=True)
+class LogprobEntry:
+    """One generated token's logprob, with its decoded text and the top alternatives."""
+
+    token: str
+    token_id: int
+    logprob: float
+    top: tuple[tuple[str, int, float], ...] = ()  # (text, token_id, logprob), best first
+
+
+@dataclass(frozen=True)
+class RequestUpdate:
+    """What one request gained since its previous update.
+
+    ``text``/``logprobs`` are deltas; ``completion_tokens`` is cumulative. The request's last
+    update carries ``finish_reason`` (or ``error``) together with its last piece of text.
+    """
+
+    request_id: str
+    text: str = ""
+    logprobs: tuple[LogprobEntry, ...] | None = None
+    finish_reason: str | None = None  # "stop" | "length"
+    stop_reason: str | int | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    queue_time_s: float | None = None  # arrival -> first scheduled
+    inference_time_s: float | None = None  # first scheduled -> last token
+    error: ErrorInfo | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None or self.error is not None
+
+    def merge(self, later: RequestUpdate) -> RequestUpdate:
+        """This update followed by ``later`` (same request) as one update."""
+        logprobs = self.logprobs
+        if later.logprobs is not None:
+            logprobs = (logprobs or ()) + later.logprobs
+        return replace(
+            later,
+            text=self.text + later.text,
+            logprobs=logprobs,
+            queue_time_s=later.queue_time_s
+            if later.queue_time_s is not None
+            else self.queue_time_s,
+        )
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """Updates for the requests of one API process, in the order the engine produced them."""
+
+    updates: tuple[RequestUpdate, ...]
+
+
+@dataclass(frozen=True)
+class WorkerLost:
+    """The engine worker died: every request in flight in this API process has failed."""
+
+    error: ErrorInfo
+
+
+WorkerOutbound = UpdateBatch | WorkerLost

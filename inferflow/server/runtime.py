@@ -1,0 +1,67 @@
+"""``serve(graph)``: what ``python -m inferflow`` runs once the config is composed.
+
+Process tree of a running server (all bound to the main process with PR_SET_PDEATHSIG)::
+
+    main: supervisor (signals, worker restarts)    <- SIGTERM / SIGINT go here
+    ├── LitServe Manager (request queue, one response queue per API process)
+    ├── engine worker (spawned): EngineAPI + EngineLoop, owns the engine
+    └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from inferflow.server.frontend import Frontend
+from inferflow.server.litserver import InferflowServer
+from inferflow.server.pipeline import RequestPipeline
+from inferflow.server.settings import ServerSettings
+from inferflow.server.shared_state import SharedState
+from inferflow.server.spec import OpenAICompatibleSpec
+from inferflow.server.worker_api import EngineAPI
+
+logger = logging.getLogger(__name__)
+
+
+class ServerFailed(RuntimeError):
+    """The server stopped because a part of it failed (e.g. the engine could not be loaded)."""
+
+
+@dataclass(frozen=True)
+class GraphEngineFactory:
+    """Rebuilds the graph from its plain config in the worker process and creates the engine."""
+
+    config: dict[str, Any]
+
+    def __call__(self) -> Any:
+        from inferflow.graph import build_graph
+
+        return build_graph(self.config).create_engine()
+
+
+def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
+    """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
+    settings = settings or ServerSettings.from_config(graph.server)
+    shared = SharedState()
+    frontend = Frontend(RequestPipeline.from_graph(graph), settings, shared)
+    api = EngineAPI(
+        GraphEngineFactory(graph.to_container()),
+        shared,
+        spec=OpenAICompatibleSpec(frontend),
+        log_level=settings.log_level,
+    )
+    return InferflowServer(api, frontend, settings, str(graph.model_path))
+
+
+def serve(graph: Any) -> None:
+    """Serve ``graph`` on ``server.host:server.port`` until SIGTERM/SIGINT (blocking).
+
+    Returns after a clean, drained shutdown; raises :class:`ServerFailed` when the engine
+    worker could not start or an API process died.
+    """
+    server = build_server(graph)
+    server.run()
+    if server.exit_code:
+        raise ServerFailed("the server stopped after a failure; see the log above")

@@ -1,0 +1,151 @@
+"""The LitAPI that owns the engine inside LitServe's inference worker process.
+
+``setup`` runs in the spawned worker: it builds the engine (the expensive part), runs a warm-up
+request through it and publishes the engine's description for ``/version``. Readiness is set by
+``EngineLoop`` when it starts consuming requests, so ``/ready`` turns 200 only once a request
+sent now would be served.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import signal
+import sys
+import time
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+import litserve as ls
+
+from inferflow.sampling_params import SamplingParams
+from inferflow.server.engine_loop import EngineLoop
+from inferflow.server.process_utils import die_with_parent
+from inferflow.server.shared_state import SharedState
+
+logger = logging.getLogger(__name__)
+
+API_PATH = "/v1/completions"
+WARMUP_REQUEST_ID = "inferflow-warmup"
+
+
+class EngineAPI(ls.LitAPI):
+    """Holds ``engine_factory`` (picklable, called once in the worker) and the shared state."""
+
+    def __init__(
+        self,
+        engine_factory: Callable[[], Any],
+        shared: SharedState,
+        spec: ls.specs.base.LitSpec | None = None,
+        log_level: str = "info",
+    ) -> None:
+        super().__init__(api_path=API_PATH, stream=True, loop=EngineLoop(), spec=spec)
+        self.engine_factory = engine_factory
+        self.shared = shared
+        self.log_level = log_level
+        self.engine: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The spec (routes, frontend state) lives in the API processes, never in the worker.
+        state = self.__dict__.copy()
+        state["_spec"] = None
+        state["engine"] = None
+        return state
+
+    def setup(self, device: str) -> None:
+        """Build and warm up the engine (worker process only)."""
+        die_with_parent(signal.SIGKILL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
+        # the supervisor decides when the worker stops (after the API processes drained).
+        _configure_worker_logging(self.log_level)
+        started = time.time()
+        logger.info("worker %d: loading the engine", os.getpid())
+        self.engine = self.engine_factory()
+        warm_up(self.engine)
+        self.shared.publish_info(describe_engine(self.engine, load_time_s=time.time() - started))
+        logger.info("engine ready in %.2f s", time.time() - started)
+
+    def predict(self, x: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError("EngineLoop drives the engine directly")
+
+    def mark_ready(self) -> None:
+        self.shared.set_ready(True)
+
+    def publish_stats(self, counters: dict[str, float]) -> None:
+        stats = self.engine.stats()
+        slots = self.engine.scheduler_config.max_slots
+        self.shared.publish_stats(
+            {
+                **counters,
+                "running": stats.num_running,
+                "waiting": stats.num_waiting,
+                "total_slots": slots,
+                "free_slots": slots - stats.num_running,
+                "kv_blocks_total": stats.num_kv_blocks_total,
+                "kv_blocks_free": stats.num_kv_blocks_free,
+                "num_steps": stats.num_steps,
+                "updated_at": time.time(),
+            }
+        )
+
+    def token_text(self, token_id: int) -> str:
+        return _token_text(self.engine.tokenizer, token_id)
+
+
+def _configure_worker_logging(level: str) -> None:
+    """The spawned worker starts with bare logging; give it the server's level and a prefix."""
+    root = logging.getLogger()
+    if not root.handlers:
+        logging.basicConfig(
+            level=level.upper(),
+            format="%(asctime)s %(levelname)s [engine worker] %(name)s: %(message)s",
+        )
+
+
+@lru_cache(maxsize=65536)
+def _cached_token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    return _cached_token_text(tokenizer, token_id)
+
+
+def warm_up(engine: Any) -> None:
+    """Run one short greedy request to completion (compiles kernels, touches every buffer)."""
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.encode("warm up") or [0]
+    engine.add_request(WARMUP_REQUEST_ID, prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def describe_engine(engine: Any, load_time_s: float) -> dict[str, Any]:
+    """Versions and shape of the engine, for ``GET /version``."""
+    import onnxruntime
+
+    compiled = getattr(engine.engine, "cache_entry", None)
+    return {
+        "engine": {
+            "backend": "onnxruntime",
+            "runtime_version": onnxruntime.__version__,
+            "compiled_engine": str(compiled.model_path.parent) if compiled is not None else None,
+            "max_model_len": engine.max_model_len,
+            "max_slots": engine.scheduler_config.max_slots,
+            "block_size": engine.scheduler_config.block_size,
+            "num_kv_blocks": engine.scheduler_config.num_blocks,
+            "load_time_s": round(load_time_s, 3),
+        },
+        "model": {
+            "architecture": engine.model_config.architecture,
+            "vocab_size": engine.model_config.vocab_size,
+            "num_layers": engine.model_config.num_layers,
+        },
+        "worker": {
+            "pid": os.getpid(),
+            "python": platform.python_version(),
+            "platform": sys.platform,
+        },
+    }
