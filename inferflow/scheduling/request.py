@@ -148,6 +148,14 @@ def check_length(
     return None
 
 
+def max_kv_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
+    """Most tokens with KV a request can ever hold, given the length checks above: the sequence
+    ends at ``min(prompt + max_tokens, max(prompt + 1, max_model_len))`` tokens, the last of which
+    is sampled but never computed."""
+    n = num_prompt_tokens
+    return min(n + max_tokens, max(n + 1, max_model_len)) - 1
+
+
 def check_stop(request: Request, max_model_len: int) -> StopDecision | None:
     """Stop decision after ``request``'s last output token was appended (token checks win)."""
     params = request.sampling_params

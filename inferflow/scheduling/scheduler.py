@@ -36,7 +36,7 @@ from inferflow.scheduling.plan import (
     SchedulerOutput,
 )
 from inferflow.scheduling.policy import SortKey, make_queue, sort_key
-from inferflow.scheduling.request import Request, RequestStatus, check_stop
+from inferflow.scheduling.request import Request, RequestStatus, check_stop, max_kv_tokens
 from inferflow.scheduling.slots import SlotAllocator
 from inferflow.scheduling.updates import RequestUpdate, SchedulerStats
 
@@ -51,6 +51,22 @@ class _Step:
     saves: list[KVBlockCopy] = field(default_factory=list)
     scheduled: set[str] = field(default_factory=set)
     preempted: bool = False
+
+
+def check_fits(request: Request, cfg: SchedulerConfig) -> None:
+    """Raise ValueError if ``request`` could not finish even alone under ``cfg``."""
+    n = request.num_prompt_tokens
+    if n > cfg.max_model_len:
+        raise ValueError(
+            f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
+        )
+    need = -(
+        -max_kv_tokens(n, request.sampling_params.max_tokens, cfg.max_model_len) // cfg.block_size
+    )
+    if need > cfg.num_blocks:
+        raise ValueError(
+            f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
+        )
 
 
 class Scheduler:
@@ -81,25 +97,10 @@ class Scheduler:
             or request.output_token_ids
         ):
             raise ValueError(f"request {request.request_id!r} is not fresh")
-        self._check_fits(request)
+        check_fits(request, self.config)
         self._requests[request.request_id] = request
         self._keys[request.request_id] = sort_key(self.config.policy, request, next(self._seq))
         self.waiting.add(request)
-
-    def _check_fits(self, request: Request) -> None:
-        cfg = self.config
-        n = request.num_prompt_tokens
-        if n > cfg.max_model_len:
-            raise ValueError(
-                f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
-            )
-        # worst case KV: the last token of a finished sequence never gets KV (see check_length)
-        final_len = min(n + request.sampling_params.max_tokens, max(n + 1, cfg.max_model_len))
-        need = self.kv.num_blocks_for(final_len - 1)
-        if need > cfg.num_blocks:
-            raise ValueError(
-                f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
-            )
 
     def finish_requests(
         self, request_ids: Iterable[str], status: RequestStatus = RequestStatus.FINISHED_ABORTED

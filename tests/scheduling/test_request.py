@@ -12,6 +12,7 @@ from inferflow.scheduling.request import (
     check_length,
     check_stop,
     check_stop_token,
+    max_kv_tokens,
 )
 
 S = RequestStatus
@@ -42,6 +43,12 @@ def test_length_checks() -> None:
         S.FINISHED_LENGTH_CAPPED
     )
     assert check_length(3, 9, max_tokens=9, max_model_len=10) is None
+
+
+def test_max_kv_tokens_follows_the_length_checks() -> None:
+    assert max_kv_tokens(10, 7, max_model_len=64) == 16  # 17 tokens, the last never computed
+    assert max_kv_tokens(10, 100, max_model_len=64) == 63  # capped by max_model_len
+    assert max_kv_tokens(64, 5, max_model_len=64) == 64  # a full-length prompt still samples one
 
 
 def test_check_stop_prefers_the_token_reason() -> None:
