@@ -9,7 +9,7 @@ from inferflow.bench.client import EndpointSpec, send_request
 from inferflow.bench.datasets import DatasetConfig, build_dataset
 from inferflow.bench.metrics import compute_metrics
 from inferflow.bench.records import RequestRecord, SampleRequest
-from inferflow.bench.runner import LoadConfig, RunOutput, run_load
+from inferflow.bench.runner import LoadConfig, RunOutput, run_load, run_load_sync
 
 __all__ = [
     "DatasetConfig",
@@ -21,5 +21,6 @@ __all__ = [
     "build_dataset",
     "compute_metrics",
     "run_load",
+    "run_load_sync",
     "send_request",
 ]

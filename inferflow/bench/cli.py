@@ -7,7 +7,6 @@ aliases of the shorter names), so existing invocations carry over.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import sys
@@ -20,7 +19,7 @@ from inferflow.bench.client import EndpointSpec
 from inferflow.bench.datasets import DATASET_NAMES, DatasetConfig, build_dataset
 from inferflow.bench.metrics import GOODPUT_NAMES, METRIC_NAMES, compute_metrics, detailed_fields
 from inferflow.bench.report import default_filename, format_table, run_header, save_result
-from inferflow.bench.runner import LoadConfig, run_load
+from inferflow.bench.runner import LoadConfig, run_load_sync
 from inferflow.bench.text import make_text_source
 
 
@@ -179,7 +178,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
         timeout_s=args.timeout,
         disable_tqdm=args.disable_tqdm,
     )
-    run = asyncio.run(run_load(spec, samples, load))
+    run = run_load_sync(spec, samples, load)
     result = run_header(
         backend="openai-chat" if spec.chat else "openai",
         label=args.label,

@@ -9,6 +9,7 @@ server, not the client's own queue — as in vLLM.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import math
 import time
 from dataclasses import dataclass
@@ -79,6 +80,17 @@ async def run_load(spec: EndpointSpec, samples: list[SampleRequest], load: LoadC
         duration = time.perf_counter() - start
         bar.close()
     return RunOutput(records, duration, start)
+
+
+def run_load_sync(spec: EndpointSpec, samples: list[SampleRequest], load: LoadConfig) -> RunOutput:
+    """:func:`run_load` from synchronous code, including code that already runs inside an event
+    loop (a Jupyter cell): then the load runs on its own loop in a helper thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(run_load(spec, samples, load))
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run_load(spec, samples, load)).result()
 
 
 async def _one(

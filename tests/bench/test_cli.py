@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -138,6 +139,27 @@ def test_all_failed_exits_1_and_bad_arguments_exit_2(fake_server: Factory, tmp_p
     assert main([*base, "--range-ratio", "1.5"]) == 2
     assert main([*base, "--dataset-name", "nope"]) == 2  # argparse's own exit code
     assert main(["--base-url", "http://127.0.0.1:9", "--disable-tqdm"]) == 1  # no /v1/models
+
+
+def test_main_works_inside_a_running_event_loop(fake_server: Factory) -> None:
+    """A Jupyter cell runs inside an event loop; main() must still work there."""
+    server = fake_server(ttft_s=0.005, token_delay_s=0.001)
+    argv = [
+        "--base-url",
+        server.url,
+        "--num-prompts",
+        "2",
+        "--input-len",
+        "2",
+        "--output-len",
+        "2",
+        "--disable-tqdm",
+    ]
+
+    async def cell() -> int:
+        return main(argv)
+
+    assert asyncio.run(cell()) == 0
 
 
 def test_module_entry_point_runs() -> None:
