@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from importlib import metadata
@@ -221,7 +222,10 @@ def make_exporter(cfg: TracingConfig) -> SpanExporter | None:
     if cfg.exporter == "file":
         return OtlpJsonFileSpanExporter(cfg.resolved_file_path())
     if cfg.exporter == "console":
-        return ConsoleSpanExporter(formatter=lambda span: span.to_json(indent=None) + os.linesep)
+        # sys.stdout as of setup time (the SDK's default is bound at its import)
+        return ConsoleSpanExporter(
+            out=sys.stdout, formatter=lambda span: span.to_json(indent=None) + os.linesep
+        )
     endpoint = cfg.resolved_endpoint()
     if cfg.effective_protocol == "grpc":
         # imported lazily: grpc costs ~0.2 s at import and is not needed by other exporters

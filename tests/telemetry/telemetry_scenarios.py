@@ -165,3 +165,34 @@ def worker_process_main(
         return worker_side(telemetry, traceparents, base)
     finally:
         shutdown_tracing(provider)
+
+
+def metrics_worker_main(engine_index: int, base: float) -> None:
+    """A spawned inference worker: the engine timeline with metrics only (no tracer)."""
+    telemetry = EngineTelemetry(None, EngineMetrics("tiny-llama", engine_index))
+    worker_side(telemetry, {"r1": None, "r2": None}, base)
+
+
+def metrics_launcher_main(directory: str) -> str:
+    """A server launcher in its own interpreter: prometheus_client is already imported (as by a
+    library) when the multiprocess directory is prepared; the API-side ServerMetrics lives here,
+    two spawned workers run engines. Returns the /metrics text the API process would serve."""
+    import multiprocessing
+
+    import prometheus_client  # noqa: F401  (imported before PROMETHEUS_MULTIPROC_DIR is set)
+
+    from inferflow.telemetry import ServerMetrics, prepare_multiprocess_dir, render_metrics
+
+    prepare_multiprocess_dir(directory)
+    server = ServerMetrics("tiny-llama")
+    server.on_response("/v1/chat/completions", 200, 0.05)
+    ctx = multiprocessing.get_context("spawn")
+    workers = [ctx.Process(target=metrics_worker_main, args=(i, 1000.0)) for i in range(2)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0, w.exitcode
+    body, content_type = render_metrics(server.registry)
+    assert content_type.startswith("text/plain")
+    return body.decode()
