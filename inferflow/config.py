@@ -17,14 +17,13 @@ import re
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import Any
 
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING, DictConfig
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -32,7 +31,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from inferflow.stages.base import PassThroughStage
+from inferflow.stages.base import ConfigEnum, PassThroughStage
 from inferflow.stages.batching import (
     ContinuousBatching,
     DynamicBatching,
@@ -70,7 +69,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
 }
 
 
-class ModelTask(str, Enum):
+class ModelTask(ConfigEnum):
     generate = "generate"
     embed = "embed"  # encoder models (e.g. all-MiniLM-L6-v2) served on /v1/embeddings
 
@@ -96,15 +95,7 @@ class ModelConfig:
     task: ModelTask = ModelTask.generate
 
 
-@dataclass
-class RateLimitConfig:
-    """Per API key limits (None = unlimited); exceeding one is a 429 with ``Retry-After``."""
-
-    requests_per_minute: int | None = None
-    tokens_per_minute: int | None = None
-
-
-class LogLevel(str, Enum):
+class LogLevel(ConfigEnum):
     debug = "debug"
     info = "info"
     warning = "warning"
@@ -113,32 +104,47 @@ class LogLevel(str, Enum):
 
 @dataclass
 class ServerConfig:
-    """The HTTP frontend. ``api_keys`` (or the comma-separated env var named by
-    ``api_keys_env``) turn on bearer-token auth; ``workers`` is LitServe's workers per device."""
+    """The HTTP frontend (read by ``inferflow.server.settings.ServerSettings.from_config``).
+
+    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth.
+    A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).
+    ``num_api_servers``: uvicorn processes sharing the port; ``workers``: LitServe inference
+    workers per device.
+    """
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: list[str] = field(default_factory=list)
-    api_keys_env: str = "INFERFLOW_API_KEYS"
-    max_payload_bytes: int = 1_048_576
-    request_timeout_s: float = 600.0
-    max_waiting_requests: int = 256
-    rate_limit: RateLimitConfig = field(default_factory=RateLimitConfig)
-    workers: int = 1
+    max_payload_bytes: int | None = 1_048_576
+    request_timeout_s: float | None = 600.0
+    max_waiting_requests: int | None = 256
+    rate_limit_requests_per_minute: int | None = None
+    rate_limit_tokens_per_minute: int | None = None
     shutdown_grace_s: float = 30.0
+    num_api_servers: int = 1
+    workers: int = 1
     log_level: LogLevel = LogLevel.info
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
-        for name in ("max_payload_bytes", "max_waiting_requests", "workers"):
+        for name in ("num_api_servers", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        if self.request_timeout_s <= 0 or self.shutdown_grace_s < 0:
-            raise ValueError("request_timeout_s must be > 0 and shutdown_grace_s >= 0")
+        for name in (
+            "max_payload_bytes",
+            "request_timeout_s",
+            "max_waiting_requests",
+            "shutdown_grace_s",
+            "rate_limit_requests_per_minute",
+            "rate_limit_tokens_per_minute",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}: must be >= 0 or null, got {value}")
 
 
-class TracingExporter(str, Enum):
+class TracingExporter(ConfigEnum):
     off = "off"
     file = "file"
     console = "console"
@@ -146,7 +152,7 @@ class TracingExporter(str, Enum):
     jaeger = "jaeger"
 
 
-class OtlpProtocol(str, Enum):
+class OtlpProtocol(ConfigEnum):
     grpc = "grpc"
     http = "http"
 
@@ -171,7 +177,7 @@ class TracingConfig:
             raise ValueError(f"sample_ratio: must be in [0, 1], got {self.sample_ratio}")
 
 
-class Task(str, Enum):
+class Task(ConfigEnum):
     serve = "serve"  # start the HTTP server (the default)
     check = "check"  # build the graph, set up the request stages, print a summary; no engine
     offline = "offline"  # load the engine, run the synthetic ``offline`` workload, report
@@ -453,6 +459,8 @@ def describe_omegaconf_error(exc: OmegaConfBaseException, prefix: str = "") -> C
         parent = getattr(exc, "parent_node", None)
         keys = [k for k in parent if k != "hydra"] if isinstance(parent, DictConfig) else []
         allowed = f"; allowed keys: {', '.join(map(str, keys))}" if keys else ""
+        if isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is dict and "." in full_key:
+            allowed += f" (to add a key to this dict: +{full_key}=VALUE)"
         return ConfigError(f"{full_key}: unknown key{allowed}", full_key)
     if isinstance(exc, MissingMandatoryValue):
         return ConfigError(f"{full_key}: a value is required (pass {full_key}=...)", full_key)

@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, ClassVar
 
+from inferflow.stages.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineSlot, EngineSpec
 
 
-class SchedulingPolicy(str, Enum):
+class SchedulingPolicy(ConfigEnum):
     """Order of the waiting queue: arrival order, or ``priority`` (lower value first)."""
 
     fcfs = "fcfs"

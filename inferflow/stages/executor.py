@@ -7,13 +7,13 @@ extra). The fields become ``inferflow.engines.config.EngineConfig``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
 from typing import ClassVar
 
+from inferflow.stages.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineSlot, EngineSpec
 
 
-class Precision(str, Enum):
+class Precision(ConfigEnum):
     """Weight precision of the compiled engine (int8/int4: weight-only quantization)."""
 
     fp32 = "fp32"
@@ -22,7 +22,7 @@ class Precision(str, Enum):
     int4 = "int4"
 
 
-class GraphForm(str, Enum):
+class GraphForm(ConfigEnum):
     """``gqa``: ONNX Runtime's GroupQueryAttention graph (CPU); ``canonical``: standard ops."""
 
     gqa = "gqa"

@@ -1,0 +1,1 @@
+"""Hydra config groups of the PII redactor plugin (``stages/pii_redactor``)."""

@@ -1,0 +1,1 @@
+"""Hydra config groups of the priority batching plugin (``batching/priority``)."""
