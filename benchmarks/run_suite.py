@@ -114,10 +114,16 @@ def server_command(template: str, port: int, overrides: tuple[str, ...]) -> list
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
+    """The log's first few error lines (the cause) and its last ``lines`` lines (the outcome)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()
     except OSError:
         return "(no log)"
+    tail = text[-lines:]
+    causes = [line for line in text[:-lines] if "Error" in line or "ERROR" in line][:5]
+    return (
+        "\n".join([*causes, "..."] if causes else []) + ("\n" if causes else "") + "\n".join(tail)
+    )
 
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
