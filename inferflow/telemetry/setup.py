@@ -106,10 +106,12 @@ class TracingConfig:
             raise TracingConfigError(
                 "sample_ratio", f"must be in [0, 1], got {self.sample_ratio!r}"
             )
-        if self.endpoint is not None and not urlsplit(self.endpoint).scheme:
-            raise TracingConfigError(
-                "endpoint", f"must be a URL like http://host:4317, got {self.endpoint!r}"
-            )
+        if self.endpoint is not None:
+            url = urlsplit(self.endpoint)
+            if url.scheme not in ("http", "https") or not url.netloc:
+                raise TracingConfigError(
+                    "endpoint", f"must be a URL like http://host:4317, got {self.endpoint!r}"
+                )
         if not self.service_name:
             raise TracingConfigError("service_name", "must not be empty")
         if self.export_timeout_s <= 0:
