@@ -66,8 +66,10 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | Path, **engine_kwargs: object) -> LLMEngine:
-        sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)}
-        sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields and k not in ("max_model_len",)}
+        # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
+        physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
+        sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
+        sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
         return cls(load_checkpoint(path), EngineConfig(**eng),  # type: ignore[arg-type]
                    SchedulerConfig(**sched))  # type: ignore[arg-type]

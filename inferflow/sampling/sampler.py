@@ -62,6 +62,10 @@ class Sampler:
             self._rngs.pop(rid, None)
 
     def _rng(self, row: SampleRow) -> np.random.Generator:
+        if row.params.seed is not None:
+            # a seeded request's k-th token draws from a stream keyed by (seed, k): reproducible
+            # across batches, and across preemption (which re-samples nothing but drops state)
+            return np.random.default_rng((row.params.seed, row.num_output_tokens))
         rng = self._rngs.get(row.request_id)
         if rng is None:
             rng = self._rngs[row.request_id] = np.random.default_rng(row.params.seed)
