@@ -201,6 +201,14 @@ class DynamicBatcher(Generic[T, R]):
                 worker_state=self._state,
             )
 
+    def worker_cpu_seconds(self) -> float:
+        """CPU time the worker thread has used (Linux per-thread clock; NaN where unavailable)."""
+        try:
+            clock = time.pthread_getcpuclockid(self._worker.ident)  # type: ignore[arg-type]
+            return time.clock_gettime(clock)
+        except (AttributeError, OSError, TypeError):
+            return float("nan")
+
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until the worker is parked in its untimed wait (nothing queued, nothing running)."""
         return self._idle.wait(timeout)
