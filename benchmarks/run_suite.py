@@ -13,33 +13,30 @@ subprocess (its own process group, log in ``<results>/logs/<name>.log``), waits 
 once per concurrency level, stops the server, and writes ``<results>/<name>-c<N>.json`` (vLLM
 result layout plus ``label``, ``suite_config``, ``overrides``). ``<results>/summary.md`` tabulates
 every result file in the folder. A configuration whose server does not become ready is reported
-in the summary with the tail of its log and the suite goes on.
+in the summary with the error lines of its log, and the suite goes on. The reusable pieces
+(managed server, points, summary) live in ``inferflow.bench.suite``.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
-import json
-import os
 import shlex
-import signal
-import socket
-import subprocess
 import sys
-import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
-from inferflow.bench.cli import main as bench_main  # noqa: E402
+from inferflow.bench.suite import (  # noqa: E402
+    ServerStartError,
+    free_port,
+    managed_server,
+    run_points,
+    write_summary,
+)
 
 # Every named config is BASE with one axis changed, so each comparison varies one thing.
 BASE = {"batching": "continuous", "cache": "prefix", "tracing": "off", "executor.precision": "fp32"}
@@ -64,10 +61,6 @@ DEFAULT_SERVER_CMD = "{python} -m inferflow server.port={port} {overrides}"
 class SuiteConfig:
     name: str
     overrides: tuple[str, ...]
-
-
-class ServerStartError(RuntimeError):
-    """The server exited or did not answer ``/ready`` in time; the message ends with its log."""
 
 
 def named_configs(names: list[str] | None) -> list[SuiteConfig]:
@@ -96,12 +89,6 @@ def sweep_configs(params: list[str]) -> list[SuiteConfig]:
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def server_command(template: str, port: int, overrides: tuple[str, ...]) -> list[str]:
     """Expand ``{python}``, ``{port}`` and the ``{overrides}`` token of a command template."""
     cmd: list[str] = []
@@ -113,110 +100,21 @@ def server_command(template: str, port: int, overrides: tuple[str, ...]) -> list
     return cmd
 
 
-def log_tail(path: Path, lines: int = 20) -> str:
-    """The log's first few error lines (the cause) and its last ``lines`` lines (the outcome)."""
-    try:
-        text = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return "(no log)"
-    tail = text[-lines:]
-    causes = [line for line in text[:-lines] if "Error" in line or "ERROR" in line][:5]
-    return (
-        "\n".join([*causes, "..."] if causes else []) + ("\n" if causes else "") + "\n".join(tail)
-    )
-
-
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
-    """Poll ``GET {url}/ready`` until 200; fail early when the process exits."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=5.0).status_code == 200:
-                return
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            code = proc.wait(timeout=0.5)  # doubles as the poll interval
-            raise ServerStartError(f"server exited with code {code}:\n{log_tail(log)}")
-    raise ServerStartError(f"server not ready after {timeout:.0f} s:\n{log_tail(log)}")
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
-    """SIGTERM the server's own process group (it was started with a new session), then KILL."""
-    if proc.poll() is not None:
-        return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            return
-
-
-@contextlib.contextmanager
-def managed_server(cmd: list[str], port: int, log: Path, timeout: float) -> Iterator[str]:
-    """Start ``cmd``, yield its base URL once ready, always stop it."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, timeout, log)
-        yield url
-    finally:
-        stop_process_group(proc)
-
-
-def bench_argv(
-    args: argparse.Namespace,
-    url: str,
-    label: str,
-    concurrency: int,
-    overrides: tuple[str, ...],
-    results: Path,
-) -> list[str]:
-    """The generator's command line for one (server, concurrency) point."""
+def workload_argv(args: argparse.Namespace) -> list[str]:
+    """Generator arguments shared by every (server, concurrency) point."""
     argv = [
-        "--base-url",
-        url,
-        "--endpoint",
-        args.endpoint,
-        "--dataset-name",
-        args.dataset_name,
-        "--num-prompts",
-        str(args.num_prompts),
-        "--output-len",
-        str(args.output_len),
-        "--range-ratio",
-        str(args.range_ratio),
-        "--max-concurrency",
-        str(concurrency),
-        "--request-rate",
-        str(args.request_rate),
-        "--seed",
-        str(args.seed),
-        "--num-warmups",
-        str(args.num_warmups),
-        "--label",
-        label,
-        "--disable-tqdm",
-        "--save-result",
-        "--result-dir",
-        str(results),
-        "--result-filename",
-        f"{label}-c{concurrency}.json",
-        "--request-id-prefix",
-        f"{label}-c{concurrency}-",
-        "--metadata",
-        f"suite_config={label}",
-        f"overrides={' '.join(overrides)}",
-    ]
-    for flag, value in (
+        "--endpoint", args.endpoint, "--dataset-name", args.dataset_name,
+        "--num-prompts", str(args.num_prompts), "--output-len", str(args.output_len),
+        "--range-ratio", str(args.range_ratio), "--request-rate", str(args.request_rate),
+        "--seed", str(args.seed), "--num-warmups", str(args.num_warmups),
+    ]  # fmt: skip
+    optional = (
         ("--input-len", args.input_len),
         ("--model", args.model),
         ("--tokenizer", args.tokenizer),
         ("--dataset-path", args.dataset_path),
-    ):
+    )
+    for flag, value in optional:
         if value is not None:
             argv += [flag, str(value)]
     if args.goodput:
@@ -224,22 +122,10 @@ def bench_argv(
     return argv + list(args.bench_arg or [])
 
 
-def run_points(
-    args: argparse.Namespace, url: str, label: str, overrides: tuple[str, ...], results: Path
-) -> list[str]:
-    """One generator run per concurrency level; returns failure notes (empty when all ran)."""
-    notes = []
-    for concurrency in args.concurrency:
-        print(f"== {label}: concurrency {concurrency}", flush=True)
-        code = bench_main(bench_argv(args, url, label, concurrency, overrides, results))
-        if code != 0:
-            notes.append(f"concurrency {concurrency}: generator exit code {code}")
-    return notes
-
-
 def run_inferflow(
     args: argparse.Namespace, configs: list[SuiteConfig], results: Path
 ) -> dict[str, str]:
+    """Each config: start the server, measure every concurrency level, stop it."""
     failures: dict[str, str] = {}
     for config in configs:
         port = free_port()
@@ -247,76 +133,16 @@ def run_inferflow(
         print(f"== {config.name}: {shlex.join(cmd)}", flush=True)
         log = results / "logs" / f"{config.name}.log"
         try:
-            with managed_server(cmd, port, log, args.startup_timeout) as url:
-                notes = run_points(args, url, config.name, config.overrides, results)
+            with managed_server(cmd, port, log, args.startup_timeout, cwd=REPO) as url:
+                notes = run_points(
+                    url, config.name, args.concurrency, workload_argv(args), results,
+                    config.overrides,
+                )  # fmt: skip
         except ServerStartError as exc:
             notes = [str(exc)]
         if notes:
             failures[config.name] = "\n".join(notes)
     return failures
-
-
-COLUMNS = [
-    ("conc.", "max_concurrency", "{}"),
-    ("req/s", "request_throughput", "{:.2f}"),
-    ("out tok/s", "output_throughput", "{:.1f}"),
-    ("TTFT mean", "mean_ttft_ms", "{:.1f}"),
-    ("TTFT med", "median_ttft_ms", "{:.1f}"),
-    ("TTFT p99", "p99_ttft_ms", "{:.1f}"),
-    ("TPOT med", "median_tpot_ms", "{:.1f}"),
-    ("TPOT p99", "p99_tpot_ms", "{:.1f}"),
-    ("ITL p99", "p99_itl_ms", "{:.1f}"),
-    ("E2EL med", "median_e2el_ms", "{:.1f}"),
-    ("E2EL p99", "p99_e2el_ms", "{:.1f}"),
-    ("failed", "failed", "{}"),
-]
-
-
-def load_results(results: Path) -> list[dict]:
-    rows = []
-    for path in sorted(results.glob("*.json")):
-        with contextlib.suppress(json.JSONDecodeError, OSError):
-            data = json.loads(path.read_text())
-            if isinstance(data, dict) and "request_throughput" in data:
-                rows.append(data)
-    return rows
-
-
-def _cell(row: dict, key: str, fmt: str) -> str:
-    value = row.get(key)
-    return "n/a" if value is None else fmt.format(value)
-
-
-def write_summary(results: Path, failures: dict[str, str]) -> Path:
-    """``summary.md``: one table row per result file (latencies in ms), grouped by label."""
-    rows = load_results(results)
-    rows.sort(key=lambda r: (str(r.get("label")), r.get("max_concurrency") or 0))
-    lines = [
-        "# Benchmark summary",
-        "",
-        "Metrics as in `vllm bench serve` (see docs/benchmarks.md); latencies in ms.",
-        "",
-        "| config | " + " | ".join(c[0] for c in COLUMNS) + " |",
-        "|---" * (len(COLUMNS) + 1) + "|",
-    ]
-    for row in rows:
-        cells = [_cell(row, key, fmt) for _, key, fmt in COLUMNS]
-        lines.append(f"| {row.get('label')} | " + " | ".join(cells) + " |")
-    if rows:
-        first = rows[0]
-        lines += [
-            "",
-            f"Workload: dataset `{first.get('dataset_name')}`, "
-            f"{first.get('num_prompts')} prompts per point, "
-            f"request rate {first.get('request_rate')}, model `{first.get('model_id')}`.",
-        ]
-    if failures:
-        lines += ["", "## Failures", ""]
-        for name, text in failures.items():
-            lines += [f"### {name}", "", "```", text, "```", ""]
-    path = results / "summary.md"
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -362,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     results.mkdir(parents=True, exist_ok=True)
     failures: dict[str, str] = {}
     if args.url:
-        notes = run_points(args, args.url.rstrip("/"), args.label, (), results)
+        url = args.url.rstrip("/")
+        notes = run_points(url, args.label, args.concurrency, workload_argv(args), results)
         failures = {args.label: "\n".join(notes)} if notes else {}
     elif not args.summary_only:
         configs = (
