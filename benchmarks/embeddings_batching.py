@@ -5,7 +5,7 @@ back until ``--requests`` have been sent in total. The same engine serves both r
 the same batcher with ``max_batch_size=1`` (one engine call per request). Throughput is over the
 run's wall time; latency is submit -> result per request (mean, median, p99), vLLM-style.
 
-    PYTHONPATH=. python benchmarks/embeddings_batching.py --requests 256
+    python benchmarks/embeddings_batching.py --requests 256
     -> benchmarks/results/embeddings_batching.json
 """
 
@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import random
+import sys
 import threading
 import time
 from dataclasses import asdict
@@ -23,10 +24,14 @@ from pathlib import Path
 
 import numpy as np
 
-from inferflow.embeddings import EmbeddingService
-from inferflow.engines.encoder_engine import EncoderEngine, EncoderSettings
-from inferflow.models.bert import minilm_path
-from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run from a checkout without installing
+    sys.path.insert(0, str(REPO))
+
+from inferflow.embeddings import EmbeddingService  # noqa: E402
+from inferflow.engines.encoder_engine import EncoderEngine, EncoderSettings  # noqa: E402
+from inferflow.models.bert import minilm_path  # noqa: E402
+from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig  # noqa: E402
 
 WORDS = [
     "the",

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import onnx
@@ -29,20 +30,20 @@ OPSET = 18
 
 
 _SHARED: dict[str, np.ndarray] = {
-    "one_f": np.float32(1.0),
-    "half_f": np.float32(0.5),
-    "sqrt2_f": np.float32(math.sqrt(2.0)),
-    "three_f": np.float32(3.0),
-    "gelu_c": np.float32(0.044715),
-    "gelu_k": np.float32(math.sqrt(2.0 / math.pi)),
-    "mask_min": np.float32(np.finfo(np.float32).min),
-    "norm_eps": np.float32(1e-12),
-    "count_eps": np.float32(1e-9),
+    "one_f": np.array(1.0, dtype=np.float32),
+    "half_f": np.array(0.5, dtype=np.float32),
+    "sqrt2_f": np.array(math.sqrt(2.0), dtype=np.float32),
+    "three_f": np.array(3.0, dtype=np.float32),
+    "gelu_c": np.array(0.044715, dtype=np.float32),
+    "gelu_k": np.array(math.sqrt(2.0 / math.pi), dtype=np.float32),
+    "mask_min": np.array(np.finfo(np.float32).min, dtype=np.float32),
+    "norm_eps": np.array(1e-12, dtype=np.float32),
+    "count_eps": np.array(1e-9, dtype=np.float32),
     "axes_1_2": np.array([1, 2], dtype=np.int64),
     "axis_1": np.array([1], dtype=np.int64),
     "axis_m1": np.array([-1], dtype=np.int64),
-    "zero_i": np.int64(0),
-    "one_i": np.int64(1),
+    "zero_i": np.array(0, dtype=np.int64),
+    "one_i": np.array(1, dtype=np.int64),
 }
 
 
@@ -66,7 +67,7 @@ class _Graph:
             self.const(name, _SHARED[name])
         return name
 
-    def op(self, op_type: str, inputs: list[str], **attrs: object) -> str:
+    def op(self, op_type: str, inputs: list[str], **attrs: Any) -> str:
         self._count += 1
         out = f"{op_type.lower()}_{self._count}"
         self.nodes.append(helper.make_node(op_type, inputs, [out], name=out, **attrs))
@@ -180,7 +181,7 @@ def _self_attention(
     q = split("query", [0, 2, 1, 3])  # (B, N, S, D)
     k = split("key", [0, 2, 3, 1])  # (B, N, D, S)
     v = split("value", [0, 2, 1, 3])  # (B, N, S, D)
-    scale = g.const(p + "scale", np.float32(1.0 / math.sqrt(d)))
+    scale = g.const(p + "scale", np.array(1.0 / math.sqrt(d), dtype=np.float32))
     scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), scale]), bias])  # (B, N, S, S)
     ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])  # (B, N, S, D)
     ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), merged])  # (B, S, H)
@@ -205,9 +206,6 @@ def _activation(g: _Graph, act: str, x: str) -> str:
 def _pool(g: _Graph, pooling: PoolingConfig, x: str, mask_f: str) -> str:
     """(B, S, H) token states -> (B, E), modes concatenated in sentence-transformers order."""
     mask3 = g.op("Unsqueeze", [mask_f, g.shared("axis_m1")])  # (B, S, 1)
-    count = g.op("ReduceSum", [mask3, g.shared("axis_1")], keepdims=0)  # (B, 1) real tokens per row
-    count = g.op("Max", [count, g.shared("count_eps")])
-    summed = g.op("ReduceSum", [g.op("Mul", [x, mask3]), g.shared("axis_1")], keepdims=0)  # (B, H)
     parts = []
     for mode in pooling.modes:
         if mode == "cls":  # right padding: [CLS] is position 0
@@ -215,8 +213,16 @@ def _pool(g: _Graph, pooling: PoolingConfig, x: str, mask_f: str) -> str:
         elif mode == "max":  # padding pushed to -inf-like before the max
             pad = g.op("Mul", [g.op("Sub", [g.shared("one_f"), mask3]), g.shared("mask_min")])
             parts.append(g.op("ReduceMax", [g.op("Add", [x, pad]), g.shared("axis_1")], keepdims=0))
-        elif mode == "mean":
-            parts.append(g.op("Div", [summed, count]))
-        else:  # mean_sqrt_len_tokens
-            parts.append(g.op("Div", [summed, g.op("Sqrt", [count])]))
+        else:  # mean: sum / count; mean_sqrt_len_tokens: sum / sqrt(count)
+            summed, count = _masked_sum(g, x, mask3)
+            denominator = count if mode == "mean" else g.op("Sqrt", [count])
+            parts.append(g.op("Div", [summed, denominator]))
     return parts[0] if len(parts) == 1 else g.op("Concat", parts, axis=1)
+
+
+def _masked_sum(g: _Graph, x: str, mask3: str) -> tuple[str, str]:
+    """Sum of real-token states (B, H) and the real-token count clamped to >= 1e-9 (B, 1)."""
+    count = g.op("ReduceSum", [mask3, g.shared("axis_1")], keepdims=0)
+    count = g.op("Max", [count, g.shared("count_eps")])
+    summed = g.op("ReduceSum", [g.op("Mul", [x, mask3]), g.shared("axis_1")], keepdims=0)
+    return summed, count

@@ -261,7 +261,7 @@ class DynamicBatcher(Generic[T, R]):
 
     def _pop(self, bucket: int) -> list[_Pending[T, R]]:
         """Take up to max_batch_size items of ``bucket``, dropping cancelled futures."""
-        queue, batch = self._queues[bucket], []
+        queue, batch = self._queues[bucket], list[_Pending[T, R]]()
         while queue and len(batch) < self.config.max_batch_size:
             p = queue.popleft()
             self._depth -= 1
