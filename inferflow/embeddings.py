@@ -24,6 +24,7 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,11 +109,13 @@ class EmbeddingService:
         batching: DynamicBatchingConfig | None = None,
         *,
         model_name: str = "embedding-model",
+        model_version: str = "1",
         max_inputs: int = MAX_INPUTS_PER_REQUEST,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_name
+        self.model_version = model_version  # reported in responses (canary routing)
         self.batcher: DynamicBatcher[_Item, np.ndarray] = DynamicBatcher(
             self._run_batch,
             batching,
@@ -128,13 +131,16 @@ class EmbeddingService:
         *,
         batching: DynamicBatchingConfig | None = None,
         model_name: str | None = None,
+        model_version: str = "1",
         cache_dir: str | Path | None = None,
         settings: EncoderSettings | None = None,
     ) -> EmbeddingService:
+        """Load, build or reuse the compiled engine, start the batcher, run one warm-up call."""
         checkpoint = load_bert_checkpoint(path)
         engine = EncoderEngine.from_checkpoint(checkpoint, cache_dir=cache_dir, settings=settings)
+        name = model_name or checkpoint.name
         service = cls(
-            engine, checkpoint.tokenizer(), batching, model_name=model_name or checkpoint.name
+            engine, checkpoint.tokenizer(), batching, model_name=name, model_version=model_version
         )
         service.warmup()
         return service
@@ -182,8 +188,13 @@ class EmbeddingService:
     def embed(
         self, inputs: Sequence[EmbeddingInput], timeout: float | None = None
     ) -> EmbeddingResult:
-        """Blocking form of ``submit``."""
-        return self.submit(inputs).result(timeout)
+        """Blocking form of ``submit``; on timeout the queued inputs are cancelled."""
+        future = self.submit(inputs)
+        try:
+            return future.result(timeout)
+        except FutureTimeout:
+            future.cancel()
+            raise
 
     async def embed_async(self, inputs: Sequence[EmbeddingInput]) -> EmbeddingResult:
         """Awaitable form of ``submit``; cancelling the task cancels the queued inputs."""

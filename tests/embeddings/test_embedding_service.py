@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
 from embedding_cases import SENTENCES, cosine_rows
 
-from inferflow.embeddings import Embedder, EmbeddingInputError, EmbeddingService
+from inferflow.embeddings import Embedder, EmbeddingInputError, EmbeddingService, _gather, _Item
 from inferflow.engines.encoder_engine import EncoderEngine
 from inferflow.scheduling.dynamic_batcher import BatcherClosed, DynamicBatchingConfig
 
@@ -115,3 +116,40 @@ def test_offline_embedder_matches_sentence_transformers(
     vectors = Embedder(minilm, batch_size=5, cache_dir=engine_cache).embed(SENTENCES)
     assert vectors.dtype == np.float32 and vectors.shape == (len(SENTENCES), 384)
     assert cosine_rows(vectors, minilm_reference).min() >= COSINE
+
+
+def make_items(n: int) -> list[_Item]:
+    return [
+        _Item(ids=[101] * (i + 2), submitted_at=0.0, started_at=0.5, compute_s=0.1)
+        for i in range(n)
+    ]
+
+
+def test_gather_assembles_in_input_order_whatever_the_completion_order() -> None:
+    futures: list[Future[np.ndarray]] = [Future() for _ in range(3)]
+    result = _gather(make_items(3), futures)
+    for i in (2, 0, 1):
+        assert not result.done()
+        futures[i].set_result(np.full(4, float(i), dtype=np.float32))
+    out = result.result(0)
+    np.testing.assert_array_equal(out.vectors[:, 0], [0.0, 1.0, 2.0])
+    assert (out.prompt_tokens, out.queue_time_s, out.compute_time_s) == (2 + 3 + 4, 0.5, 0.1)
+
+
+def test_gather_fails_on_first_error_and_cancels_the_rest() -> None:
+    futures: list[Future[np.ndarray]] = [Future() for _ in range(3)]
+    result = _gather(make_items(3), futures)
+    futures[1].set_exception(RuntimeError("engine failed"))
+    with pytest.raises(RuntimeError, match="engine failed"):
+        result.result(0)
+    assert futures[0].cancelled() and futures[2].cancelled()
+
+
+def test_cancelling_the_request_cancels_its_queued_inputs() -> None:
+    futures: list[Future[np.ndarray]] = [Future() for _ in range(2)]
+    futures[0].set_running_or_notify_cancel()  # already in a batch: cannot be cancelled
+    result = _gather(make_items(2), futures)
+    assert result.cancel()
+    assert not futures[0].cancelled() and futures[1].cancelled()
+    futures[0].set_result(np.zeros(4, dtype=np.float32))  # late completion is harmless
+    assert result.cancelled()
