@@ -3,22 +3,23 @@ metrics across LitServe's processes, and a trace viewer. See docs/observability.
 
 API process (frontend)::
 
-    provider = setup_tracing(TracingConfig.from_mapping(cfg.tracing), resource_attributes(...))
+    provider = setup_tracing(TracingConfig.from_mapping(cfg), resource_attributes(...))
     tracer = get_tracer(provider)
     root = start_request_span(tracer, operation="chat", model=name, headers=request.headers, ...)
-    payload["traceparent"] = root.traceparent            # carried to the worker
+    submit.trace_context = root.trace_context          # W3C carrier, carried to the worker
+    pipeline = RequestPipeline(..., wrap_stage=make_stage_wrapper(tracer, parent_of))
     ...
-    root.set_response(...); root.set_timings(timings_dict); root.end()
-    response.headers.update(timing_headers(RequestTimings.from_dict(timings_dict)))
+    root.set_response(...); root.set_timings(timings); root.end()
+    response.headers.update(timing_headers(timings))
 
 Worker process (engine)::
 
     telemetry = EngineTelemetry(get_tracer(setup_tracing(...)), EngineMetrics(name, worker_id))
-    with stage_span(telemetry.tracer, "tokenizer", parent=payload["traceparent"]): ...
-    telemetry.on_request_arrived(...); telemetry.on_step(...); telemetry.on_request_finished(...)
+    executor = TracedExecutor(executor, telemetry, snapshot=lambda: scheduler.stats)
+    telemetry.on_request_arrived(...); telemetry.on_request_finished(...)
 """
 
-from inferflow.telemetry.engine_telemetry import EngineTelemetry, SchedulerStats
+from inferflow.telemetry.engine_telemetry import EngineTelemetry, SchedulerSnapshot
 from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
 from inferflow.telemetry.metrics_export import (
     ServerMetrics,
@@ -41,12 +42,14 @@ from inferflow.telemetry.spans import (
     RequestSpan,
     emit_span,
     extract_context,
+    make_stage_wrapper,
     record_step_span,
     stage_span,
     start_request_span,
     traceparent_of,
 )
-from inferflow.telemetry.timings import RequestTimings, timing_headers
+from inferflow.telemetry.timings import RequestTimings, phase_timing_headers, timing_headers
+from inferflow.telemetry.traced_executor import TracedExecutor
 
 __all__ = [
     "EngineMetrics",
@@ -55,9 +58,10 @@ __all__ = [
     "RequestSpan",
     "RequestTimings",
     "RequestTrace",
-    "SchedulerStats",
+    "SchedulerSnapshot",
     "ServerMetrics",
     "StepStats",
+    "TracedExecutor",
     "TracingConfig",
     "TracingConfigError",
     "cleanup_multiprocess_dir",
@@ -65,7 +69,9 @@ __all__ = [
     "extract_context",
     "flush_tracing",
     "get_tracer",
+    "make_stage_wrapper",
     "mark_process_dead",
+    "phase_timing_headers",
     "prepare_multiprocess_dir",
     "record_step_span",
     "render_metrics",

@@ -1,13 +1,11 @@
 """The engine's one telemetry handle (worker process): request traces, engine-step spans and
-Prometheus metrics, fed at the engine loop's boundaries so the loop itself stays ~10 lines::
+Prometheus metrics, fed at the engine's boundaries so the step itself stays three calls::
 
-    telemetry.on_request_arrived(rid, num_prompt_tokens=n, traceparent=tp, max_tokens=m)
-    ...
-    t0 = time.time()
-    plan = scheduler.schedule(); out = executor.execute(plan); finished = scheduler.update(plan, out)
-    telemetry.on_step(plan, out, start_time=t0, end_time=time.time(), scheduler=stats)
-    for rid, reason in finished_now:
-        timings = telemetry.on_request_finished(rid, reason)   # -> send timings.to_dict() back
+    telemetry = EngineTelemetry(tracer, EngineMetrics(model_name, engine_index=worker_id))
+    executor = TracedExecutor(executor, telemetry, snapshot=lambda: scheduler.stats)  # per step
+    telemetry.on_request_arrived(rid, num_prompt_tokens=n, trace_context=carrier, ...)  # add_request
+    with telemetry.stage(rid, "detokenizer"): ...                                    # per delta
+    telemetry.on_request_finished(rid, finish_reason, metrics=request.metrics)       # once
 
 Every public method is failure-isolated (logs, never raises). ``add_request`` may run on another
 thread than ``step`` (LitServe), so the request table is locked.
@@ -19,32 +17,40 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 from opentelemetry.util.types import AttributeValue
 
+from inferflow.outputs import RequestMetrics
 from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
 from inferflow.telemetry.isolation import isolated, log_telemetry_error
 from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
 from inferflow.telemetry.request_trace import RequestTrace
-from inferflow.telemetry.spans import record_step_span
+from inferflow.telemetry.spans import ParentLike, record_step_span
 from inferflow.telemetry.timings import RequestTimings
 
 
-@dataclass(frozen=True)
-class SchedulerStats:
-    """Scheduler state after a step. Prefix-cache counters and preemptions are *for this step*
-    (in tokens, like vLLM's ``prefix_cache_queries``/``hits``); blocks are the KV pool's."""
+class SchedulerSnapshot(Protocol):
+    """Scheduler state as ``inferflow.scheduling.updates.SchedulerStats`` has it. The prefix-cache
+    counters (tokens) and preemptions are cumulative; telemetry takes per-step differences."""
 
-    num_running: int
-    num_waiting: int
-    kv_blocks_used: int = 0
-    kv_blocks_total: int = 0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
+    @property
+    def num_running(self) -> int: ...
+    @property
+    def num_waiting(self) -> int: ...
+    @property
+    def num_kv_blocks_total(self) -> int: ...
+    @property
+    def num_kv_blocks_used(self) -> int: ...
+    @property
+    def prefix_cache_queries(self) -> int: ...
+    @property
+    def prefix_cache_hits(self) -> int: ...
+    @property
+    def num_preemptions(self) -> int: ...
 
 
 @dataclass
@@ -54,18 +60,23 @@ class _Tracked:
     operation: str
 
 
-def is_decode_row(chunk: ScheduledChunk) -> bool:
-    """A decode row computes exactly one token of a request that already has output; anything
-    else (prompt chunks, recompute after preemption) is prefill work."""
-    return chunk.num_output_tokens > 0 and len(chunk.token_ids) == 1
-
-
 @dataclass
 class _StepTally:
+    """One step's rows: tokens and requests by kind, traced rows, first tokens and gaps."""
+
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     num_prefill_requests: int = 0
     num_decode_requests: int = 0
+    served: list[tuple[str, SpanContext]] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    gaps: list[float] = field(default_factory=list)
+
+
+def is_decode_row(chunk: ScheduledChunk) -> bool:
+    """A decode row computes exactly one token of a request that already has output; anything
+    else (prompt chunks, recompute after preemption) is prefill work."""
+    return chunk.num_output_tokens > 0 and len(chunk.token_ids) == 1
 
 
 class EngineTelemetry:
@@ -78,6 +89,7 @@ class EngineTelemetry:
         self.metrics = metrics
         self._lock = threading.Lock()
         self._requests: dict[str, _Tracked] = {}
+        self._counters = (0, 0, 0)  # last cumulative (prefix queries, prefix hits, preemptions)
 
     @isolated(None)
     def on_request_arrived(
@@ -85,18 +97,18 @@ class EngineTelemetry:
         request_id: str,
         *,
         num_prompt_tokens: int,
-        traceparent: str | None = None,
+        trace_context: ParentLike = None,
         arrival_time: float | None = None,
         max_tokens: int | None = None,
         operation: str = "text_completion",
         attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         """The engine accepted a request (``add_request``); its queue time starts here.
-        ``traceparent`` is the root span's context carried from the API process."""
+        ``trace_context``: the root span's traceparent string or W3C carrier dict."""
         rt = RequestTrace(
             self.tracer,
             request_id,
-            parent=traceparent,
+            parent=trace_context,
             arrival_time=arrival_time,
             num_prompt_tokens=num_prompt_tokens,
             attributes=attributes,
@@ -127,12 +139,6 @@ class EngineTelemetry:
                 log_telemetry_error(f"EngineTelemetry.stage({name})", exc)
 
     @isolated(None)
-    def on_request_preempted(self, request_id: str) -> None:
-        rt = self.request_trace(request_id)
-        if rt is not None:
-            rt.mark_preempted()
-
-    @isolated(None)
     def on_step(
         self,
         plan: SchedulerOutput,
@@ -140,75 +146,95 @@ class EngineTelemetry:
         *,
         start_time: float,
         end_time: float,
-        scheduler: SchedulerStats,
+        scheduler: SchedulerSnapshot | None = None,
     ) -> None:
         """One engine step ran ``plan`` from ``start_time`` to ``end_time`` (tokens sampled at
         ``end_time``). Marks request timestamps, emits the ``engine step`` span, updates metrics."""
-        tally, served, ttfts, gaps = _StepTally(), [], [], []
         with self._lock:
-            for chunk in plan.chunks:
-                decode = is_decode_row(chunk)
-                if decode:
-                    tally.num_decode_tokens += 1
-                    tally.num_decode_requests += 1
-                else:
-                    tally.num_prefill_tokens += len(chunk.token_ids)
-                    tally.num_prefill_requests += 1
-                tracked = self._requests.get(chunk.request_id)
-                if tracked is not None:
-                    served.append(
-                        self._mark_row(
-                            tracked.trace, chunk, decode, output, start_time, end_time, ttfts, gaps
-                        )
-                    )
+            tally = self._tally(plan, output, start_time, end_time)
         if self.tracer is not None and plan.chunks:
             record_step_span(
                 self.tracer,
                 step_id=plan.step_id,
                 start_time=start_time,
                 end_time=end_time,
-                served=served,
+                served=tally.served,
                 batch_size=len(plan.chunks),
-                **vars(tally),
+                num_prefill_tokens=tally.num_prefill_tokens,
+                num_decode_tokens=tally.num_decode_tokens,
+                num_prefill_requests=tally.num_prefill_requests,
+                num_decode_requests=tally.num_decode_requests,
             )
         if self.metrics is not None:
-            self.metrics.on_step(
-                StepStats(
-                    batch_size=len(plan.chunks),
-                    num_prefill_tokens=tally.num_prefill_tokens,
-                    num_generation_tokens=len(output.sampled),
-                    num_running=scheduler.num_running,
-                    num_waiting=scheduler.num_waiting,
-                    kv_blocks_used=scheduler.kv_blocks_used,
-                    kv_blocks_total=scheduler.kv_blocks_total,
-                    prefix_cache_queries=scheduler.prefix_cache_queries,
-                    prefix_cache_hits=scheduler.prefix_cache_hits,
-                    num_preemptions=scheduler.num_preemptions,
-                    time_to_first_tokens=ttfts,
-                    inter_token_latencies=gaps,
-                )
-            )
+            self.metrics.on_step(self._step_stats(plan, output, tally, scheduler))
 
-    @staticmethod
-    def _mark_row(
-        rt: RequestTrace,
-        chunk: ScheduledChunk,
-        decode: bool,
-        output: ExecutorOutput,
-        start_time: float,
-        end_time: float,
-        ttfts: list[float],
-        gaps: list[float],
-    ) -> tuple[str, SpanContext]:
-        rt.mark_scheduled(start_time)
-        rt.mark_step(prefill=not decode)
-        if chunk.request_id in output.sampled:
-            gap = rt.mark_token(end_time)
-            if gap is None:
-                ttfts.append(end_time - rt.arrival_time)
+    def _tally(
+        self, plan: SchedulerOutput, output: ExecutorOutput, start: float, end: float
+    ) -> _StepTally:
+        tally = _StepTally()
+        for chunk in plan.chunks:
+            decode = is_decode_row(chunk)
+            if decode:
+                tally.num_decode_tokens += 1
+                tally.num_decode_requests += 1
             else:
-                gaps.append(gap)
-        return chunk.request_id, rt.span_context
+                tally.num_prefill_tokens += len(chunk.token_ids)
+                tally.num_prefill_requests += 1
+            tracked = self._requests.get(chunk.request_id)
+            if tracked is None:
+                continue  # not registered with on_request_arrived: counted, not traced
+            rt = tracked.trace
+            rt.mark_scheduled(start)
+            rt.mark_step(prefill=not decode)
+            tally.served.append((chunk.request_id, rt.span_context))
+            if chunk.request_id in output.sampled:
+                gap = rt.mark_token(end)
+                if gap is None:
+                    tally.ttfts.append(end - rt.arrival_time)
+                else:
+                    tally.gaps.append(gap)
+        return tally
+
+    def _step_stats(
+        self,
+        plan: SchedulerOutput,
+        output: ExecutorOutput,
+        tally: _StepTally,
+        scheduler: SchedulerSnapshot | None,
+    ) -> StepStats:
+        queries = hits = preemptions = 0
+        if scheduler is not None:
+            now = (
+                scheduler.prefix_cache_queries,
+                scheduler.prefix_cache_hits,
+                scheduler.num_preemptions,
+            )
+            with self._lock:
+                # a counter that went down belongs to a new scheduler: count it from zero
+                queries, hits, preemptions = (
+                    n - p if n >= p else n for n, p in zip(now, self._counters, strict=True)
+                )
+                self._counters = now
+        return StepStats(
+            batch_size=len(plan.chunks),
+            num_prefill_tokens=tally.num_prefill_tokens,
+            num_generation_tokens=len(output.sampled),
+            num_running=scheduler.num_running if scheduler is not None else len(plan.chunks),
+            num_waiting=scheduler.num_waiting if scheduler is not None else 0,
+            kv_blocks_used=scheduler.num_kv_blocks_used if scheduler is not None else 0,
+            kv_blocks_total=scheduler.num_kv_blocks_total if scheduler is not None else 0,
+            prefix_cache_queries=queries,
+            prefix_cache_hits=hits,
+            num_preemptions=preemptions,
+            time_to_first_tokens=tally.ttfts,
+            inter_token_latencies=tally.gaps,
+        )
+
+    @isolated(None)
+    def on_request_preempted(self, request_id: str) -> None:
+        rt = self.request_trace(request_id)
+        if rt is not None:
+            rt.mark_preempted()
 
     @isolated(None)
     def on_request_finished(
@@ -217,16 +243,22 @@ class EngineTelemetry:
         finish_reason: str,
         *,
         finish_time: float | None = None,
+        metrics: RequestMetrics | None = None,
         num_cached_tokens: int | None = None,
         error: str | None = None,
     ) -> RequestTimings | None:
         """The request finished (stop | length | abort | error): emit its spans, record its
-        metrics, forget it. Returns its timings (None for an unknown request id)."""
+        metrics, forget it. ``metrics``: the engine's own timestamps, which then win over the
+        ones marked from steps (so spans, headers and RequestOutput.metrics agree). Returns the
+        request's timings (None for an unknown request id)."""
         with self._lock:
             tracked = self._requests.pop(request_id, None)
         if tracked is None:
             return None
         rt = tracked.trace
+        if metrics is not None:
+            rt.update_from_metrics(metrics)
+            finish_time = finish_time if finish_time is not None else metrics.finished_time
         if num_cached_tokens is not None:
             rt.set_cached_tokens(num_cached_tokens)
         timings = rt.finish(finish_reason, finish_time, error=error)

@@ -18,7 +18,8 @@ from opentelemetry import trace
 
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
-from inferflow.telemetry.engine_telemetry import EngineTelemetry, SchedulerStats
+from inferflow.scheduling.updates import SchedulerStats
+from inferflow.telemetry.engine_telemetry import EngineTelemetry
 from inferflow.telemetry.metrics import EngineMetrics
 from inferflow.telemetry.setup import TracingConfig, get_tracer, setup_tracing, shutdown_tracing
 from inferflow.telemetry.spans import RequestSpan, emit_span, start_request_span
@@ -81,7 +82,7 @@ def _frontend(
     telemetry.on_request_arrived(
         req.request_id,
         num_prompt_tokens=req.prompt_len,
-        traceparent=tp,
+        trace_context=tp,
         arrival_time=t,
         max_tokens=req.max_tokens,
     )
@@ -98,6 +99,24 @@ def _chunk(req: SimRequest, slot: int) -> ScheduledChunk:
         sample=True,
         sampling_params=SamplingParams(max_tokens=req.max_tokens, temperature=0.0),
         num_output_tokens=req.generated,
+    )
+
+
+def _scheduler_stats(num_running: int, num_waiting: int, step_id: int) -> SchedulerStats:
+    """Simulated scheduler counters: 4 KV blocks per running request out of 64, no prefix hits."""
+    used = 4 * num_running
+    return SchedulerStats(
+        num_running=num_running,
+        num_waiting=num_waiting,
+        num_kv_blocks_total=64,
+        num_kv_blocks_used=used,
+        num_kv_blocks_free=64 - used,
+        num_kv_blocks_cached=0,
+        prefix_cache_queries=0,
+        prefix_cache_hits=0,
+        num_preemptions=0,
+        num_steps=step_id + 1,
+        num_scheduled_tokens=0,
     )
 
 
@@ -145,14 +164,7 @@ def simulate(tracer: trace.Tracer, telemetry: EngineTelemetry, cfg: SimConfig) -
             r.generated += 1
         finished = [r for r in running if r.generated >= r.max_tokens]
         running = [r for r in running if r.generated < r.max_tokens]
-        stats = SchedulerStats(
-            num_running=len(running),
-            num_waiting=len(waiting),
-            kv_blocks_used=4 * len(running),
-            kv_blocks_total=64,
-            prefix_cache_queries=0,
-            prefix_cache_hits=0,
-        )
+        stats = _scheduler_stats(len(running), len(waiting), step_id)
         telemetry.on_step(plan, out, start_time=t, end_time=end, scheduler=stats)
         for r in finished:
             _finish(telemetry, r, end)

@@ -8,8 +8,9 @@ Times are ``time.time()`` seconds (floats), the clock of :class:`inferflow.outpu
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -63,14 +64,17 @@ def _span_context(parent: ParentLike) -> SpanContext | None:
 
 
 def parent_context(parent: ParentLike) -> Context:
-    """Normalise a parent (traceparent string, Context, SpanContext, Span, RequestSpan or None)
-    to a Context. ``None`` gives an empty Context: a new root, never an ambient current span."""
+    """Normalise a parent (traceparent string, W3C carrier dict, Context, SpanContext, Span,
+    RequestSpan or None) to a Context. ``None`` (or an empty carrier) gives an empty Context: a
+    new root, never an ambient current span."""
     if parent is None:
         return Context()
     if isinstance(parent, str):
         return _PROPAGATOR.extract({"traceparent": parent}, context=Context())
-    if isinstance(parent, Context):
+    if isinstance(parent, Context):  # before Mapping: a Context is a dict
         return parent
+    if isinstance(parent, Mapping):
+        return extract_context(parent)
     if isinstance(parent, RequestSpan):
         parent = parent.span
     if isinstance(parent, SpanContext):
@@ -89,6 +93,16 @@ class RequestSpan:
     def traceparent(self) -> str | None:
         """Serializable context to put in the payload sent to the worker process."""
         return traceparent_of(self.span)
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """The same as a W3C carrier dict (``traceparent`` and, if any, ``tracestate``)."""
+        carrier: dict[str, str] = {}
+        try:
+            _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(self.span, Context()))
+        except Exception as exc:
+            log_telemetry_error("RequestSpan.trace_context", exc)
+        return carrier
 
     @property
     def is_recording(self) -> bool:
@@ -197,9 +211,9 @@ def start_request_span(
     return RequestSpan(_start_root_span(tracer, f"{operation} {model}", headers, attrs, start_time))
 
 
-# what a ``parent=`` argument accepts: a traceparent string (from the API process), a Context,
-# a SpanContext, a Span or a RequestSpan; None starts a new trace
-ParentLike = str | Context | SpanContext | Span | RequestSpan | None
+# what a ``parent=`` argument accepts: a traceparent string or a W3C carrier dict (as carried
+# from the API process), a Context, a SpanContext, a Span or a RequestSpan; None: a new trace
+ParentLike = str | Mapping[str, str] | Context | SpanContext | Span | RequestSpan | None
 
 
 @isolated(INVALID_SPAN)
@@ -330,3 +344,21 @@ def record_step_span(
         attributes=attrs,
         links=links,
     )
+
+
+def make_stage_wrapper(
+    tracer: trace.Tracer | None, parent_of: Callable[[Any], ParentLike]
+) -> Callable[[str, Any], AbstractContextManager[Span]]:
+    """A ``(stage name, request) -> context manager`` wrapper for a stage runner (e.g. the
+    server's ``RequestPipeline(wrap_stage=...)``): each stage call becomes a :func:`stage_span`
+    under ``parent_of(request)`` (the request's root span context / carrier)."""
+
+    def wrap(name: str, request: Any) -> AbstractContextManager[Span]:
+        try:
+            parent = parent_of(request)
+        except Exception as exc:
+            log_telemetry_error(f"stage wrapper({name})", exc)
+            parent = None
+        return stage_span(tracer, name, parent=parent, attributes={A.STAGE_NAME: name})
+
+    return wrap

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 
+from inferflow.outputs import RequestMetrics
 from inferflow.telemetry import attributes as A
 
 QUEUE_TIME_HEADER = "x-inferflow-queue-time-ms"
@@ -99,6 +100,19 @@ class RequestTimings:
         }
         return {k: v for k, v in values.items() if v is not None}
 
+    @classmethod
+    def from_metrics(cls, metrics: RequestMetrics, num_output_tokens: int) -> RequestTimings:
+        """From the engine's :class:`RequestMetrics` (prefill ends with the first token)."""
+        return cls(
+            arrival_time=metrics.arrival_time,
+            first_scheduled_time=metrics.first_scheduled_time,
+            first_token_time=metrics.first_token_time,
+            prefill_end_time=metrics.first_token_time,
+            last_token_time=metrics.last_token_time,
+            finished_time=metrics.finished_time,
+            num_output_tokens=num_output_tokens,
+        )
+
     def to_dict(self) -> dict[str, float | int | None]:
         """Plain, picklable/JSON-able form to carry across LitServe's process boundary."""
         return asdict(self)
@@ -123,25 +137,42 @@ def timing_headers(timings: RequestTimings) -> dict[str, str]:
     Missing phases (e.g. a request aborted in the queue has no prefill) are omitted. Only usable on
     non-streaming responses: a streamed response's headers leave before the timings exist.
     """
+    return phase_timing_headers(
+        queue_time_s=timings.queue_time,
+        inference_time_s=timings.inference_time,
+        time_to_first_token_s=timings.time_to_first_token,
+        prefill_time_s=timings.prefill_time,
+        decode_time_s=timings.decode_time,
+        e2e_s=timings.e2e_latency,
+    )
+
+
+def phase_timing_headers(
+    *,
+    queue_time_s: float | None,
+    inference_time_s: float | None,
+    time_to_first_token_s: float | None = None,
+    prefill_time_s: float | None = None,
+    decode_time_s: float | None = None,
+    e2e_s: float | None = None,
+) -> dict[str, str]:
+    """:func:`timing_headers` from bare phase durations (seconds; None = unknown, omitted)."""
     headers: dict[str, str] = {}
     for name, value in (
-        (QUEUE_TIME_HEADER, _ms(timings.queue_time)),
-        (INFERENCE_TIME_HEADER, _ms(timings.inference_time)),
-        (TTFT_HEADER, _ms(timings.time_to_first_token)),
+        (QUEUE_TIME_HEADER, _ms(queue_time_s)),
+        (INFERENCE_TIME_HEADER, _ms(inference_time_s)),
+        (TTFT_HEADER, _ms(time_to_first_token_s)),
     ):
         if value is not None:
             headers[name] = value
-    parts = [
-        f"{metric};dur={value}"
-        for metric, value in (
-            ("queue", _ms(timings.queue_time)),
-            ("prefill", _ms(timings.prefill_time)),
-            ("decode", _ms(timings.decode_time)),
-            ("inference", _ms(timings.inference_time)),
-            ("e2e", _ms(timings.e2e_latency)),
-        )
-        if value is not None
-    ]
+    phases = (
+        ("queue", queue_time_s),
+        ("prefill", prefill_time_s),
+        ("decode", decode_time_s),
+        ("inference", inference_time_s),
+        ("e2e", e2e_s),
+    )
+    parts = [f"{metric};dur={_ms(value)}" for metric, value in phases if value is not None]
     if parts:
         headers[SERVER_TIMING_HEADER] = ", ".join(parts)
     return headers

@@ -1,6 +1,6 @@
 """A two-request serving story driven through the real telemetry API, split as LitServe splits
 it: the API-process side (root SERVER spans) and the worker side (stages, engine steps), which
-exchange only traceparent strings and timing dicts — so the worker side can run in another process.
+exchange only W3C carrier dicts and timing dicts — so the worker side can run in another process.
 
 Engine timeline (seconds after ``base``; tokens are sampled at a step's end)::
 
@@ -18,18 +18,18 @@ from opentelemetry import trace
 
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
+from inferflow.scheduling.updates import SchedulerStats
 from inferflow.telemetry import (
     EngineMetrics,
     EngineTelemetry,
     RequestSpan,
     RequestTimings,
-    SchedulerStats,
     TracingConfig,
     get_tracer,
+    make_stage_wrapper,
     resource_attributes,
     setup_tracing,
     shutdown_tracing,
-    stage_span,
     start_request_span,
 )
 
@@ -57,9 +57,10 @@ STEPS = [  # (start, end, [(request_id, num_tokens, num_output_tokens_before)])
 def api_start(
     tracer: trace.Tracer, request_id: str, base: float, with_client_parent: bool
 ) -> RequestSpan:
-    """API process: root span of one request (r1 continues the client's traceparent)."""
+    """API process: root span of one request (r1 continues the client's traceparent), then the
+    request stages (validator, tokenizer) through the stage wrapper, as the server's pipeline."""
     headers = {"Traceparent": CLIENT_TRACEPARENT} if with_client_parent else {"accept": "*/*"}
-    return start_request_span(
+    root = start_request_span(
         tracer,
         operation="chat",
         model="tiny-llama",
@@ -69,6 +70,11 @@ def api_start(
         temperature=0.5,
         start_time=base,
     )
+    wrap = make_stage_wrapper(tracer, parent_of=lambda request: request["trace_context"])
+    for stage in ("validator", "tokenizer"):
+        with wrap(stage, {"trace_context": root.trace_context}):
+            pass
+    return root
 
 
 def api_finish(root: RequestSpan, request_id: str, timings: dict[str, object], base: float) -> None:
@@ -97,20 +103,15 @@ def _chunk(rid: str, n: int, before: int) -> ScheduledChunk:
 
 
 def worker_side(
-    telemetry: EngineTelemetry, traceparents: dict[str, str | None], base: float
+    telemetry: EngineTelemetry, carriers: dict[str, dict[str, str] | None], base: float
 ) -> dict[str, dict]:
-    """Worker process: live validator/tokenizer stage spans, then the engine timeline above.
+    """Worker process: the engine timeline above, given each request's W3C carrier.
     Returns ``{request_id: RequestTimings.to_dict()}`` (what the worker sends back)."""
-    for rid, tp in traceparents.items():
-        for stage in ("validator", "tokenizer"):
-            with stage_span(
-                telemetry.tracer, stage, parent=tp, attributes={"inferflow.request.id": rid}
-            ):
-                pass
+    for rid, carrier in carriers.items():
         telemetry.on_request_arrived(
             rid,
             num_prompt_tokens=PROMPT_LEN[rid],
-            traceparent=tp,
+            trace_context=carrier,
             arrival_time=base + ARRIVAL[rid],
             max_tokens=MAX_TOKENS[rid],
             operation="chat",
@@ -119,13 +120,19 @@ def worker_side(
     for step_id, (start, end, rows) in enumerate(STEPS):
         plan = SchedulerOutput(chunks=tuple(_chunk(*row) for row in rows), step_id=step_id)
         out = ExecutorOutput(sampled={rid: SampledToken(1) for rid, _, _ in rows})
+        # cumulative counters, as the scheduler keeps them: r2's admission queried 7 tokens, hit 2
         stats = SchedulerStats(
             num_running=len(rows),
             num_waiting=0,
-            kv_blocks_used=len(rows),
-            kv_blocks_total=16,
-            prefix_cache_queries=7 if step_id == 1 else 0,
-            prefix_cache_hits=2 if step_id == 1 else 0,
+            num_kv_blocks_total=16,
+            num_kv_blocks_used=len(rows),
+            num_kv_blocks_free=16 - len(rows),
+            num_kv_blocks_cached=0,
+            prefix_cache_queries=7 if step_id >= 1 else 0,
+            prefix_cache_hits=2 if step_id >= 1 else 0,
+            num_preemptions=0,
+            num_steps=step_id + 1,
+            num_scheduled_tokens=0,
         )
         telemetry.on_step(plan, out, start_time=base + start, end_time=base + end, scheduler=stats)
         for rid, (finish, reason) in FINISH.items():
@@ -152,9 +159,7 @@ def otlp_config(protocol: str, endpoint: str, service_name: str = "inferflow") -
     )
 
 
-def worker_process_main(
-    protocol: str, endpoint: str, traceparents: dict[str, str | None], base: float
-) -> dict:
+def worker_process_main(protocol: str, endpoint: str, carriers: dict, base: float) -> dict:
     """Entry point of a spawned worker process: own provider and metrics, export, flush, exit."""
     provider = setup_tracing(
         otlp_config(protocol, endpoint, "inferflow-worker"),
@@ -162,7 +167,7 @@ def worker_process_main(
     )
     try:
         telemetry = EngineTelemetry(get_tracer(provider), EngineMetrics("tiny-llama"))
-        return worker_side(telemetry, traceparents, base)
+        return worker_side(telemetry, carriers, base)
     finally:
         shutdown_tracing(provider)
 

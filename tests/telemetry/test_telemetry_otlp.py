@@ -151,7 +151,7 @@ def test_span_tree_over_otlp(receiver: tuple[str, GrpcOtlpReceiver | HttpOtlpRec
         base = time.time()
         roots = {rid: api_start(get_tracer(api), rid, base, rid == "r1") for rid in ("r1", "r2")}
         telemetry = EngineTelemetry(get_tracer(worker), EngineMetrics("tiny-llama"))
-        timings = worker_side(telemetry, {rid: r.traceparent for rid, r in roots.items()}, base)
+        timings = worker_side(telemetry, {rid: r.trace_context for rid, r in roots.items()}, base)
         for rid, root in roots.items():
             api_finish(root, rid, timings[rid], base)
         assert flush_tracing(worker) and flush_tracing(api)
@@ -183,7 +183,7 @@ def test_span_tree_over_otlp(receiver: tuple[str, GrpcOtlpReceiver | HttpOtlpRec
 
 def test_traceparent_carried_to_a_worker_process() -> None:
     """The worker side runs in a spawned process (as LitServe's inference worker) with its own
-    provider; only traceparent strings and timing dicts cross the boundary."""
+    provider; only W3C carrier dicts and timing dicts cross the boundary."""
     with GrpcOtlpReceiver() as rx:
         api = setup_tracing(otlp_config("grpc", rx.endpoint), _resource())
         try:
@@ -191,7 +191,7 @@ def test_traceparent_carried_to_a_worker_process() -> None:
             roots = {
                 rid: api_start(get_tracer(api), rid, base, rid == "r1") for rid in ("r1", "r2")
             }
-            tps = {rid: r.traceparent for rid, r in roots.items()}
+            tps = {rid: r.trace_context for rid, r in roots.items()}
             ctx = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(1, mp_context=ctx) as pool:
                 timings = pool.submit(worker_process_main, "grpc", rx.endpoint, tps, base).result(
@@ -226,7 +226,9 @@ def test_sampling_follows_incoming_parent_and_ratio() -> None:
                 rid: api_start(get_tracer(provider), rid, base, rid == "r1") for rid in ("r1", "r2")
             }
             telemetry = EngineTelemetry(get_tracer(provider))
-            timings = worker_side(telemetry, {rid: r.traceparent for rid, r in roots.items()}, base)
+            timings = worker_side(
+                telemetry, {rid: r.trace_context for rid, r in roots.items()}, base
+            )
             for rid, root in roots.items():
                 api_finish(root, rid, timings[rid], base)
             assert flush_tracing(provider)

@@ -18,7 +18,6 @@ from inferflow.telemetry import (
     EngineTelemetry,
     RequestTimings,
     RequestTrace,
-    SchedulerStats,
     TracingConfig,
     extract_context,
     get_tracer,
@@ -188,7 +187,7 @@ def test_tracing_off_records_nothing_but_keeps_timings(tmp_path) -> None:
     assert not root.is_recording
     telemetry = EngineTelemetry(tracer)
     telemetry.on_request_arrived(
-        "r", num_prompt_tokens=2, traceparent=root.traceparent, arrival_time=1.0
+        "r", num_prompt_tokens=2, trace_context=root.trace_context, arrival_time=1.0
     )
     chunk = ScheduledChunk("r", 0, (1, 2), 0, True, SamplingParams())
     telemetry.on_step(
@@ -196,7 +195,6 @@ def test_tracing_off_records_nothing_but_keeps_timings(tmp_path) -> None:
         ExecutorOutput({"r": SampledToken(3)}),
         start_time=1.5,
         end_time=2.0,
-        scheduler=SchedulerStats(1, 0),
     )
     timings = telemetry.on_request_finished("r", "stop", finish_time=2.0)
     assert timings is not None and timings.queue_time == pytest.approx(0.5)
