@@ -39,12 +39,12 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Outputs in prompt order. A prompt is text or a list of token ids."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        batch: list[Any] = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
+            else list(prompts)
         params = sampling_params or SamplingParams()
-        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         order = []
-        for prompt, p in zip(prompts, per_prompt, strict=True):
+        for prompt, p in zip(batch, per_prompt, strict=True):
             rid = str(next(self._ids))
             if isinstance(prompt, str):
                 self.engine.add_request(rid, self.tokenizer.encode(prompt), p, prompt=prompt)

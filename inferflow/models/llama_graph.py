@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -76,12 +76,12 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(value, name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: object) -> list[str]:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> list[str]:
         outs = [self.name(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs))
         return outs
 
-    def op1(self, op_type: str, inputs: list[str], domain: str = "", **attrs: object) -> str:
+    def op1(self, op_type: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
         return self.op(op_type, inputs, 1, domain, **attrs)[0]
 
     def weight(self, base: str, w: np.ndarray) -> str:
@@ -205,7 +205,7 @@ def _io(cfg: ModelConfig, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], l
     else:
         inputs += [v("position_ids", i64, ["B", "S"]), v("write_indices", i64, ["B"])]
     outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
-    kv_shape = ["B", cfg.num_kv_heads, "C", cfg.head_dim]
+    kv_shape: list[str | int | None] = ["B", cfg.num_kv_heads, "C", cfg.head_dim]
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
             inputs.append(v(f"past_{kind}_{i}", act, kv_shape))
@@ -227,8 +227,8 @@ def build_llama_graph(cfg: ModelConfig, weights: ModelWeights, spec: GraphSpec,
         if on_layer is not None:
             on_layer(i)
     x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
+    assert weights.final_norm is not None and weights.lm_head is not None
     x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
-    assert weights.lm_head is not None
     logits = g.linear(x, "lm_head", weights.lm_head) if spec.precision == "fp16" else \
         g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])
     g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
