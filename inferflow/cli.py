@@ -10,15 +10,17 @@ Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import hydra
 import yaml
+from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
@@ -26,12 +28,14 @@ from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import (
+    CONF_PACKAGE,
     CONF_SOURCE,
     CONFIG_NAME,
     ConfigError,
     Task,
     describe_omegaconf_error,
-    prepare_overrides,
+    discover_plugins,
+    env_search_paths,
     register_configs,
 )
 from inferflow.graph import ServingGraph, build_graph
@@ -41,7 +45,7 @@ PROG = "inferflow"
 
 
 class ComponentUnavailable(RuntimeError):
-    """A part of inferflow this command needs is not installed/importable (exit code 1)."""
+    """A part of inferflow this command needs is missing or failed (exit code 1, one line)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +147,65 @@ def describe_hydra_error(exc: Exception) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
+# ---------------------------------------------------------------------- overrides
+
+
+def defaulted_groups() -> list[str]:
+    """Groups that have a default in ``conf/config.yaml`` (``+group=x`` is rewritten for them)."""
+    text = importlib.resources.files(CONF_PACKAGE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    defaults = yaml.safe_load(text).get("defaults", [])
+    return [
+        next(iter(d))
+        for d in defaults
+        if isinstance(d, dict) and not next(iter(d)).startswith(("override ", "hydra/"))
+    ]
+
+
+def prepare_overrides(
+    overrides: Sequence[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """What inferflow does to the command line before Hydra sees it.
+
+    1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
+       them), so both spellings select another model while the default still applies.
+    2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
+       any entries the user passed in ``hydra.searchpath=[...]``).
+    """
+    groups = set(defaulted_groups())
+    out: list[str] = []
+    user_paths: list[str] = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
+            item = f"{key[1:]}={value}"
+        if sep and key == "hydra.searchpath":
+            user_paths = _parse_list_override(item)
+            continue
+        out.append(item)
+    paths = user_paths + env_search_paths(environ) + [p.search_path for p in discover_plugins()]
+    if paths:
+        quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
+        out.append(f"hydra.searchpath=[{quoted}]")
+    return out
+
+
+def _parse_list_override(item: str) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = OverridesParser.create().parse_override(item).value()
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose the config as ``python -m inferflow OVERRIDES`` would (tests, notebooks, tools).
+
+    Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
+    """
+    register_configs()
+    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+        return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
+
+
 # ---------------------------------------------------------------------- tasks
 
 
@@ -178,7 +241,12 @@ def serve(graph: ServingGraph) -> None:
                 "task=check validates the graph without serving"
             ) from None
         raise
-    serve_graph(graph)
+    from inferflow.server.runtime import ServerFailed
+
+    try:
+        serve_graph(graph)
+    except ServerFailed as exc:
+        raise ComponentUnavailable(str(exc)) from None
 
 
 def check(graph: ServingGraph) -> str:
@@ -203,7 +271,8 @@ def check(graph: ServingGraph) -> str:
 def _fields(obj: Any) -> str:
     import dataclasses
 
-    items = dataclasses.asdict(obj).items() if dataclasses.is_dataclass(obj) else []
+    is_instance = dataclasses.is_dataclass(obj) and not isinstance(obj, type)
+    items = dataclasses.asdict(obj).items() if is_instance else []
     return " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in items)
 
 
@@ -213,17 +282,18 @@ def run_offline(graph: ServingGraph, params: dict[str, Any]) -> dict[str, Any]:
     import random
     import time
 
+    from inferflow.outputs import RequestOutput
     from inferflow.sampling_params import SamplingParams
 
     engine = graph.create_engine()
     rng = random.Random(params["seed"])
-    vocab = graph.stage_context().model_config.vocab_size
+    vocab = engine.model_config.vocab_size
     sp = SamplingParams(max_tokens=params["max_tokens"], temperature=0.0, ignore_eos=True)
     start = time.time()
     for i in range(params["num_prompts"]):
         ids = [rng.randrange(vocab) for _ in range(params["prompt_len"])]
         engine.add_request(f"offline-{i}", ids, sp, arrival_time=start)
-    finished = []
+    finished: list[RequestOutput] = []
     while engine.has_unfinished_requests():
         finished.extend(out for out in engine.step() if out.finished)
     wall = time.time() - start

@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
-import importlib.resources
 import os
 import re
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from hydra import compose, initialize_config_module
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
@@ -289,7 +286,7 @@ def _hf_snapshot(repo: str) -> Path | None:
 def resolve_model(model: ModelConfig) -> tuple[Path, str]:
     """(checkpoint folder, served name) for ``model``; :class:`ConfigError` when not found."""
     if model.path:
-        path = Path(os.path.expandvars(model.path)).expanduser().resolve()
+        path = Path(os.path.expandvars(model.path)).expanduser().absolute()
         if not (path / "config.json").is_file():
             problem = "has no config.json" if path.is_dir() else "does not exist"
             raise ConfigError(
@@ -319,12 +316,12 @@ def resolve_model(model: ModelConfig) -> tuple[Path, str]:
         )
         looked.append(str(base / model.dirname))
         if (base / model.dirname / "config.json").is_file():
-            return (base / model.dirname).resolve(), model.name or model.dirname
+            return (base / model.dirname).absolute(), model.name or model.dirname
     if model.hf_repo:
         looked.append(f"the Hugging Face cache ({model.hf_repo})")
         snap = _hf_snapshot(model.hf_repo)
         if snap is not None and (snap / "config.json").is_file():
-            return snap.resolve(), model.name or model.hf_repo.split("/")[-1]
+            return snap.absolute(), model.name or model.hf_repo.split("/")[-1]
     folder = model.dirname or "the checkpoint folder"
     raise ConfigError(
         f"checkpoint of model '{model.name}' not found (looked in {' and '.join(looked)}); "
@@ -378,62 +375,6 @@ def env_search_paths(environ: Mapping[str, str] | None = None) -> list[str]:
     return paths
 
 
-def defaulted_groups() -> list[str]:
-    """Groups that have a default in ``conf/config.yaml`` (``+group=x`` is rewritten for them)."""
-    text = importlib.resources.files(CONF_PACKAGE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
-    defaults = yaml.safe_load(text).get("defaults", [])
-    return [
-        next(iter(d))
-        for d in defaults
-        if isinstance(d, dict) and not next(iter(d)).startswith(("override ", "hydra/"))
-    ]
-
-
-def prepare_overrides(
-    overrides: Sequence[str], environ: Mapping[str, str] | None = None
-) -> list[str]:
-    """What inferflow does to the command line before Hydra sees it.
-
-    1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
-       them), so both spellings select another model while the default still applies.
-    2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
-       any entries the user passed in ``hydra.searchpath=[...]``).
-    """
-    groups = set(defaulted_groups())
-    out: list[str] = []
-    user_paths: list[str] = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
-            item = f"{key[1:]}={value}"
-        if sep and key == "hydra.searchpath":
-            user_paths = _parse_list_override(item)
-            continue
-        out.append(item)
-    paths = user_paths + env_search_paths(environ) + [p.search_path for p in discover_plugins()]
-    if paths:
-        quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
-        out.append(f"hydra.searchpath=[{quoted}]")
-    return out
-
-
-def _parse_list_override(item: str) -> list[str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    value = OverridesParser.create().parse_override(item).value()
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
-
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose the config as ``python -m inferflow OVERRIDES`` would (tests, notebooks, tools).
-
-    Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
-    """
-    register_configs()
-    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-        return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
-
-
 # ---------------------------------------------------------------- one-line error messages
 
 _CONVERT = re.compile(r"Value '(.*)' of type '.*' could not be converted to (\w+)")
@@ -459,7 +400,11 @@ def describe_omegaconf_error(exc: OmegaConfBaseException, prefix: str = "") -> C
         parent = getattr(exc, "parent_node", None)
         keys = [k for k in parent if k != "hydra"] if isinstance(parent, DictConfig) else []
         allowed = f"; allowed keys: {', '.join(map(str, keys))}" if keys else ""
-        if isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is dict and "." in full_key:
+        if (
+            isinstance(parent, DictConfig)
+            and OmegaConf.get_type(parent) is dict
+            and "." in full_key
+        ):
             allowed += f" (to add a key to this dict: +{full_key}=VALUE)"
         return ConfigError(f"{full_key}: unknown key{allowed}", full_key)
     if isinstance(exc, MissingMandatoryValue):

@@ -132,24 +132,30 @@ class ServingGraph:
         """Load the checkpoint and build (or load the cached) compiled engine. Expensive."""
         from inferflow.engines.config import EngineConfig
         from inferflow.llm_engine import LLMEngine
+        from inferflow.models.checkpoint import load_checkpoint
+        from inferflow.sampling.detokenizer import IncrementalDetokenizer
         from inferflow.scheduling.config import SchedulerConfig
 
         spec = self.engine_spec()
+        if spec.backend != "onnxruntime":
+            raise ConfigError(
+                f"executor: the {spec.backend} backend cannot drive LLMEngine in this build; use executor=onnxruntime",
+                "executor",
+            )
         try:
             engine_config = EngineConfig(**spec.engine, **spec.shared)
-            scheduler_config = SchedulerConfig(
-                **spec.scheduler,
-                **{**spec.shared, "num_blocks": engine_config.resolved_num_blocks},
-            )
+            physical = {**spec.shared, "num_blocks": engine_config.resolved_num_blocks}
+            scheduler_config = SchedulerConfig(**spec.scheduler, **physical)
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"engine settings: {exc}") from None
-        return LLMEngine.from_config(
-            self.model_path,
-            engine_config,
-            scheduler_config,
-            backend=spec.backend,
-            **spec.llm_engine,
-        )
+        checkpoint = load_checkpoint(self.model_path)
+        detok = dict(spec.detokenizer)
+        tokenizer = checkpoint.tokenizer
+
+        def detokenizer_factory(params: Any) -> IncrementalDetokenizer:
+            return IncrementalDetokenizer(tokenizer, params.stop, **detok)
+
+        return LLMEngine(checkpoint, engine_config, scheduler_config, detokenizer_factory)
 
 
 # ---------------------------------------------------------------------- allowlist
@@ -235,11 +241,13 @@ def instantiate_stage(node: DictConfig, where: str, kind: type, prefixes: list[s
     try:
         if dataclasses.is_dataclass(cls):
             typed = OmegaConf.merge(OmegaConf.structured(stage_schema(cls)), params)
+            assert isinstance(typed, DictConfig)
             params = {k: typed[k] for k in params}
-        kwargs = OmegaConf.to_container(OmegaConf.create(params), resolve=True)
+        container = OmegaConf.to_container(OmegaConf.create(params), resolve=True)
     except OmegaConfBaseException as exc:
         raise describe_omegaconf_error(exc, prefix=f"{where}.") from None
-    assert isinstance(kwargs, dict)
+    assert isinstance(container, dict)
+    kwargs: dict[str, Any] = {str(k): v for k, v in container.items()}
     _check_nested_targets(kwargs, where, prefixes)
     try:
         if any(_has_target(v) for v in kwargs.values()):
@@ -248,10 +256,19 @@ def instantiate_stage(node: DictConfig, where: str, kind: type, prefixes: list[s
             kwargs = {k: instantiate(v, _convert_="all") for k, v in kwargs.items()}
         stage = cls(**kwargs)
     except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}".splitlines()[0], where) from None
+        raise _keyed_error(where, exc, set(kwargs)) from None
     if isinstance(stage, RequestStage):
         stage.name = where.rsplit(".", 1)[-1]
     return stage
+
+
+def _keyed_error(where: str, exc: Exception, names: set[str]) -> ConfigError:
+    """``ValueError("max_batch_size: must be >= 1")`` -> ``batching.max_batch_size: must be >= 1``."""
+    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    head, sep, rest = message.partition(": ")
+    if sep and head in names:
+        return ConfigError(f"{where}.{head}: {rest}", f"{where}.{head}")
+    return ConfigError(f"{where}: {message}", where)
 
 
 def _has_target(value: Any) -> bool:
@@ -309,7 +326,7 @@ def _typed(schema: type, node: Any, key: str) -> Any:
     except OmegaConfBaseException as exc:
         raise describe_omegaconf_error(exc, prefix=f"{key}.") from None
     except ValueError as exc:  # a schema's __post_init__ range check
-        raise ConfigError(f"{key}.{exc}".splitlines()[0], key) from None
+        raise _keyed_error(key, exc, {f.name for f in dataclasses.fields(schema)}) from None
 
 
 def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
@@ -318,12 +335,18 @@ def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
     Raises :class:`~inferflow.config.ConfigError` (one line naming the key) for anything the
     user must fix: bad values, unknown keys, disallowed ``_target_``, a missing checkpoint.
     """
-    if not isinstance(cfg, DictConfig):
-        cfg = OmegaConf.create(dict(cfg))
+    source = cfg if isinstance(cfg, DictConfig) else OmegaConf.create(dict(cfg))
     try:
-        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True))
+        resolved = OmegaConf.create(
+            OmegaConf.to_container(source, resolve=True, throw_on_missing=True)
+        )
     except OmegaConfBaseException as exc:
         raise describe_omegaconf_error(exc) from None
+    assert isinstance(resolved, DictConfig)
+    return _build(resolved)
+
+
+def _build(cfg: DictConfig) -> ServingGraph:
     model: ModelConfig = _typed(ModelConfig, cfg.get("model"), "model")
     model_path, model_name = resolve_model(model)
     cfg.model.path, cfg.model.name = str(model_path), model_name

@@ -25,4 +25,4 @@ class IncrementalDetokenizer(EngineSlot):
             raise ValueError(f"stream_interval: must be >= 1, got {self.stream_interval}")
 
     def contribute(self, spec: EngineSpec) -> None:
-        spec.llm_engine["skip_special_tokens"] = self.skip_special_tokens
+        spec.detokenizer["skip_special_tokens"] = self.skip_special_tokens

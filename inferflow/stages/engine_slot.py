@@ -22,18 +22,20 @@ class EngineSpec:
 
     - ``engine``: fields of ``inferflow.engines.config.EngineConfig`` (executor settings);
     - ``scheduler``: fields of ``inferflow.scheduling.config.SchedulerConfig`` (batching, cache);
-    - ``shared``: fields both configs have and that must agree (``max_slots``,
+    - ``shared``: the physical layout both configs carry and that must agree (``max_slots``,
       ``max_model_len``, ``block_size``, ``num_blocks``);
-    - ``llm_engine``: extra keyword arguments of ``LLMEngine.from_config`` (e.g. detokenizer).
-
-    ``backend`` names the compiled-engine runtime (``onnxruntime`` or ``tensorrt``).
+    - ``detokenizer``: keyword arguments of ``inferflow.sampling.detokenizer.IncrementalDetokenizer``
+      besides the tokenizer and the stop strings;
+    - ``backend`` names the compiled-engine runtime (``onnxruntime`` or ``tensorrt``) and
+      ``backend_options`` holds runtime-specific settings (e.g. a GPU ``device_id``).
     """
 
     backend: str = "onnxruntime"
+    backend_options: dict[str, Any] = field(default_factory=dict)
     engine: dict[str, Any] = field(default_factory=dict)
     scheduler: dict[str, Any] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
-    llm_engine: dict[str, Any] = field(default_factory=dict)
+    detokenizer: dict[str, Any] = field(default_factory=dict)
 
 
 class EngineSlot(ABC):

@@ -46,6 +46,7 @@ class OnnxRuntimeExecutor(EngineSlot):
     max_slots: int | None = None
     cache_dir: str | None = None
     quant_block_size: int = 32
+    quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
 
     def __post_init__(self) -> None:
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
@@ -56,6 +57,8 @@ class OnnxRuntimeExecutor(EngineSlot):
             raise ValueError(f"max_slots: must be >= 1, got {self.max_slots}")
         if self.quant_block_size < 1:
             raise ValueError(f"quant_block_size: must be >= 1, got {self.quant_block_size}")
+        if self.quant_accuracy_level not in (0, 1, 2, 3, 4):
+            raise ValueError(f"quant_accuracy_level: must be 0..4, got {self.quant_accuracy_level}")
 
     def contribute(self, spec: EngineSpec) -> None:
         spec.backend = self.backend
@@ -67,6 +70,7 @@ class OnnxRuntimeExecutor(EngineSlot):
             allow_spinning=self.allow_spinning,
             cache_dir=self.cache_dir,
             quant_block_size=self.quant_block_size,
+            quant_accuracy_level=self.quant_accuracy_level,
         )
         if self.max_slots is not None:
             spec.shared["max_slots"] = self.max_slots
@@ -93,4 +97,4 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
 
     def contribute(self, spec: EngineSpec) -> None:
         super().contribute(spec)
-        spec.llm_engine["device_id"] = self.device_id
+        spec.backend_options["device_id"] = self.device_id

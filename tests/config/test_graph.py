@@ -1,0 +1,172 @@
+"""build_graph in-process: slots, splicing, engine settings, worker rebuild, allowlist."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from inferflow.cli import compose_config
+from inferflow.config import ConfigError
+from inferflow.graph import build_graph, splice_order
+from inferflow.stages.base import PassThroughStage, StageRequest
+from inferflow.stages.batching import ContinuousBatching, StaticBatching
+from inferflow.stages.cache import NoPrefixCache
+
+pytestmark = pytest.mark.usefixtures("config_env")
+
+
+def graph_for(*overrides: str):
+    return build_graph(compose_config(list(overrides)))
+
+
+def test_default_graph(tiny_checkpoint: Path) -> None:
+    graph = graph_for()
+    assert graph.model_name == "tiny-llama" and graph.model_path == tiny_checkpoint
+    assert [s.name for s in graph.request_stages] == ["validator", "tokenizer"]
+    assert list(graph.engine_slots) == ["cache", "batching", "executor", "detokenizer"]
+    assert isinstance(graph.engine_slots["batching"], ContinuousBatching)
+    assert graph.server.port == 8000 and graph.tracing.exporter == "file"
+    assert graph.config.model.path == str(tiny_checkpoint)  # resolved for worker processes
+
+
+def test_both_model_spellings_compose_the_same() -> None:
+    assert compose_config(["+model=llama_1b"]) == compose_config(["model=llama_1b"])
+
+
+def test_engine_spec_follows_the_slots() -> None:
+    spec = graph_for(
+        "batching=static", "batching.max_batch_size=4", "cache=none", "model.max_model_len=256"
+    ).engine_spec()
+    assert spec.scheduler["mode"] == "static" and spec.scheduler["max_num_seqs"] == 4
+    assert spec.scheduler["enable_prefix_caching"] is False
+    assert spec.shared == {"block_size": 16, "num_blocks": 0, "max_model_len": 256, "max_slots": 4}
+    spec = graph_for("executor.max_slots=8", "executor.precision=int4").engine_spec()
+    assert spec.shared["max_slots"] == 8 and spec.engine["precision"] == "int4"
+    assert (
+        spec.scheduler["mode"] == "continuous" and spec.scheduler["enable_prefix_caching"] is True
+    )
+
+
+def test_removed_and_null_slots() -> None:
+    graph = graph_for("~cache", "validator=none")
+    assert "cache" not in graph.engine_slots
+    assert "enable_prefix_caching" not in graph.engine_spec().scheduler  # engine default applies
+    assert isinstance(graph.request_stages[0], PassThroughStage)
+    assert isinstance(graph_for("cache=none").engine_slots["cache"], NoPrefixCache)
+
+
+def test_worker_rebuilds_an_equivalent_graph_from_the_plain_dict() -> None:
+    graph = graph_for("batching=static", "batching.max_batch_size=3", "+stages=passthrough")
+    data = pickle.loads(pickle.dumps(graph.to_container()))
+    again = build_graph(data)
+    assert again.model_path == graph.model_path and again.model_name == graph.model_name
+    assert [type(s) for s in again.request_stages] == [type(s) for s in graph.request_stages]
+    assert isinstance(again.engine_slots["batching"], StaticBatching)
+    assert again.engine_spec() == graph.engine_spec()
+
+
+def test_request_path_tokenizes_and_checks_limits() -> None:
+    graph = graph_for("model.max_model_len=64")
+    tok = graph.stage_context().tokenizer
+    out = graph.process(StageRequest("r1", prompt="hello world"))
+    assert out.prompt_token_ids == tok.encode("hello world")
+    chat = graph.process(StageRequest("r2", messages=[{"role": "user", "content": "hi"}]))
+    assert chat.prompt_token_ids == tok.encode_chat([{"role": "user", "content": "hi"}])
+    from inferflow.sampling_params import SamplingParams
+    from inferflow.stages.base import StageError
+
+    with pytest.raises(StageError) as too_long:
+        graph.process(
+            StageRequest("r3", prompt="word " * 80, sampling_params=SamplingParams(max_tokens=8))
+        )
+    assert too_long.value.field == "prompt" and too_long.value.code == "context_length_exceeded"
+    with pytest.raises(StageError) as role:
+        graph.process(StageRequest("r4", messages=[{"role": "robot", "content": "x"}]))
+    assert role.value.field == "messages[0].role"
+    with pytest.raises(StageError) as ids:
+        graph.process(StageRequest("r5", prompt_token_ids=[1, 10**6]))
+    assert ids.value.field == "prompt[1]"
+    with pytest.raises(StageError) as max_tokens:
+        graph.process(StageRequest("r6", prompt="x", sampling_params=SamplingParams(max_tokens=65)))
+    assert max_tokens.value.field == "max_tokens"
+
+
+def test_splice_order() -> None:
+    pipeline = ["validator", "tokenizer", "cache"]
+    stages = {
+        "a": {"after": "validator"},
+        "b": {"after": "validator"},  # same anchor: declaration order
+        "c": {"before": "tokenizer"},
+        "d": {"after": "a"},  # chained on another extra stage
+    }
+    assert splice_order(pipeline, stages) == ["validator", "a", "d", "b", "c", "tokenizer", "cache"]
+    with pytest.raises(ConfigError, match="anchor 'nowhere' is not in the pipeline"):
+        splice_order(pipeline, {"x": {"after": "nowhere"}})
+    with pytest.raises(ConfigError, match="exactly one of after: or before:"):
+        splice_order(pipeline, {"x": {}})
+
+
+def test_stage_after_a_removed_slot_keeps_its_place() -> None:
+    graph = graph_for("~validator", "+stages=passthrough", "stages.passthrough.after=validator")
+    assert [s.name for s in graph.request_stages] == ["passthrough", "tokenizer"]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("executor._target_=os.system", "executor._target_=os.system is not allowed"),
+        ("executor._target_=inferflow.config.os.system", "resolves to posix, which is not allowed"),
+        ("validator._target_=inferflow.stages.cache.PrefixCache", "is not a RequestStage subclass"),
+        (
+            "batching._target_=inferflow.stages.cache.PrefixCache",
+            "fills the cache slot, not batching",
+        ),
+    ],
+)
+def test_disallowed_or_wrong_targets(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        graph_for(override)
+
+
+def test_user_opted_target_prefix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "my_stages.py").write_text(
+        textwrap.dedent("""
+        from inferflow.stages.base import RequestStage
+
+        class Upper(RequestStage):
+            def process(self, request):
+                request.prompt = request.prompt.upper()
+                return request
+    """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = compose_config(["+stages=passthrough", "stages.passthrough._target_=my_stages.Upper"])
+    with pytest.raises(ConfigError, match=r"my_stages\.Upper is not allowed"):
+        build_graph(cfg)
+    assert "my_stages" not in sys.modules  # refused before anything was imported
+    cfg.allowed_targets = ["my_stages"]
+    graph = build_graph(cfg)
+    assert graph.process(StageRequest("r", prompt="abc")).prompt == "ABC"
+
+
+def test_unknown_keys_of_a_plain_stage_class_are_refused() -> None:
+    cfg = compose_config(["+stages=passthrough"])
+    OmegaConf.update(cfg, "stages.passthrough.unknown", 1, force_add=True)
+    with pytest.raises(
+        ConfigError, match=r"^stages\.passthrough: PassThroughStage\(\) takes no arguments"
+    ):
+        build_graph(cfg)
+
+
+def test_range_errors_name_the_key() -> None:
+    with pytest.raises(ConfigError, match=r"^batching\.max_batch_size: must be >= 1, got 0$"):
+        graph_for("batching.max_batch_size=0")
+    with pytest.raises(ConfigError, match=r"^server\.port: must be in \[0, 65535\]"):
+        graph_for("server.port=70000")
+    with pytest.raises(ConfigError, match=r"^tracing\.sample_ratio: must be in \[0, 1\]"):
+        graph_for("tracing.sample_ratio=2")

@@ -1,0 +1,245 @@
+"""Plugins as users write them: a stage from a folder outside the package (INFERFLOW_CONFIG_PATH)
+and a batching policy from a pip-installed package (entry point ``inferflow.plugins``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from cfg_helpers import PII_CONF, PII_PLUGIN, REPO, run_cli
+
+from inferflow.cli import compose_config
+from inferflow.config import ConfigError
+from inferflow.graph import build_graph
+from inferflow.models.tokenizer import Tokenizer
+from inferflow.stages.base import ATTR_API_KEY_ID, ATTR_PRIORITY, ATTR_USER, StageRequest
+
+EMAIL_PROMPT = "Write to jane.doe@example.com or call 415-555-0132 about card 4111 1111 1111 1111."
+REDACTED = "Write to [EMAIL] or call [PHONE] about card [CREDIT_CARD]."
+
+
+@pytest.fixture
+def pii_from_folder(config_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PII plugin used without installing it: conf folder + module path + explicit trust."""
+    monkeypatch.setenv("INFERFLOW_CONFIG_PATH", str(PII_CONF))
+    monkeypatch.syspath_prepend(str(PII_PLUGIN))
+    monkeypatch.setenv("INFERFLOW_ALLOWED_TARGETS", "inferflow_pii_redactor")
+
+
+def test_pii_redactor_rules() -> None:
+    sys.path.insert(0, str(PII_PLUGIN))
+    try:
+        from inferflow_pii_redactor import PIIRedactor
+    finally:
+        sys.path.remove(str(PII_PLUGIN))
+    stage = PIIRedactor()
+    stage.name = "pii"
+    req = stage.process(
+        StageRequest("r", prompt=EMAIL_PROMPT + " SSN 123-45-6789, host 10.0.0.255")
+    )
+    assert req.prompt == REDACTED + " SSN [SSN], host [IPV4]"
+    assert req.attributes["pii.redactions"] == {
+        "email": 1,
+        "phone": 1,
+        "credit_card": 1,
+        "ssn": 1,
+        "ipv4": 1,
+    }
+    # a 16-digit number failing the Luhn check is not a card (and not a phone number either)
+    assert (
+        stage.process(StageRequest("r", prompt="order 4111 1111 1111 1112")).prompt
+        == "order 4111 1111 1111 1112"
+    )
+    chat = stage.process(
+        StageRequest(
+            "r",
+            messages=[
+                {"role": "user", "content": [{"type": "text", "text": "me: a@b.io"}]},
+                {"role": "assistant", "content": "ok"},
+            ],
+        )
+    )
+    assert (
+        chat.messages[0]["content"][0]["text"] == "me: [EMAIL]"
+        and chat.messages[1]["content"] == "ok"
+    )
+    only_email = PIIRedactor(entities=["email"], replacement="<{entity}>")
+    assert only_email.process(StageRequest("r", prompt=EMAIL_PROMPT)).prompt.startswith(
+        "Write to <EMAIL> or call 415"
+    )
+    with pytest.raises(ValueError, match="entities: unknown"):
+        PIIRedactor(entities=["email", "dna"])
+
+
+@pytest.mark.usefixtures("pii_from_folder")
+def test_stage_from_a_folder_outside_the_package_runs_in_the_request_path(
+    tiny_checkpoint: Path,
+) -> None:
+    graph = build_graph(compose_config(["+stages=pii_redactor"]))
+    assert [s.name for s in graph.request_stages] == ["validator", "pii_redactor", "tokenizer"]
+    out = graph.process(StageRequest("r", prompt=EMAIL_PROMPT))
+    # the tokenizer saw the redacted text: the PII never reaches the engine
+    assert out.prompt == REDACTED
+    assert out.prompt_token_ids == Tokenizer(tiny_checkpoint).encode(REDACTED)
+    assert out.attributes["pii_redactor.redactions"]["email"] == 1
+
+
+@pytest.mark.usefixtures("pii_from_folder")
+def test_plugin_stage_config_is_typed_at_build_time() -> None:
+    with pytest.raises(ConfigError, match=r"^stages\.pii_redactor\.entities: unknown \['dna'\]"):
+        build_graph(
+            compose_config(["+stages=pii_redactor", "stages.pii_redactor.entities=[email,dna]"])
+        )
+    with pytest.raises(
+        ConfigError, match=r"^stages\.pii_redactor\.bogus: unknown key; allowed keys: .*entities"
+    ):
+        build_graph(compose_config(["+stages=pii_redactor", "+stages.pii_redactor.bogus=1"]))
+
+
+def test_folder_plugin_needs_explicit_trust(
+    config_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERFLOW_CONFIG_PATH", str(PII_CONF))
+    monkeypatch.syspath_prepend(str(PII_PLUGIN))
+    with pytest.raises(ConfigError, match=r"inferflow_pii_redactor\.PIIRedactor is not allowed"):
+        build_graph(compose_config(["+stages=pii_redactor"]))
+
+
+def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: Path) -> None:
+    env = {
+        **cli_env,
+        "INFERFLOW_CONFIG_PATH": str(PII_CONF),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(PII_PLUGIN)]),
+        "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
+    }
+    proc = run_cli(["task=check", "+stages=pii_redactor"], env, workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "validator (RequestValidator) -> pii_redactor (PIIRedactor) -> tokenizer" in proc.stdout
+    unknown = run_cli(["+stages=pii_redactr"], env, workdir)
+    assert unknown.returncode == 2
+    assert unknown.stderr.startswith("inferflow: stages=pii_redactr: unknown option; available: ")
+    assert "pii_redactor" in unknown.stderr
+
+
+def test_installed_plugin_is_found_through_its_entry_point(
+    installed_priority_plugin: Path, cli_env: dict[str, str], workdir: Path
+) -> None:
+    env = {**cli_env, "PYTHONPATH": os.pathsep.join([str(REPO), str(installed_priority_plugin)])}
+    proc = run_cli(["task=check", "batching=priority", "+batching.tiers.gold=0"], env, workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "tokenizer (CheckpointTokenizer) -> priority_tagger (PriorityTagger)" in proc.stdout
+    assert "batching: PriorityBatching" in proc.stdout and "tiers={'gold': 0}" in proc.stdout
+    info = run_cli(["--info", "searchpath"], env, workdir)
+    assert "pkg://inferflow_priority.conf" in info.stdout
+
+
+def test_installed_priority_policy_in_process(
+    installed_priority_plugin: Path, config_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(installed_priority_plugin))
+    graph = build_graph(
+        compose_config(["batching=priority", "+batching.tiers.gold=0", "+batching.tiers.bulk=50"])
+    )
+    assert graph.engine_spec().scheduler["policy"] == "priority"
+
+    def priority(**attrs: object) -> int:
+        return graph.process(StageRequest("r", prompt="hi", attributes=dict(attrs))).attributes[
+            ATTR_PRIORITY
+        ]
+
+    assert priority(**{ATTR_API_KEY_ID: "gold", ATTR_USER: "bulk"}) == 0  # the key wins over user
+    assert priority(**{ATTR_USER: "bulk"}) == 50
+    assert (
+        priority(**{ATTR_USER: "someone", ATTR_PRIORITY: -5}) == 10
+    )  # clients cannot jump the queue
+    graph = build_graph(
+        compose_config(["batching=priority", "batching.allow_client_priority=true"])
+    )
+    assert (
+        graph.process(StageRequest("r", prompt="hi", attributes={ATTR_PRIORITY: 30})).attributes[
+            ATTR_PRIORITY
+        ]
+        == 30
+    )
+    with pytest.raises(
+        ConfigError, match=r"^batching\.policy: batching=priority always uses 'priority'"
+    ):
+        build_graph(compose_config(["batching=priority", "+batching.policy=fcfs"]))
+
+
+# ---------------------------------------------------------------------- live server
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture
+def pii_server(cli_env: dict[str, str], workdir: Path) -> Iterator[str]:
+    port = _free_port()
+    env = {
+        **cli_env,
+        "INFERFLOW_CONFIG_PATH": str(PII_CONF),
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(PII_PLUGIN)]),
+        "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
+    }
+    args = [
+        "+stages=pii_redactor",
+        f"server.port={port}",
+        "tracing=off",
+        "batching.max_batch_size=2",
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferflow", *args],
+        env=env,
+        cwd=workdir,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.25)  # polling for readiness, not synchronising on a guess
+        else:
+            pytest.fail("server did not become ready in 120 s")
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.slow
+def test_plugin_stage_in_a_live_request(
+    pii_server: str, tiny_checkpoint: Path, workdir: Path
+) -> None:
+    body = {"model": "tiny-llama", "prompt": EMAIL_PROMPT, "max_tokens": 2, "temperature": 0}
+    resp = httpx.post(f"{pii_server}/v1/completions", json=body, timeout=60)
+    assert resp.status_code == 200, resp.text
+    tok = Tokenizer(tiny_checkpoint)
+    redacted, original = len(tok.encode(REDACTED)), len(tok.encode(EMAIL_PROMPT))
+    assert redacted != original
+    assert json.loads(resp.text)["usage"]["prompt_tokens"] == redacted
+    assert list(workdir.iterdir()) == []  # serving wrote nothing into the cwd
