@@ -61,6 +61,7 @@ NUM_PREFILL_STEPS = "inferflow.request.num_prefill_steps"
 NUM_DECODE_STEPS = "inferflow.request.num_decode_steps"
 NUM_PREEMPTIONS = "inferflow.request.num_preemptions"
 STEP_ID = "inferflow.step.id"
+STEP_REQUEST_IDS = "inferflow.step.request_ids"  # traced requests, in the order of the links
 STEP_BATCH_SIZE = "inferflow.step.batch_size"  # requests (rows) in the step
 STEP_NUM_PREFILL_TOKENS = "inferflow.step.num_prefill_tokens"  # prompt tokens computed
 STEP_NUM_DECODE_TOKENS = "inferflow.step.num_decode_tokens"  # decode rows (one token each)

@@ -152,7 +152,8 @@ class EngineTelemetry:
         ``end_time``). Marks request timestamps, emits the ``engine step`` span, updates metrics."""
         with self._lock:
             tally = self._tally(plan, output, start_time, end_time)
-        if self.tracer is not None and plan.chunks:
+        # a step span only when it served a traced (sampled) request: no orphan step traces
+        if self.tracer is not None and any(sc.trace_flags.sampled for _, sc in tally.served):
             record_step_span(
                 self.tracer,
                 step_id=plan.step_id,

@@ -14,17 +14,18 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from google.protobuf import json_format
-from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.trace import SpanContext
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -61,10 +62,132 @@ def otlp_dict_to_request(data: dict[str, Any]) -> ExportTraceServiceRequest:
     return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
 
 
+# --- direct encoder: SDK spans -> OTLP/JSON dict, without building protobuf messages first ----
+# (~10x cheaper than encode_spans + MessageToDict; tests check both give the same message)
+_HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # opentelemetry.proto.trace.v1.SpanFlags
+
+
+def _any_value(value: Any) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if isinstance(value, bool):
+        return {"boolValue": value}
+    if isinstance(value, str):
+        return {"stringValue": value}
+    if isinstance(value, int):
+        return {"intValue": str(value)}  # 64-bit integers are strings in JSON
+    if isinstance(value, float):
+        return {
+            "doubleValue": value
+            if math.isfinite(value)
+            else str(value).replace("inf", "Infinity").replace("nan", "NaN")
+        }
+    if isinstance(value, bytes):
+        return {"bytesValue": base64.b64encode(value).decode("ascii")}
+    if isinstance(value, Mapping):
+        return {"kvlistValue": {"values": _attributes(value)}}
+    if isinstance(value, Sequence):
+        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
+    raise TypeError(f"cannot encode attribute value of type {type(value).__name__}")
+
+
+def _attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    return [{"key": str(k), "value": _any_value(v)} for k, v in (attrs or {}).items()]
+
+
+def _flags(ctx: SpanContext | None) -> int:
+    return _HAS_IS_REMOTE | (_IS_REMOTE if ctx is not None and ctx.is_remote else 0)
+
+
+def _with_optional(data: dict[str, Any], **optional: Any) -> dict[str, Any]:
+    """Add the fields that differ from their protobuf default (JSON omits defaults)."""
+    data.update({k: v for k, v in optional.items() if v})
+    return data
+
+
+def _span_dict(span: ReadableSpan) -> dict[str, Any]:
+    ctx = span.get_span_context()
+    assert ctx is not None and span.start_time is not None and span.end_time is not None
+    trace_state = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
+    status = _with_optional({}, code=span.status.status_code.value, message=span.status.description)
+    events = [
+        _with_optional(
+            {"timeUnixNano": str(e.timestamp), "name": e.name},
+            attributes=_attributes(e.attributes),
+            droppedAttributesCount=e.dropped_attributes,
+        )
+        for e in span.events
+    ]
+    links = [
+        _with_optional(
+            {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"},
+            attributes=_attributes(link.attributes),
+            droppedAttributesCount=link.dropped_attributes,
+            flags=_flags(link.context),
+        )
+        for link in span.links
+    ]
+    return _with_optional(
+        {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"},
+        traceState=trace_state,
+        parentSpanId=f"{span.parent.span_id:016x}" if span.parent is not None else None,
+        flags=_flags(span.parent),
+        name=span.name,
+        kind=span.kind.value + 1,  # SDK INTERNAL=0 ... ; OTLP SPAN_KIND_INTERNAL=1 ...
+        startTimeUnixNano=str(span.start_time),
+        endTimeUnixNano=str(span.end_time),
+        attributes=_attributes(span.attributes),
+        droppedAttributesCount=span.dropped_attributes,
+        events=events,
+        droppedEventsCount=span.dropped_events,
+        links=links,
+        droppedLinksCount=span.dropped_links,
+    ) | {"status": status}
+
+
+def spans_to_otlp_dict(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """SDK spans -> OTLP/JSON ``ExportTraceServiceRequest`` dict, grouped by resource then scope
+    in first-seen order (as the SDK's protobuf encoder groups them)."""
+    # keyed by identity: a provider shares one Resource object, and Resource.__hash__ is json.dumps
+    groups: dict[int, tuple[Any, dict[Any, list[dict[str, Any]]]]] = {}
+    for span in spans:
+        _, scopes = groups.setdefault(id(span.resource), (span.resource, {}))
+        scopes.setdefault(span.instrumentation_scope, []).append(_span_dict(span))
+    resource_spans = []
+    for resource, scopes in groups.values():
+        scope_spans = []
+        for scope, encoded in scopes.items():
+            scope_dict = (
+                {}
+                if scope is None
+                else _with_optional(
+                    {},
+                    name=scope.name,
+                    version=scope.version,
+                    attributes=_attributes(scope.attributes),
+                )
+            )
+            scope_spans.append(
+                _with_optional(
+                    {"scope": scope_dict, "spans": encoded},
+                    schemaUrl=scope.schema_url if scope else None,
+                )
+            )
+        resource_spans.append(
+            _with_optional(
+                {
+                    "resource": _with_optional({}, attributes=_attributes(resource.attributes)),
+                    "scopeSpans": scope_spans,
+                },
+                schemaUrl=resource.schema_url,
+            )
+        )
+    return {"resourceSpans": resource_spans}
+
+
 def spans_to_otlp_json_line(spans: Sequence[ReadableSpan]) -> str:
     """Encode finished SDK spans as one OTLP/JSON line (newline included)."""
-    data = request_to_otlp_dict(encode_spans(spans))
-    return json.dumps(data, separators=(",", ":")) + "\n"
+    return json.dumps(spans_to_otlp_dict(spans), separators=(",", ":"), allow_nan=False) + "\n"
 
 
 def read_otlp_json_lines(path: str | os.PathLike[str]) -> Iterator[ExportTraceServiceRequest]:

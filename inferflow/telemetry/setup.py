@@ -279,7 +279,10 @@ def setup_tracing(
 
 
 def get_tracer(provider: trace.TracerProvider) -> trace.Tracer:
-    """inferflow's tracer (instrumentation scope ``inferflow``) from an explicit provider."""
+    """inferflow's tracer (instrumentation scope ``inferflow``) from an explicit provider; for an
+    ``off`` provider a no-op tracer, whose spans cost next to nothing."""
+    if getattr(provider, "sampler", None) is ALWAYS_OFF:
+        return trace.NoOpTracer()
     return provider.get_tracer(TRACER_NAME, _package_version("inferflow"))
 
 

@@ -321,12 +321,15 @@ def record_step_span(
 ) -> None:
     """One ``engine step`` span (its own trace) linked to the requests it served.
 
-    ``served`` is ``(request_id, llm_request span context)`` per traced batch row; each link
-    carries ``inferflow.request.id``. ``batch_size`` defaults to ``len(served)``.
+    ``served`` is ``(request_id, llm_request span context)`` per traced batch row: one link per
+    row, and the ids in ``inferflow.step.request_ids`` (one array attribute: per-link attributes
+    cost the SDK a bounded dict each). ``batch_size`` defaults to ``len(served)``.
     """
-    links = [Link(sc, {A.REQUEST_ID: rid}) for rid, sc in served if sc.is_valid]
+    rows = [(rid, sc) for rid, sc in served if sc.is_valid]
+    links = [Link(sc) for _, sc in rows]
     attrs: dict[str, AttributeValue] = {
         A.STEP_ID: step_id,
+        A.STEP_REQUEST_IDS: [rid for rid, _ in rows],
         A.STEP_BATCH_SIZE: len(served) if batch_size is None else batch_size,
         A.STEP_NUM_PREFILL_TOKENS: num_prefill_tokens,
         A.STEP_NUM_DECODE_TOKENS: num_decode_tokens,

@@ -10,9 +10,14 @@ import threading
 
 import numpy as np
 import pytest
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from inferflow.telemetry import (
+    EngineTelemetry,
     TracingConfig,
     flush_tracing,
     get_tracer,
@@ -20,8 +25,12 @@ from inferflow.telemetry import (
     shutdown_tracing,
     stage_span,
 )
-from inferflow.telemetry.otlp_json import read_otlp_json_lines
-from inferflow.telemetry.simulate import SimConfig, write_demo_trace
+from inferflow.telemetry.otlp_json import (
+    otlp_dict_to_request,
+    read_otlp_json_lines,
+    spans_to_otlp_dict,
+)
+from inferflow.telemetry.simulate import SimConfig, simulate, write_demo_trace
 from inferflow.telemetry.trace_model import load_spans, percentile
 from inferflow.telemetry.trace_viewer import main
 
@@ -161,3 +170,24 @@ def test_percentile_matches_numpy() -> None:
         values = [rng.random() for _ in range(n)]
         for q in (0, 50, 90, 99, 100):
             assert percentile(values, q) == pytest.approx(float(np.percentile(values, q)))
+
+
+def test_direct_json_encoder_equals_the_sdk_protobuf_encoder() -> None:
+    """The file exporter encodes spans straight to OTLP/JSON; parsed back, that is exactly the
+    message the SDK's protobuf encoder (used by the OTLP exporters) builds."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = get_tracer(provider)
+    simulate(tracer, EngineTelemetry(tracer), SimConfig(num_requests=5, seed=1))
+    carrier = {
+        "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "tracestate": "k=v",
+    }
+    attrs = {"b": True, "i": -3, "f": 0.25, "s": "x", "ls": ["a", "b"], "li": [1, 2], "lf": [0.5]}
+    with pytest.raises(ValueError), stage_span(tracer, "failing", parent=carrier, attributes=attrs):
+        raise ValueError("boom")  # exception event + error status
+    provider.shutdown()
+    spans = exporter.get_finished_spans()
+    assert any(s.links for s in spans) and any(s.events for s in spans)
+    assert otlp_dict_to_request(spans_to_otlp_dict(spans)) == encode_spans(spans)

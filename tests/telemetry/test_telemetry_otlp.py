@@ -128,11 +128,13 @@ def _check_steps(spans: list[SpanRecord], traces: dict[str, list[SpanRecord]]) -
     assert len(steps) == 4
     request_trace_ids = {t[0].trace_id for t in traces.values()}
     assert all(s.trace_id not in request_trace_ids and not s.parent_span_id for s in steps)
-    linked = [sorted(link.attributes["inferflow.request.id"] for link in s.links) for s in steps]
+    linked = [sorted(s.attributes["inferflow.step.request_ids"]) for s in steps]
     assert linked == [["r1"], ["r1", "r2"], ["r1", "r2"], ["r2"]]
-    for step in steps:
-        for link in step.links:
-            rid = link.attributes["inferflow.request.id"]
+    for step in steps:  # link i points at the llm_request span of request_ids[i]
+        assert len(step.links) == len(step.attributes["inferflow.step.request_ids"])
+        for link, rid in zip(
+            step.links, step.attributes["inferflow.step.request_ids"], strict=True
+        ):
             assert (link.trace_id, link.span_id) == (traces[rid][0].trace_id, llm_ids[rid])
     step1 = steps[1].attributes
     assert step1["inferflow.step.batch_size"] == 2
