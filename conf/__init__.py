@@ -1,1 +1,10 @@
-"""inferflow's Hydra config tree, importable as ``inferflow.conf`` (``pkg://inferflow.conf``)."""
+"""inferflow's Hydra config tree, importable as ``inferflow.conf`` (``pkg://inferflow.conf``).
+
+Importing it registers the typed schemas the YAML files extend, so any Hydra entry point that
+loads ``pkg://inferflow.conf`` (``initialize_config_module("inferflow.conf")``, a custom app)
+gets the same typed configs as ``python -m inferflow``.
+"""
+
+from inferflow.config import register_configs
+
+register_configs()

@@ -13,6 +13,7 @@ installed plugins (entry point group ``inferflow.plugins``), and prefixes the us
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import threading
 from collections.abc import Mapping
@@ -67,7 +68,7 @@ class ServingGraph:
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    @property
+    @functools.cached_property
     def max_model_len(self) -> int:
         """Served context length: ``model.max_model_len`` capped by the checkpoint's limit."""
         from inferflow.models.config import parse_model_config

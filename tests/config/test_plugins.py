@@ -186,7 +186,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def pii_server(cli_env: dict[str, str], workdir: Path) -> Iterator[str]:
+def pii_server(
+    cli_env: dict[str, str], workdir: Path, tiny_checkpoint: Path, tmp_path: Path
+) -> Iterator[str]:
+    """``python -m inferflow +model=local model.path=DIR +stages=pii_redactor``: a generated
+    checkpoint served end to end with a plugin stage from a folder outside the package."""
     port = _free_port()
     env = {
         **cli_env,
@@ -195,24 +199,23 @@ def pii_server(cli_env: dict[str, str], workdir: Path) -> Iterator[str]:
         "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
     }
     args = [
+        "+model=local",
+        f"model.path={tiny_checkpoint}",
         "+stages=pii_redactor",
         f"server.port={port}",
         "tracing=off",
         "batching.max_batch_size=2",
     ]
+    log_path = tmp_path / "server.log"
+    log = log_path.open("w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferflow", *args],
-        env=env,
-        cwd=workdir,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
+        [sys.executable, "-m", "inferflow", *args], env=env, cwd=workdir, stdout=log, stderr=log
     )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            assert proc.poll() is None, log_path.read_text()[-3000:]
             try:
                 if httpx.get(f"{url}/ready", timeout=2).status_code == 200:
                     break
@@ -229,13 +232,21 @@ def pii_server(cli_env: dict[str, str], workdir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        log.close()
 
 
 @pytest.mark.slow
 def test_plugin_stage_in_a_live_request(
     pii_server: str, tiny_checkpoint: Path, workdir: Path
 ) -> None:
-    body = {"model": "tiny-llama", "prompt": EMAIL_PROMPT, "max_tokens": 2, "temperature": 0}
+    models = httpx.get(f"{pii_server}/v1/models", timeout=10).json()
+    assert [m["id"] for m in models["data"]] == [tiny_checkpoint.name]  # local: the folder's name
+    body = {
+        "model": tiny_checkpoint.name,
+        "prompt": EMAIL_PROMPT,
+        "max_tokens": 2,
+        "temperature": 0,
+    }
     resp = httpx.post(f"{pii_server}/v1/completions", json=body, timeout=60)
     assert resp.status_code == 200, resp.text
     tok = Tokenizer(tiny_checkpoint)
