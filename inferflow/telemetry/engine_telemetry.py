@@ -18,11 +18,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
-from opentelemetry.util.types import AttributeValue
 
 from inferflow.outputs import RequestMetrics
 from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
@@ -101,7 +100,7 @@ class EngineTelemetry:
         arrival_time: float | None = None,
         max_tokens: int | None = None,
         operation: str = "text_completion",
-        attributes: Mapping[str, AttributeValue] | None = None,
+        attributes: Mapping[str, Any] | None = None,
     ) -> None:
         """The engine accepted a request (``add_request``); its queue time starts here.
         ``trace_context``: the root span's traceparent string or W3C carrier dict."""
@@ -123,7 +122,7 @@ class EngineTelemetry:
 
     @contextmanager
     def stage(
-        self, request_id: str, name: str, attributes: Mapping[str, AttributeValue] | None = None
+        self, request_id: str, name: str, attributes: Mapping[str, Any] | None = None
     ) -> Iterator[None]:
         """Time a per-request stage in the engine (e.g. the detokenizer after each step);
         repeated runs coalesce into one span. The body's exceptions propagate unchanged."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 logger = logging.getLogger("inferflow.telemetry")
 
@@ -22,10 +22,11 @@ def log_telemetry_error(where: str, exc: BaseException) -> None:
     )
 
 
-def isolated(default: R) -> Callable[[Callable[P, R]], Callable[P, R]]:
+def isolated(default: Any) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Decorator: run the function; on ``Exception`` log it and return ``default`` instead.
 
-    Only for telemetry code paths; ``default`` must be immutable (it is shared between calls).
+    Only for telemetry code paths; ``default`` must be immutable (it is shared between calls)
+    and of the function's return type.
     """
 
     def wrap(fn: Callable[P, R]) -> Callable[P, R]:

@@ -83,9 +83,9 @@ def run_once(
     telemetry = None
     if provider is not None:
         telemetry = EngineTelemetry(get_tracer(provider), EngineMetrics("bench"))
-        engine.executor = TracedExecutor(
-            engine.executor, telemetry, snapshot=lambda: engine.scheduler.stats
-        )
+        # LLMEngine types .executor as EngineExecutor; any Executor-protocol object works
+        traced = TracedExecutor(engine.executor, telemetry, snapshot=lambda: engine.scheduler.stats)
+        engine.executor = traced  # type: ignore[assignment]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     roots: dict[str, RequestSpan] = {}
     start, cpu_start = time.perf_counter(), time.process_time()

@@ -13,10 +13,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, SpanContext, Status, StatusCode
-from opentelemetry.util.types import AttributeValue
 
 from inferflow.outputs import RequestMetrics
 from inferflow.telemetry import attributes as A
@@ -34,7 +34,7 @@ class _StageRecord:
     end: float
     calls: int = 1
     busy: float = 0.0
-    attributes: dict[str, AttributeValue] = field(default_factory=dict)
+    attributes: dict[str, Any] = field(default_factory=dict)
 
 
 class RequestTrace:
@@ -53,7 +53,7 @@ class RequestTrace:
         parent: ParentLike = None,
         arrival_time: float | None = None,
         num_prompt_tokens: int = 0,
-        attributes: Mapping[str, AttributeValue] | None = None,
+        attributes: Mapping[str, Any] | None = None,
     ) -> None:
         self.tracer = tracer
         self.request_id = request_id
@@ -150,7 +150,7 @@ class RequestTrace:
         name: str,
         start: float,
         end: float,
-        attributes: Mapping[str, AttributeValue] | None = None,
+        attributes: Mapping[str, Any] | None = None,
     ) -> None:
         """Record one run of stage ``name`` (repeated runs coalesce into one span)."""
         rec = self._stages.get(name)
@@ -163,9 +163,7 @@ class RequestTrace:
         rec.attributes.update(attributes or {})
 
     @contextmanager
-    def stage(
-        self, name: str, attributes: Mapping[str, AttributeValue] | None = None
-    ) -> Iterator[None]:
+    def stage(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[None]:
         """``with trace.stage("detokenizer"): ...`` times the body (even when it raises)."""
         start = time.time()
         try:
@@ -268,7 +266,7 @@ class RequestTrace:
 
     def _finish_llm_request_span(self, timings: RequestTimings, error: str | None) -> None:
         assert timings.finished_time is not None
-        attrs: dict[str, AttributeValue] = {
+        attrs: dict[str, Any] = {
             **timings.latency_attributes(),
             A.GEN_AI_USAGE_INPUT_TOKENS: self.num_prompt_tokens,
             A.GEN_AI_USAGE_OUTPUT_TOKENS: self.num_output_tokens,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import platform
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from importlib import metadata
 from pathlib import Path
@@ -163,7 +163,7 @@ class LinkAwareRatioSampler(Sampler):
         name: str,
         kind: SpanKind | None = None,
         attributes: Attributes = None,
-        links: list[Link] | None = None,
+        links: Sequence[Link] | None = None,
         trace_state: TraceState | None = None,
     ) -> SamplingResult:
         if links and any(link.context.trace_flags.sampled for link in links):

@@ -140,7 +140,9 @@ def _finish(telemetry: EngineTelemetry, req: SimRequest, t: float) -> None:
 
 def simulate(tracer: trace.Tracer, telemetry: EngineTelemetry, cfg: SimConfig) -> list[SimRequest]:
     """Run the simulation to completion; returns the requests with their timings."""
-    pending, waiting, running = _make_requests(cfg), [], []
+    pending = _make_requests(cfg)
+    waiting: list[tuple[float, SimRequest]] = []  # (engine arrival, request)
+    running: list[SimRequest] = []
     done: list[SimRequest] = []
     t, step_id = cfg.start_time, 0
     while pending or waiting or running:

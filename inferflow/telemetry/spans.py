@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from opentelemetry.util.types import AttributeValue
 
 from inferflow.telemetry import attributes as A
 from inferflow.telemetry.isolation import isolated, log_telemetry_error
@@ -74,7 +73,7 @@ def parent_context(parent: ParentLike) -> Context:
     if isinstance(parent, Context):  # before Mapping: a Context is a dict
         return parent
     if isinstance(parent, Mapping):
-        return extract_context(parent)
+        return extract_context(cast(Mapping[str, str], parent))
     if isinstance(parent, RequestSpan):
         parent = parent.span
     if isinstance(parent, SpanContext):
@@ -109,7 +108,7 @@ class RequestSpan:
         return self.span.is_recording()
 
     @isolated(None)
-    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
+    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
         self.span.set_attributes(attributes)
 
     @isolated(None)
@@ -124,7 +123,7 @@ class RequestSpan:
         response_model: str | None = None,
     ) -> None:
         """GenAI response/usage attributes (``gen_ai.response.*``, ``gen_ai.usage.*``)."""
-        values: dict[str, AttributeValue | None] = {
+        values: dict[str, Any | None] = {
             A.GEN_AI_RESPONSE_FINISH_REASONS: list(finish_reasons)
             if finish_reasons is not None
             else None,
@@ -188,7 +187,7 @@ def start_request_span(
     top_p: float | None = None,
     seed: int | None = None,
     start_time: float | None = None,
-    attributes: Mapping[str, AttributeValue] | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> RequestSpan:
     """Start the root SERVER span ``"{operation} {model}"`` (e.g. ``"chat tiny-llama"``),
     continuing the W3C ``traceparent`` in ``headers`` when there is one.
@@ -196,7 +195,7 @@ def start_request_span(
     ``operation`` is a GenAI operation name: ``chat``, ``text_completion``, ``embeddings``.
     Never raises: on a telemetry failure the returned RequestSpan wraps an invalid span.
     """
-    values: dict[str, AttributeValue | None] = {
+    values: dict[str, Any | None] = {
         A.GEN_AI_OPERATION_NAME: operation,
         A.GEN_AI_PROVIDER_NAME: "inferflow",
         A.GEN_AI_REQUEST_MODEL: model,
@@ -221,7 +220,7 @@ def _start_root_span(
     tracer: trace.Tracer,
     name: str,
     headers: Headers | None,
-    attributes: Mapping[str, AttributeValue],
+    attributes: Mapping[str, Any],
     start_time: float | None,
 ) -> Span:
     return tracer.start_span(
@@ -238,7 +237,7 @@ def start_span(
     tracer: trace.Tracer,
     name: str,
     parent: ParentLike,
-    attributes: Mapping[str, AttributeValue] | None,
+    attributes: Mapping[str, Any] | None,
     kind: SpanKind,
     start_time: float | None = None,
     links: Sequence[Link] | None = None,
@@ -260,7 +259,7 @@ def stage_span(
     name: str,
     *,
     parent: ParentLike = None,
-    attributes: Mapping[str, AttributeValue] | None = None,
+    attributes: Mapping[str, Any] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> Iterator[Span]:
     """Trace one stage boundary: ``with stage_span(tracer, "tokenizer", parent=tp): ...``.
@@ -294,7 +293,7 @@ def emit_span(
     parent: ParentLike,
     start_time: float,
     end_time: float,
-    attributes: Mapping[str, AttributeValue] | None = None,
+    attributes: Mapping[str, Any] | None = None,
     links: Sequence[Link] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> Span:
@@ -317,7 +316,7 @@ def record_step_span(
     num_prefill_requests: int = 0,
     num_decode_requests: int = 0,
     batch_size: int | None = None,
-    attributes: Mapping[str, AttributeValue] | None = None,
+    attributes: Mapping[str, Any] | None = None,
 ) -> None:
     """One ``engine step`` span (its own trace) linked to the requests it served.
 
@@ -327,7 +326,7 @@ def record_step_span(
     """
     rows = [(rid, sc) for rid, sc in served if sc.is_valid]
     links = [Link(sc) for _, sc in rows]
-    attrs: dict[str, AttributeValue] = {
+    attrs: dict[str, Any] = {
         A.STEP_ID: step_id,
         A.STEP_REQUEST_IDS: [rid for rid, _ in rows],
         A.STEP_BATCH_SIZE: len(served) if batch_size is None else batch_size,
