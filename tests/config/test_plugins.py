@@ -224,6 +224,9 @@ def pii_server(
             time.sleep(0.25)  # polling for readiness, not synchronising on a guess
         else:
             pytest.fail("server did not become ready in 120 s")
+        proc_cwd = Path(f"/proc/{proc.pid}/cwd")
+        if proc_cwd.exists():  # Linux: the server process did not chdir
+            assert proc_cwd.resolve() == workdir.resolve()
         yield url
     finally:
         proc.send_signal(signal.SIGTERM)
