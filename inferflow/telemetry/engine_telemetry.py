@@ -245,12 +245,14 @@ class EngineTelemetry:
         finish_time: float | None = None,
         metrics: RequestMetrics | None = None,
         num_cached_tokens: int | None = None,
+        num_output_tokens: int | None = None,
         error: str | None = None,
     ) -> RequestTimings | None:
         """The request finished (stop | length | abort | error): emit its spans, record its
         metrics, forget it. ``metrics``: the engine's own timestamps, which then win over the
-        ones marked from steps (so spans, headers and RequestOutput.metrics agree). Returns the
-        request's timings (None for an unknown request id)."""
+        ones marked from steps (so spans, headers and RequestOutput.metrics agree; pass the same
+        ``arrival_time`` to ``add_request`` and ``on_request_arrived``). Returns the request's
+        timings (None for an unknown request id)."""
         with self._lock:
             tracked = self._requests.pop(request_id, None)
         if tracked is None:
@@ -261,6 +263,8 @@ class EngineTelemetry:
             finish_time = finish_time if finish_time is not None else metrics.finished_time
         if num_cached_tokens is not None:
             rt.set_cached_tokens(num_cached_tokens)
+        if num_output_tokens is not None:  # the engine's count wins over tokens seen in steps
+            rt.num_output_tokens = num_output_tokens
         timings = rt.finish(finish_reason, finish_time, error=error)
         if self.metrics is not None:
             self.metrics.on_request_finished(

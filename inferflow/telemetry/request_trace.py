@@ -41,7 +41,8 @@ class RequestTrace:
     """Timestamps of one request in the engine, and the spans they become at ``finish``.
 
     ``parent`` is the request's root span context as carried from the API process (a traceparent
-    string); without one (offline ``LLM.generate``) ``llm_request`` is the trace's root.
+    string or W3C carrier dict); without one (offline ``LLM.generate``) ``llm_request`` is the
+    trace's root.
     ``tracer=None`` records timestamps only (timings and metrics still work, no spans).
     """
 
@@ -137,9 +138,8 @@ class RequestTrace:
         """Adopt the timestamps an engine already keeps in :class:`RequestMetrics`."""
         self.arrival_time = metrics.arrival_time
         self.first_scheduled_time = metrics.first_scheduled_time or self.first_scheduled_time
-        if metrics.first_token_time is not None:
-            self.first_token_time = metrics.first_token_time
-            self.mark_prefill_end(metrics.first_token_time)
+        if metrics.first_token_time is not None:  # prefill ends with the first token
+            self.first_token_time = self.prefill_end_time = metrics.first_token_time
         self.last_token_time = metrics.last_token_time or self.last_token_time
         self.num_cached_tokens = metrics.num_cached_prompt_tokens
         self.num_preemptions = metrics.num_preemptions
