@@ -28,20 +28,42 @@ from inferflow.models.tiny import TinySpec, make_checkpoint, tiny_llama_path
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
 
-SPEC_100M = TinySpec(hidden_size=768, intermediate_size=2048, num_layers=12, num_heads=12,
-                     num_kv_heads=4, vocab_size=16384, max_position_embeddings=2048)
+SPEC_100M = TinySpec(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=4,
+    vocab_size=16384,
+    max_position_embeddings=2048,
+)
 
 
-def inferflow_decode(path: Path, batch: int, prompt_len: int, steps: int, threads: int, precision: str) -> float:
+def inferflow_decode(
+    path: Path, batch: int, prompt_len: int, steps: int, threads: int, precision: str
+) -> float:
     ck = load_checkpoint(path)
-    engine = LLMEngine(ck, EngineConfig(precision=precision, max_slots=batch, max_model_len=prompt_len + steps + 8,
-                                        intra_op_threads=threads, allow_spinning=True),
-                       SchedulerConfig(max_num_seqs=batch, max_num_batched_tokens=max(batch * prompt_len, 64),
-                                       enable_prefix_caching=False))
+    engine = LLMEngine(
+        ck,
+        EngineConfig(
+            precision=precision,
+            max_slots=batch,
+            max_model_len=prompt_len + steps + 8,
+            intra_op_threads=threads,
+            allow_spinning=True,
+        ),
+        SchedulerConfig(
+            max_num_seqs=batch,
+            max_num_batched_tokens=max(batch * prompt_len, 64),
+            enable_prefix_caching=False,
+        ),
+    )
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):
-        engine.add_request(str(i), rng.integers(5, ck.config.vocab_size, prompt_len).tolist(), params)
+        engine.add_request(
+            str(i), rng.integers(5, ck.config.vocab_size, prompt_len).tolist(), params
+        )
     produced = 0
     while produced < batch:  # prefill: every request has its first token
         produced += sum(len(o.outputs[0].delta_token_ids) for o in engine.step())
@@ -65,8 +87,15 @@ def transformers_decode(path: Path, batch: int, prompt_len: int, steps: int, thr
     def run(n: int) -> float:
         t = time.perf_counter()
         with torch.inference_mode():
-            model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                           pad_token_id=0, eos_token_id=None)
+            model.generate(
+                ids,
+                attention_mask=mask,
+                max_new_tokens=n,
+                min_new_tokens=n,
+                do_sample=False,
+                pad_token_id=0,
+                eos_token_id=None,
+            )
         return time.perf_counter() - t
 
     run(2)  # warm-up
@@ -76,14 +105,18 @@ def transformers_decode(path: Path, batch: int, prompt_len: int, steps: int, thr
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--precisions", nargs="+", default=["fp32"])
     ap.add_argument("--skip-100m", action="store_true")
-    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "decode_throughput.json")
+    ap.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "decode_throughput.json"
+    )
     args = ap.parse_args()
     models = {"tiny_llama": tiny_llama_path()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,15 +128,34 @@ def main() -> None:
             for batch in args.batches:
                 ref = transformers_decode(path, batch, args.prompt_len, args.steps, args.threads)
                 for precision in args.precisions:
-                    ours = inferflow_decode(path, batch, args.prompt_len, args.steps, args.threads, precision)
-                    rows.append({"model": name, "parameters": params, "batch": batch, "precision": precision,
-                                 "inferflow_tok_s": round(ours, 1), "transformers_tok_s": round(ref, 1),
-                                 "ratio": round(ours / ref, 2)})
-                    print(f"{name:11s} {params / 1e6:6.1f}M  batch {batch:3d}  {precision:5s}  inferflow "
-                          f"{ours:9.1f} tok/s  transformers {ref:9.1f} tok/s  ratio {ours / ref:5.2f}x", flush=True)
+                    ours = inferflow_decode(
+                        path, batch, args.prompt_len, args.steps, args.threads, precision
+                    )
+                    rows.append(
+                        {
+                            "model": name,
+                            "parameters": params,
+                            "batch": batch,
+                            "precision": precision,
+                            "inferflow_tok_s": round(ours, 1),
+                            "transformers_tok_s": round(ref, 1),
+                            "ratio": round(ours / ref, 2),
+                        }
+                    )
+                    print(
+                        f"{name:11s} {params / 1e6:6.1f}M  batch {batch:3d}  {precision:5s}  inferflow "
+                        f"{ours:9.1f} tok/s  transformers {ref:9.1f} tok/s  ratio {ours / ref:5.2f}x",
+                        flush=True,
+                    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"machine": platform.machine(), "cpus": os.cpu_count(), "threads": args.threads,
-            "steps": args.steps, "prompt_len": args.prompt_len, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "threads": args.threads,
+        "steps": args.steps,
+        "prompt_len": args.prompt_len,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     args.out.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
     print(f"wrote {args.out}")
 
