@@ -138,13 +138,10 @@ class ServingGraph:
         from inferflow.scheduling.config import SchedulerConfig
 
         spec = self.engine_spec()
-        if spec.backend != "onnxruntime":
-            raise ConfigError(
-                f"executor: the {spec.backend} backend cannot drive LLMEngine in this build; use executor=onnxruntime",
-                "executor",
-            )
         try:
-            engine_config = EngineConfig(**spec.engine, **spec.shared)
+            engine_config = EngineConfig(
+                **spec.engine, **spec.shared, backend=spec.backend, **spec.backend_options
+            )
             physical = {**spec.shared, "num_blocks": engine_config.resolved_num_blocks}
             scheduler_config = SchedulerConfig(**spec.scheduler, **physical)
         except (TypeError, ValueError) as exc:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from inferflow.engines.config import EngineConfig
 from inferflow.engines.executor import EngineExecutor
-from inferflow.engines.onnxruntime_engine import OnnxRuntimeEngine
+from inferflow.engines.factory import create_model_engine
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint
 from inferflow.outputs import CompletionOutput, RequestOutput
 from inferflow.sampling.detokenizer import IncrementalDetokenizer
@@ -49,7 +49,7 @@ class LLMEngine:
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
-        self.engine = OnnxRuntimeEngine(checkpoint, engine_config)
+        self.engine = create_model_engine(checkpoint, engine_config)
         # The engine's physical layout is the truth for slots, capacity and blocks.
         self.scheduler_config = dataclasses.replace(
             scheduler_config or SchedulerConfig(), max_slots=self.engine.num_slots,

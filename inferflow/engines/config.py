@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
+BACKENDS = ("onnxruntime", "tensorrt")
 GRAPH_FORMS = ("gqa", "canonical")
 
 
@@ -27,6 +28,7 @@ class EngineConfig:
     and bounds admitted KV (0 = one full slot's worth of blocks per slot).
     """
 
+    backend: str = "onnxruntime"  # onnxruntime (CPU) | tensorrt (NVIDIA GPU, canonical graph)
     precision: str = "fp32"
     graph_form: str = "gqa"
     max_slots: int = 8
@@ -39,10 +41,13 @@ class EngineConfig:
     cache_dir: str | None = None  # None = default_engine_dir()
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4: 0 = float activations, 4 = int8 activations (faster)
+    device_id: int = 0  # GPU for the tensorrt backend
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ValueError(f"executor.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"executor.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.graph_form not in GRAPH_FORMS:
             raise ValueError(f"executor.graph_form: {self.graph_form!r} is not one of {', '.join(GRAPH_FORMS)}")
         if self.max_slots < 1 or self.max_model_len < 2 or self.block_size < 1:

@@ -180,3 +180,71 @@ class TensorRTRuntime:
         for r in rows:
             self.slot_lengths[r.slot] = r.start_pos + len(r.token_ids)
         return logits
+
+
+class TensorRTEngine:
+    """The engine interface of :class:`OnnxRuntimeEngine` (forward, load/save_blocks) on a GPU.
+
+    The canonical ONNX graph and the TensorRT plan are both cached in the engine's
+    ``compiled_engines/<key>/`` folder; the key includes the TensorRT version and the GPU, so a
+    plan is never loaded on a runtime or device it was not built for.
+    """
+
+    def __init__(self, checkpoint: Any, config: Any) -> None:
+        from inferflow.engines.engine_cache import get_or_build
+        from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec, build_llama_graph
+
+        trt, cudart = import_tensorrt(), import_cudart()
+        _check(cudart.cudaSetDevice(config.device_id))
+        props = _check(cudart.cudaGetDeviceProperties(config.device_id))
+        cfg = checkpoint.config
+        self.model_config, self.config = cfg, config
+        self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
+        max_chunk = max(64, min(self.capacity, 2048))
+        alloc = self.capacity + max_chunk  # headroom for idle slots' padded writes
+        spec = GraphSpec("canonical", config.precision, alloc, config.quant_block_size)
+        fields = {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
+                  "graph_form": "canonical", "precision": config.precision, "max_model_len": alloc,
+                  "tensorrt_version": trt.__version__, "gpu": bytes(props.name).rstrip(b"\0").decode(),
+                  "compute_capability": f"{props.major}.{props.minor}", "max_slots": config.max_slots}
+        self.cache_entry = get_or_build(config.engine_dir, fields,
+                                        lambda: build_llama_graph(cfg, checkpoint.load_weights(), spec))
+        plan_path = self.cache_entry.path / "engine.plan"
+        if not plan_path.exists():
+            profiles = optimization_profiles(cfg, config.max_slots, alloc, max_chunk)
+            plan_path.write_bytes(build_serialized_engine(str(self.cache_entry.model_path), profiles))
+        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, config.max_slots, alloc, spec.act_dtype)
+        self.block_bytes = cfg.num_kv_heads * config.block_size * cfg.head_dim * np.dtype(spec.act_dtype).itemsize
+        self.pool = [[_check(cudart.cudaMalloc(self.block_bytes * config.resolved_num_blocks)) for _ in range(2)]
+                     for _ in range(cfg.num_layers)]
+
+    @property
+    def num_slots(self) -> int:
+        return int(self.config.max_slots)
+
+    def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
+        return self.runtime.forward(rows)
+
+    def _copy_blocks(self, copies: Sequence[Any], to_pool: bool) -> None:
+        """Strided device copies: a block is Hkv runs of block_size*D contiguous elements."""
+        rt, cfg = self.runtime, self.model_config
+        item = rt.itemsize
+        run = self.config.block_size * cfg.head_dim * item  # bytes of one head's block
+        slot_pitch = rt.capacity * cfg.head_dim * item  # bytes between heads in a slot
+        kind = rt.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
+        for c in copies:
+            for layer in range(cfg.num_layers):
+                for k in range(2):
+                    slot_ptr = rt.kv[layer][k] + c.slot * rt.slot_bytes + c.block_index * run
+                    block_ptr = self.pool[layer][k] + c.block_id * self.block_bytes
+                    src, spitch, dst, dpitch = (slot_ptr, slot_pitch, block_ptr, run) if to_pool \
+                        else (block_ptr, run, slot_ptr, slot_pitch)
+                    _check(rt.cudart.cudaMemcpy2DAsync(dst, dpitch, src, spitch, run, cfg.num_kv_heads,
+                                                       kind, rt.stream))
+
+    def load_blocks(self, copies: Sequence[Any]) -> None:
+        self._copy_blocks(copies, to_pool=False)
+
+    def save_blocks(self, copies: Sequence[Any]) -> None:
+        self._copy_blocks(copies, to_pool=True)
+        _check(self.runtime.cudart.cudaStreamSynchronize(self.runtime.stream))

@@ -58,3 +58,14 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
     runtime = trt_engine.TensorRTRuntime(plan, ck.config, 4, 256 + 64, np.dtype(np.float32))
     prompt = ck.tokenizer.encode("Hello, world!")
     assert greedy(runtime, prompt, 16)[0] == greedy(make_engine(path), prompt, 16)[0]  # type: ignore[arg-type]
+
+
+def test_tensorrt_backend_without_tensorrt_is_one_clear_error(tmp_path: Path) -> None:
+    if trt_engine.tensorrt_available():
+        pytest.skip("TensorRT is installed here")
+    from inferflow.engines.config import EngineConfig
+    from inferflow.engines.factory import create_model_engine
+
+    ck = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2"))
+    with pytest.raises(RuntimeError, match=r"pip install 'inferflow\[tensorrt\]'"):
+        create_model_engine(ck, EngineConfig(backend="tensorrt", graph_form="canonical"))
