@@ -38,7 +38,7 @@ from inferflow.models.config import ModelConfig
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.rope import cos_sin_cache
 
-GRAPH_BUILDER_VERSION = "1"
+GRAPH_BUILDER_VERSION = "2"
 GraphForm = Literal["gqa", "canonical"]
 
 
@@ -137,27 +137,33 @@ class _Layers:
     def layer(self, i: int, x: str, lw: LayerWeights) -> str:
         g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-        q = g.linear(h, f"l{i}_q", lw.wq, lw.bq)
-        k = g.linear(h, f"l{i}_k", lw.wk, lw.bk)
-        v = g.linear(h, f"l{i}_v", lw.wv, lw.bv)
-        attn = self.attention(i, q, k, v)
-        x = g.op1("Add", [x, g.linear(attn, f"l{i}_o", lw.wo)])
+        # one fused projection: (N, H) @ (H, (Hq + 2*Hkv) * D) -> packed [q | k | v] per token
+        bias = None if lw.bq is None else np.concatenate([lw.bq, lw.bk, lw.bv])  # type: ignore[list-item]
+        qkv = g.linear(h, f"l{i}_qkv", np.concatenate([lw.wq, lw.wk, lw.wv], axis=1), bias)
+        x = g.op1("Add", [x, g.linear(self.attention(i, qkv), f"l{i}_o", lw.wo)])
         h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-        gate = g.linear(h, f"l{i}_gate", lw.w_gate)
+        inter = cfg.intermediate_size
+        gate_up = g.linear(h, f"l{i}_gate_up", np.concatenate([lw.w_gate, lw.w_up], axis=1))
+        gate, up = g.op("Split", [gate_up, g.const("split", np.array([inter, inter], np.int64))], 2, axis=-1)
         act = g.op1("Mul", [gate, g.op1("Sigmoid", [gate])])  # SiLU
-        up = g.linear(h, f"l{i}_up", lw.w_up)
         return g.op1("Add", [x, g.linear(g.op1("Mul", [act, up]), f"l{i}_down", lw.w_down)])
 
-    def attention(self, i: int, q: str, k: str, v: str) -> str:
+    def attention(self, i: int, qkv: str) -> str:
+        """Packed (N, (Hq + 2*Hkv) * D) -> attention output (N, Hq * D)."""
         cfg, g = self.cfg, self.g
         qw, kw = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        qp, kp, vp = _pad(g, q, qw, "pad_index"), _pad(g, k, kw, "pad_index"), _pad(g, v, kw, "pad_index")
-        out = self._gqa(i, qp, kp, vp) if g.spec.form == "gqa" else self._canonical(i, qp, kp, vp)
+        padded = _pad(g, qkv, qw + 2 * kw, "pad_index")  # (B, S, (Hq + 2*Hkv) * D)
+        if g.spec.form == "gqa":
+            out = self._gqa(i, padded)
+        else:
+            q, k, v = g.op("Split", [padded, g.const("split", np.array([qw, kw, kw], np.int64))], 3, axis=-1)
+            out = self._canonical(i, q, k, v)
         return _unpad(g, out, qw, "unpad_index")
 
-    def _gqa(self, i: int, q: str, k: str, v: str) -> str:
+    def _gqa(self, i: int, qkv: str) -> str:
+        """GroupQueryAttention on packed QKV (key/value inputs absent), rotary inside."""
         cfg, g = self.cfg, self.g
-        inputs = [q, k, v, f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_seq_len",
+        inputs = [qkv, "", "", f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_seq_len",
                   self.cos, self.sin, "", "", "", "", "", "", "", "query_seqlens"]
         g.nodes.append(helper.make_node(
             "GroupQueryAttention", inputs, [f"attn_{i}", f"present_key_{i}", f"present_value_{i}"],
