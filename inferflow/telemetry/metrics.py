@@ -252,15 +252,17 @@ class EngineMetrics:
             self.kv_used.set(stats.kv_blocks_used)
             self.kv_free.set(stats.kv_blocks_total - stats.kv_blocks_used)
             self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total)
-        self.prefix_queries.inc(stats.prefix_cache_queries)
-        self.prefix_hits.inc(stats.prefix_cache_hits)
-        self._prefix_queries_total += stats.prefix_cache_queries
-        self._prefix_hits_total += stats.prefix_cache_hits
-        if self._prefix_queries_total > 0:
+        if stats.prefix_cache_queries:  # (zero increments skipped: this runs every step)
+            self.prefix_queries.inc(stats.prefix_cache_queries)
+            self.prefix_hits.inc(stats.prefix_cache_hits)
+            self._prefix_queries_total += stats.prefix_cache_queries
+            self._prefix_hits_total += stats.prefix_cache_hits
             self.prefix_hit_rate.set(self._prefix_hits_total / self._prefix_queries_total)
-        self.preemptions.inc(stats.num_preemptions)
-        self.prompt_tokens.inc(stats.num_prefill_tokens)
-        self.generation_tokens.inc(stats.num_generation_tokens)
+        for counter, n in ((self.preemptions, stats.num_preemptions),
+                           (self.prompt_tokens, stats.num_prefill_tokens),
+                           (self.generation_tokens, stats.num_generation_tokens)):  # fmt: skip
+            if n:
+                counter.inc(n)
         if stats.batch_size > 0:
             self.batch_size.observe(stats.batch_size)
             self.iteration_tokens.observe(stats.num_prefill_tokens + stats.num_generation_tokens)

@@ -177,7 +177,8 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="inferflow-overhead-") as tmp:
             for rep in range(args.repeats):
                 prompts = _prompts(rep, args.requests, args.prompt_len, vocab)
-                for mode in MODES:  # interleaved, so drift on a shared machine hits every mode
+                # interleaved, alternating direction: drift on a shared machine hits every mode
+                for mode in MODES if rep % 2 == 0 else tuple(reversed(MODES)):
                     runs.append(
                         run_once(
                             model,
