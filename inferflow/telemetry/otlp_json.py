@@ -25,7 +25,7 @@ from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
-from opentelemetry.trace import SpanContext
+from opentelemetry.trace import Link, SpanContext
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -68,6 +68,21 @@ _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # opentelemetry.proto.trace.v1.SpanFl
 
 
 def _any_value(value: Any) -> dict[str, Any]:
+    kind = type(value)  # exact-type fast path first: this runs for every attribute of every span
+    if kind is str:
+        return {"stringValue": value}
+    if kind is int:
+        return {"intValue": str(value)}  # 64-bit integers are strings in JSON
+    if kind is float and math.isfinite(value):
+        return {"doubleValue": value}
+    if kind is bool:
+        return {"boolValue": value}
+    if kind in (list, tuple):
+        return {"arrayValue": {"values": [_any_value(v) for v in value]}}
+    return _any_value_slow(value)
+
+
+def _any_value_slow(value: Any) -> dict[str, Any]:
     if value is None:
         return {}
     if isinstance(value, bool):
@@ -75,13 +90,10 @@ def _any_value(value: Any) -> dict[str, Any]:
     if isinstance(value, str):
         return {"stringValue": value}
     if isinstance(value, int):
-        return {"intValue": str(value)}  # 64-bit integers are strings in JSON
-    if isinstance(value, float):
-        return {
-            "doubleValue": value
-            if math.isfinite(value)
-            else str(value).replace("inf", "Infinity").replace("nan", "NaN")
-        }
+        return {"intValue": str(value)}
+    if isinstance(value, float):  # non-finite: the protobuf JSON spellings
+        text = str(value).replace("inf", "Infinity").replace("nan", "NaN")
+        return {"doubleValue": value if math.isfinite(value) else text}
     if isinstance(value, bytes):
         return {"bytesValue": base64.b64encode(value).decode("ascii")}
     if isinstance(value, Mapping):
@@ -105,6 +117,17 @@ def _with_optional(data: dict[str, Any], **optional: Any) -> dict[str, Any]:
     return data
 
 
+def _link_dict(link: Link) -> dict[str, Any]:
+    ctx = link.context
+    data: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    if link.attributes:
+        data["attributes"] = _attributes(link.attributes)
+        if link.dropped_attributes:
+            data["droppedAttributesCount"] = link.dropped_attributes
+    data["flags"] = _flags(ctx)
+    return data
+
+
 def _span_dict(span: ReadableSpan) -> dict[str, Any]:
     ctx = span.get_span_context()
     assert ctx is not None and span.start_time is not None and span.end_time is not None
@@ -118,15 +141,7 @@ def _span_dict(span: ReadableSpan) -> dict[str, Any]:
         )
         for e in span.events
     ]
-    links = [
-        _with_optional(
-            {"traceId": f"{link.context.trace_id:032x}", "spanId": f"{link.context.span_id:016x}"},
-            attributes=_attributes(link.attributes),
-            droppedAttributesCount=link.dropped_attributes,
-            flags=_flags(link.context),
-        )
-        for link in span.links
-    ]
+    links = [_link_dict(link) for link in span.links]
     return _with_optional(
         {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"},
         traceState=trace_state,
