@@ -1,8 +1,8 @@
 """Per-request channels in an API process, fed by one dispatcher task.
 
 The dispatcher reads this process's response queue (LitServe's transport) and routes each
-``RequestUpdate`` of an ``UpdateBatch`` to its request's channel; a ``WorkerLost`` notice fails
-every open channel. A reader takes *all* updates queued on its channel at once and merges them,
+``RequestUpdate`` of an ``UpdateBatch`` to its request's channel; a ``WorkerLost`` notice goes
+to ``on_worker_lost`` (the frontend switches queues and fails every open channel). A reader takes *all* updates queued on its channel at once and merges them,
 so a stream that falls behind the engine sends fewer, larger SSE chunks instead of lagging.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 
 from litserve.transport.base import MessageTransport
 
@@ -56,7 +57,8 @@ class RequestChannel:
 class ChannelRegistry:
     """The open channels of this API process and the task that feeds them."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_worker_lost: Callable[[WorkerLost], None] | None = None) -> None:
+        self.on_worker_lost = on_worker_lost
         self._channels: dict[str, RequestChannel] = {}
         self._idle = asyncio.Event()
         self._idle.set()
@@ -95,9 +97,8 @@ class ChannelRegistry:
                 channel = self._channels.get(update.request_id)
                 if channel is not None:
                     channel.push(update)
-        elif isinstance(message, WorkerLost):
-            failed = self.fail_all(message.error)
-            logger.error("engine worker lost; failed %d in-flight request(s)", len(failed))
+        elif isinstance(message, WorkerLost) and self.on_worker_lost is not None:
+            self.on_worker_lost(message)
 
     async def pump(self, transport: MessageTransport, consumer_id: int) -> None:
         """Dispatch messages from this process's response queue until cancelled."""
@@ -109,5 +110,9 @@ class ChannelRegistry:
             except Exception as exc:  # the Manager is gone: nothing more will arrive
                 logger.warning("response queue %d closed: %s", consumer_id, exc)
                 return
-            if message is not None:
+            if message is None:
+                continue
+            try:
                 self.dispatch(message)
+            except Exception:  # one bad message must not stop every later request
+                logger.exception("cannot dispatch %s", type(message).__name__)

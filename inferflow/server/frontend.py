@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from inferflow.server.channels import ChannelRegistry, RequestChannel
 from inferflow.server.errors import ErrorInfo, OpenAIError, bad_request
 from inferflow.server.limits import ApiKeyAuth, RateLimiter
-from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest
+from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, WorkerLost
 from inferflow.server.pipeline import PreparedRequest, RequestPipeline
 from inferflow.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from inferflow.server.responses import (
@@ -77,7 +77,7 @@ class Frontend:
         self.limiter = RateLimiter(
             settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute
         )
-        self.registry = ChannelRegistry()
+        self.registry = ChannelRegistry(on_worker_lost=self._worker_lost)
         self.consumer_id = 0  # this process's response queue; set before the API process forks
         self.request_queue: Any = None  # LitServe's request queue (a Manager proxy)
         self.draining = False
@@ -272,6 +272,12 @@ class Frontend:
             self.request_queue.put(CancelRequest(flow.request_id, reason))
         except Exception as exc:  # the worker/Manager is gone; nothing left to free
             logger.debug("cancel of %s not delivered: %s", flow.request_id, exc)
+
+    def _worker_lost(self, notice: WorkerLost) -> None:
+        if notice.request_queue is not None:
+            self.request_queue = notice.request_queue
+        failed = self.fail_all(notice.error)
+        logger.error("engine worker lost; failed %d in-flight request(s)", failed)
 
     def fail_all(self, error: ErrorInfo) -> int:
         """Fail every in-flight request of this process (shutdown after the grace period)."""

@@ -103,6 +103,7 @@ class InferflowServer(ls.LitServer):
     def _init_manager(self, num_api_servers: int) -> SyncManager:
         manager = SyncManager(ctx=mp.get_context("fork"))
         manager.start(die_with_parent, (signal.SIGKILL,))
+        self._manager = manager
         self.transport_config.manager = manager
         self.transport_config.num_consumers = num_api_servers
         self.workers_setup_status = manager.dict()
@@ -187,8 +188,12 @@ class InferflowServer(ls.LitServer):
             processes[consumer_id] = process
         return processes
 
-    def restart_worker(self, index: int) -> None:
+    def restart_worker(self, index: int) -> Any:
+        """Start a replacement worker on a fresh request queue (returned; see ``WorkerLost``)."""
+        queue = self._manager.Queue()
+        self.litapi_request_queues[self.lit_api.api_path] = queue
         self.inference_workers[index] = self.launch_single_inference_worker(self.lit_api, index)
+        return queue
 
     def _perform_graceful_shutdown(
         self,

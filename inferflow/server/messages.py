@@ -15,6 +15,7 @@ several steps of one request into one update when the transport falls behind.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.errors import ErrorInfo
@@ -110,9 +111,15 @@ class UpdateBatch:
 
 @dataclass(frozen=True)
 class WorkerLost:
-    """The engine worker died: every request in flight in this API process has failed."""
+    """The engine worker died: every request in flight in this API process has failed.
+
+    ``request_queue`` is the replacement worker's request queue (a Manager proxy). A worker
+    killed while blocked in ``get()`` on the old queue leaves a Manager thread that would
+    swallow the next message put there, so every restart gets a fresh queue.
+    """
 
     error: ErrorInfo
+    request_queue: Any = None
 
 
 WorkerOutbound = UpdateBatch | WorkerLost

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 from typing import Any
 
@@ -37,7 +37,6 @@ class ServerSettings:
     def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:
         """Build from the ``server`` config node plus the environment."""
         env = os.environ if environ is None else environ
-        rate = _get(cfg, "rate_limit") or {}
         keys = [str(k) for k in (_get(cfg, "api_keys") or ())]
         keys_env = str(_get(cfg, "api_keys_env") or DEFAULT_API_KEYS_ENV)
         keys += [k.strip() for k in env.get(keys_env, "").split(",") if k.strip()]
@@ -47,24 +46,15 @@ class ServerSettings:
                 "server.workers: one engine worker per model is supported (it owns "
                 f"the KV cache and batches every request), got {workers}"
             )
-        values = {
-            "host": _get(cfg, "host"),
-            "port": _get(cfg, "port"),
-            "max_payload_bytes": _get(cfg, "max_payload_bytes"),
-            "request_timeout_s": _get(cfg, "request_timeout_s"),
-            "max_waiting_requests": _get(cfg, "max_waiting_requests"),
-            "rate_limit_requests_per_minute": _get(rate, "requests_per_minute"),
-            "rate_limit_tokens_per_minute": _get(rate, "tokens_per_minute"),
-            "shutdown_grace_s": _get(cfg, "shutdown_grace_s"),
-            "num_api_servers": _get(cfg, "api_servers"),
-            "log_level": _get(cfg, "log_level"),
-        }
+        names = [f.name for f in fields(cls) if f.name != "api_keys"]
+        values = {name: _get(cfg, name) for name in names}
         defaults = cls()
         kwargs = {
             k: _plain(v) if v is not None else getattr(defaults, k) for k, v in values.items()
         }
-        for nullable in ("rate_limit_requests_per_minute", "rate_limit_tokens_per_minute"):
-            kwargs[nullable] = _plain(values[nullable])
+        for name in _NULLABLE:  # an explicit null disables the limit
+            if _has(cfg, name):
+                kwargs[name] = _plain(values[name])
         settings = cls(**kwargs, api_keys=tuple(dict.fromkeys(keys)))
         settings.validate()
         return settings
@@ -73,19 +63,28 @@ class ServerSettings:
         if not 0 <= int(self.port) <= 65535:
             raise ValueError(f"server.port: must be in [0, 65535], got {self.port}")
         if self.num_api_servers < 1:
-            raise ValueError(f"server.api_servers: must be >= 1, got {self.num_api_servers}")
-        for name in (
-            "max_payload_bytes",
-            "request_timeout_s",
-            "max_waiting_requests",
-            "rate_limit_requests_per_minute",
-            "rate_limit_tokens_per_minute",
-        ):
+            raise ValueError(f"server.num_api_servers: must be >= 1, got {self.num_api_servers}")
+        for name in _NULLABLE:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"server.{name}: must be >= 0, got {value}")
         if self.shutdown_grace_s < 0:
             raise ValueError(f"server.shutdown_grace_s: must be >= 0, got {self.shutdown_grace_s}")
+
+
+_NULLABLE = (
+    "max_payload_bytes",
+    "request_timeout_s",
+    "max_waiting_requests",
+    "rate_limit_requests_per_minute",
+    "rate_limit_tokens_per_minute",
+)
+
+
+def _has(cfg: Any, name: str) -> bool:
+    if cfg is None:
+        return False
+    return name in cfg if isinstance(cfg, Mapping) else hasattr(cfg, name)
 
 
 def _plain(value: Any) -> Any:

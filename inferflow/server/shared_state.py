@@ -10,13 +10,22 @@ the API processes are forked (they inherit the shared memory).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
   KV blocks, counters) — what ``GET /admin/stats`` shows.
 - ``info``: a JSON blob the worker writes once (engine and runtime versions, ``max_model_len``).
+
+Everything the engine worker writes is lock-free: the worker can be killed at any instruction
+(SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
+bytes; the snapshot and the blob use a sequence number (a seqlock: odd while being written),
+and readers retry a bounded number of times, then accept a possibly torn read (stats are
+advisory). Only ``in_flight``, which API processes alone update, keeps a lock.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+_T = TypeVar("_T")
 
 STATS_FIELDS = (
     "running",  # requests in the running batch
@@ -36,15 +45,16 @@ _INFO_BYTES = 16384
 
 
 class SharedState:
-    """Lock-protected shared values; see the module docstring for what each one means."""
+    """Shared values; see the module docstring for what each one means and who writes it."""
 
     def __init__(self) -> None:
         ctx = mp.get_context("spawn")
-        self._ready = ctx.Value("b", 0)
-        self._draining = ctx.Value("b", 0)
-        self._in_flight = ctx.Value("i", 0)
-        self._stats = ctx.Array("d", len(STATS_FIELDS))
-        self._info = ctx.Array("c", _INFO_BYTES)
+        self._ready = ctx.Value("b", 0, lock=False)
+        self._draining = ctx.Value("b", 0, lock=False)
+        self._in_flight = ctx.Value("i", 0)  # locked: API processes only
+        self._stats = ctx.Array("d", 1 + len(STATS_FIELDS), lock=False)  # [seq, *fields]
+        self._info_seq = ctx.Value("q", 0, lock=False)
+        self._info = ctx.Array("c", _INFO_BYTES, lock=False)
 
     # readiness / draining -------------------------------------------------------------------
     @property
@@ -78,25 +88,45 @@ class SharedState:
     def in_flight(self) -> int:
         return int(self._in_flight.value)
 
-    # worker snapshot ------------------------------------------------------------------------
+    # worker snapshot (single writer: the engine worker) ---------------------------------------
     def publish_stats(self, values: dict[str, float]) -> None:
         """Overwrite the snapshot; fields not in ``values`` keep their previous value."""
-        with self._stats.get_lock():
-            for i, name in enumerate(STATS_FIELDS):
-                if name in values:
-                    self._stats[i] = float(values[name])
+        seq = int(self._stats[0])
+        self._stats[0] = seq + 1  # odd: a write is in progress
+        for i, name in enumerate(STATS_FIELDS, start=1):
+            if name in values:
+                self._stats[i] = float(values[name])
+        self._stats[0] = seq + 2
 
     def stats(self) -> dict[str, float]:
-        with self._stats.get_lock():
-            snapshot = list(self._stats)
+        snapshot = _seqlock_read(lambda: self._stats[0], lambda: list(self._stats[1:]))
         return dict(zip(STATS_FIELDS, snapshot, strict=True))
 
     def publish_info(self, info: dict[str, Any]) -> None:
         data = json.dumps(info, default=str).encode()[: _INFO_BYTES - 1]
-        with self._info.get_lock():
-            self._info.value = data
+        seq = self._info_seq.value
+        self._info_seq.value = seq + 1
+        self._info.value = data
+        self._info_seq.value = seq + 2
 
     def info(self) -> dict[str, Any]:
-        with self._info.get_lock():
-            data = self._info.value
-        return json.loads(data) if data else {}
+        data = _seqlock_read(lambda: self._info_seq.value, lambda: self._info.value)
+        try:
+            return json.loads(data) if data else {}
+        except ValueError:  # torn by a writer that died mid-write
+            return {}
+
+
+def _seqlock_read(
+    sequence: Callable[[], float], read: Callable[[], _T], attempts: int = 1000
+) -> _T:
+    """``read()`` with no write in progress before or during it (bounded retries)."""
+    value = read()
+    for _ in range(attempts):
+        before = sequence()
+        if int(before) % 2:
+            continue
+        value = read()
+        if sequence() == before:
+            return value
+    return value

@@ -7,8 +7,9 @@ written by the signal handler, so it uses no CPU while nothing happens and react
   the API processes (they drain, see ``api_process``), and once they are gone stop the engine
   worker and the Manager. A second signal cuts the grace period short; past a hard deadline
   stragglers are killed. Every child is also bound to us with PR_SET_PDEATHSIG.
-- Engine worker died after it was ready: readiness drops, every API process fails its in-flight
-  requests (``WorkerLost`` -> 500) and a new worker is started. Died before it was ever ready
+- Engine worker died after it was ready: readiness drops, a new worker is started on a fresh
+  request queue, and every API process switches to that queue and fails its in-flight requests
+  (``WorkerLost`` -> 500). Died before it was ever ready
   (setup failed): the server shuts down with exit code 1.
 - An API process died on its own: the server shuts down with exit code 1.
 """
@@ -48,6 +49,7 @@ class Supervisor:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._main_pid = os.getpid()
+        self._dead: set[BaseProcess] = set()  # children whose exit has been handled
 
     # --- signals ------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -74,21 +76,44 @@ class Supervisor:
         while True:
             for sig in self._take_signals():
                 self._on_shutdown_signal(sig)
-            self._check_workers()
-            self._check_api_processes()
-            alive = [p for p in (*self._workers(), *self.api_processes.values()) if p.is_alive()]
-            if self.stopping and not any(p.is_alive() for p in self.api_processes.values()):
+            for process in self._newly_dead():
+                self._on_death(process)
+            if self.stopping and all(p in self._dead for p in self.api_processes.values()):
                 break
             if self.stopping and time.monotonic() >= self._hard_deadline:
                 self._kill_api_processes()
                 continue
-            timeout = (
-                None if not self.stopping else max(0.0, self._hard_deadline - time.monotonic())
-            )
-            # only live children: a dead one's sentinel stays readable and would spin this loop
-            wait([self._wake_r, *(p.sentinel for p in alive)], timeout)
+            timeout = None
+            if self.stopping:
+                timeout = max(0.0, self._hard_deadline - time.monotonic())
+            # Watch every child whose death is not handled yet. (Filtering on is_alive() here
+            # would race: a sentinel turns readable slightly before the child can be reaped.)
+            watched = {p.sentinel: p for p in self._children() if p not in self._dead}
+            for fd in wait([self._wake_r, *watched], timeout):
+                if fd in watched:
+                    watched[fd].join(2.0)  # it is exiting: reap it before the next check
         self.stop_workers()
         return self.exit_code
+
+    def _children(self) -> list[BaseProcess]:
+        return [*self._workers(), *self.api_processes.values()]
+
+    def _newly_dead(self) -> list[BaseProcess]:
+        dead = [p for p in self._children() if p not in self._dead and not p.is_alive()]
+        self._dead.update(dead)
+        return dead
+
+    def _on_death(self, process: BaseProcess) -> None:
+        if process in self.api_processes.values():
+            if not self.stopping:
+                logger.error(
+                    "API process %s exited unexpectedly (exit code %s); shutting down",
+                    process.pid,
+                    process.exitcode,
+                )
+                self.begin_shutdown(exit_code=1)
+        elif not self.stopping:
+            self._on_worker_death(self._workers().index(process), process)
 
     def _workers(self) -> list[BaseProcess]:
         return list(self.server.inference_workers)
@@ -125,41 +150,24 @@ class Supervisor:
                 process.join(2.0)
 
     # --- children dying -----------------------------------------------------------------------
-    def _check_api_processes(self) -> None:
-        if self.stopping:
-            return
-        for consumer_id, process in self.api_processes.items():
-            if not process.is_alive():
-                logger.error(
-                    "API process %d exited unexpectedly (exit code %s); shutting down",
-                    consumer_id,
-                    process.exitcode,
-                )
-                self.begin_shutdown(exit_code=1)
-                return
-
-    def _check_workers(self) -> None:
-        for index, process in enumerate(self._workers()):
-            if process.is_alive() or self.stopping:
-                continue
-            was_ready = self.server.shared.ready
-            self.server.shared.set_ready(False)
-            if not was_ready:
-                logger.error(
-                    "the engine worker exited during setup (exit code %s); see the "
-                    "error above. Shutting down.",
-                    process.exitcode,
-                )
-                self.begin_shutdown(exit_code=1)
-                return
+    def _on_worker_death(self, index: int, process: BaseProcess) -> None:
+        was_ready = self.server.shared.ready
+        self.server.shared.set_ready(False)
+        if not was_ready:
             logger.error(
-                "the engine worker died (exit code %s); failing its requests and restarting it",
+                "the engine worker exited during setup (exit code %s); see the error "
+                "above. Shutting down.",
                 process.exitcode,
             )
-            self._notify_worker_lost()
-            self.server.restart_worker(index)
+            self.begin_shutdown(exit_code=1)
+            return
+        logger.error(
+            "the engine worker died (exit code %s); failing its requests and restarting it",
+            process.exitcode,
+        )
+        self._notify_worker_lost(self.server.restart_worker(index))
 
-    def _notify_worker_lost(self) -> None:
+    def _notify_worker_lost(self, request_queue: Any) -> None:
         error = ErrorInfo(
             500,
             "The engine worker crashed while this request was running; it is being restarted.",
@@ -167,7 +175,9 @@ class Supervisor:
         )
         for consumer_id in self.api_processes:
             try:
-                self.server.transport.send(WorkerLost(error), consumer_id=consumer_id)
+                self.server.transport.send(
+                    WorkerLost(error, request_queue), consumer_id=consumer_id
+                )
             except Exception as exc:
                 logger.warning("cannot notify API process %d: %s", consumer_id, exc)
 

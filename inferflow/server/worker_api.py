@@ -75,7 +75,7 @@ class EngineAPI(ls.LitAPI):
 
     def publish_stats(self, counters: dict[str, float]) -> None:
         stats = self.engine.stats()
-        slots = self.engine.scheduler_config.max_slots
+        slots = self.engine.scheduler_config.max_running  # slots a request can run in
         self.shared.publish_stats(
             {
                 **counters,
