@@ -90,6 +90,9 @@ class TracingConfig:
     export_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
+        # typed configs hand over str-Enum members; keep plain strings
+        self.exporter = str(getattr(self.exporter, "value", self.exporter))
+        self.protocol = str(getattr(self.protocol, "value", self.protocol))
         self.headers = _parse_headers(self.headers)
         if self.exporter not in EXPORTERS:
             raise TracingConfigError(

@@ -3,6 +3,7 @@ exporter choice, explicit (non-global) providers, and ``jaeger`` = OTLP gRPC."""
 
 from __future__ import annotations
 
+import enum
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,18 @@ def test_from_mapping_and_defaults() -> None:
         jaeger.effective_protocol == "grpc"
         and jaeger.resolved_endpoint() == "http://localhost:4317"
     )
+
+
+def test_typed_config_enums_become_plain_strings() -> None:
+    class Exporter(str, enum.Enum):
+        otlp = "otlp"
+
+    class Protocol(str, enum.Enum):
+        http = "http"
+
+    cfg = TracingConfig.from_mapping({"exporter": Exporter.otlp, "protocol": Protocol.http})
+    assert type(cfg.exporter) is str and cfg.exporter == "otlp" and cfg.protocol == "http"
+    assert cfg.resolved_endpoint() == "http://localhost:4318/v1/traces"
 
 
 def test_file_path_default_lives_under_inferflow_home(
