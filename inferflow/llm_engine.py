@@ -24,6 +24,7 @@ from inferflow.sampling.detokenizer import IncrementalDetokenizer
 from inferflow.sampling.sampler import Sampler
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.engine_loop import Executor
 from inferflow.scheduling.engine_loop import step as engine_step
 from inferflow.scheduling.request import Request, RequestStatus
 from inferflow.scheduling.scheduler import Scheduler
@@ -56,7 +57,8 @@ class LLMEngine:
             max_model_len=self.engine.capacity, block_size=engine_config.block_size,
             num_blocks=engine_config.resolved_num_blocks)
         self.scheduler = Scheduler(self.scheduler_config)
-        self.executor = EngineExecutor(self.engine, Sampler(checkpoint.eos_token_ids))
+        # any Executor (e.g. telemetry's TracedExecutor) may wrap this one
+        self.executor: Executor = EngineExecutor(self.engine, Sampler(checkpoint.eos_token_ids))
         self._detokenizer_factory = detokenizer_factory or (
             lambda p: IncrementalDetokenizer(self.tokenizer, p.stop))
         self._detok: dict[str, IncrementalDetokenizer] = {}
