@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from litserve import LitAPI
@@ -106,6 +106,7 @@ class EngineLoop(ContinuousBatchingLoop):
             )
         finally:
             self._outbox.close()
+            lit_api.close()  # type: ignore[attr-defined]
 
     def run(
         self,
@@ -126,12 +127,12 @@ class EngineLoop(ContinuousBatchingLoop):
             messages = self._inbox.take_all(wait=not engine.has_unfinished_requests())
             stop = self._apply(messages, lit_api)
             if stop is not None:
-                self._fail_all(engine, stop.error)
+                self._fail_all(lit_api, stop.error)
                 self._publish_stats(lit_api)
                 return
-            self._expire(engine, time.time())
+            self._expire(lit_api, time.time())
             if engine.has_unfinished_requests():
-                self._step(engine, lit_api)
+                self._step(lit_api)
             self._publish_stats(lit_api)
 
     # --- inbound ------------------------------------------------------------------------------
@@ -140,7 +141,7 @@ class EngineLoop(ContinuousBatchingLoop):
             if isinstance(message, SubmitRequest):
                 self.add_request(message.request_id, message, lit_api, None)
             elif isinstance(message, CancelRequest):
-                self._cancel(lit_api.engine, message.request_id)  # type: ignore[attr-defined]
+                self._cancel(lit_api, message.request_id)
             elif isinstance(message, StopWorker):
                 return message
         return None
@@ -176,6 +177,7 @@ class EngineLoop(ContinuousBatchingLoop):
             return
         timeout = None if request.deadline is None else request.deadline - request.arrival_time
         self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
+        lit_api.request_added(request)  # type: ignore[attr-defined]
 
     def mark_completed(self, uid: str) -> None:
         self._active.pop(uid, None)
@@ -184,52 +186,62 @@ class EngineLoop(ContinuousBatchingLoop):
         """Admission is the engine scheduler's job; the frontend bounds the waiting queue."""
         return True
 
-    def _cancel(self, engine: Any, uid: str) -> None:
+    def _cancel(self, lit_api: LitAPI, uid: str) -> None:
         if uid in self._active:
-            engine.abort_request(uid)
-            self.mark_completed(uid)
+            self._abort(lit_api, uid, "cancelled")
             self._counters["aborted_requests"] += 1
 
-    def _expire(self, engine: Any, now: float) -> None:
+    def _expire(self, lit_api: LitAPI, now: float) -> None:
         expired = [
             uid for uid, a in self._active.items() if a.deadline is not None and now >= a.deadline
         ]
         for uid in expired:
-            record = self._active[uid]
-            engine.abort_request(uid)
-            self.mark_completed(uid)
+            record = self._abort(lit_api, uid, "timeout")
             self._counters["timed_out_requests"] += 1
             message = f"the request did not finish within {record.timeout_s:.3g} s"
             self._post(
                 record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
             )
 
-    def _fail_all(self, engine: Any, error: ErrorInfo) -> None:
-        for uid, record in list(self._active.items()):
-            engine.abort_request(uid)
-            self.mark_completed(uid)
+    def _fail_all(self, lit_api: LitAPI, error: ErrorInfo) -> None:
+        for uid in list(self._active):
+            record = self._abort(lit_api, uid, error.code or "error")
             self._post(record.consumer_id, _error_update(uid, error))
 
+    def _abort(self, lit_api: LitAPI, uid: str, why: str) -> _Active:
+        """Free the request's slot and KV blocks now and close its telemetry."""
+        record = self._active.pop(uid)
+        lit_api.engine.abort_request(uid)  # type: ignore[attr-defined]
+        lit_api.request_done(uid, "abort", None, None, error=why)  # type: ignore[attr-defined]
+        return record
+
     # --- outbound -----------------------------------------------------------------------------
-    def _step(self, engine: Any, lit_api: LitAPI) -> None:
+    def _step(self, lit_api: LitAPI) -> None:
         try:
-            outputs = engine.step()
+            outputs = lit_api.engine.step()  # type: ignore[attr-defined]
         except Exception:
             logger.exception("engine step failed; failing the running requests and restarting")
-            self._fail_all(
-                engine,
-                ErrorInfo(500, "the engine failed while running this request", code="engine_error"),
+            error = ErrorInfo(
+                500, "the engine failed while running this request", code="engine_error"
             )
+            self._fail_all(lit_api, error)
             raise
-        token_text = lit_api.token_text  # type: ignore[attr-defined]
         for output in outputs:
             record = self._active.get(output.request_id)
             if record is None:  # cancelled or timed out earlier: nobody is listening
                 continue
-            update = _update_from(output, record, token_text)
+            update = _update_from(output, record, lit_api.token_text)  # type: ignore[attr-defined]
             if update.final:
                 self.mark_completed(output.request_id)
                 self._counters["finished_requests"] += 1
+                timings = lit_api.request_done(  # type: ignore[attr-defined]
+                    output.request_id,
+                    update.finish_reason or "abort",
+                    output.metrics,
+                    update.completion_tokens,
+                    error=update.error.code if update.error else None,
+                )
+                update = replace(update, timings=timings)
             self._post(record.consumer_id, update)
 
     def _post(self, consumer_id: int, update: RequestUpdate) -> None:
@@ -270,15 +282,7 @@ def _update_from(
     error = None
     if completion.finish_reason == "abort":  # aborted by the engine itself, not by us
         error = ErrorInfo(500, "the engine aborted this request", code="aborted")
-    metrics = output.metrics
-    queue_time = inference_time = None
-    cached = 0
-    if metrics is not None:
-        cached = metrics.num_cached_prompt_tokens
-        if metrics.first_scheduled_time is not None:
-            queue_time = metrics.first_scheduled_time - metrics.arrival_time
-            end = metrics.finished_time or metrics.last_token_time or time.time()
-            inference_time = end - metrics.first_scheduled_time
+    cached = output.metrics.num_cached_prompt_tokens if output.metrics is not None else 0
     return RequestUpdate(
         request_id=output.request_id,
         text=completion.delta_text,
@@ -288,7 +292,5 @@ def _update_from(
         prompt_tokens=len(output.prompt_token_ids),
         completion_tokens=len(completion.token_ids),
         cached_tokens=cached,
-        queue_time_s=queue_time,
-        inference_time_s=inference_time,
         error=error,
     )

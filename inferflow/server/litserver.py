@@ -49,6 +49,7 @@ from inferflow.server.process_utils import die_with_parent
 from inferflow.server.settings import ServerSettings
 from inferflow.server.supervisor import Supervisor
 from inferflow.server.worker_api import EngineAPI
+from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)
 
@@ -89,7 +90,8 @@ class InferflowServer(ls.LitServer):
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Per API process: feed request channels from this process's response queue."""
+        """Per API process: telemetry, and request channels fed from this process's queue."""
+        self.frontend.telemetry.start()
         pump = asyncio.create_task(
             self.frontend.registry.pump(self._transport, self.frontend.consumer_id)
         )
@@ -99,6 +101,7 @@ class InferflowServer(ls.LitServer):
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(pump, timeout=2.0)
+            self.frontend.telemetry.stop()
 
     def _init_manager(self, num_api_servers: int) -> SyncManager:
         manager = SyncManager(ctx=mp.get_context("fork"))
@@ -190,6 +193,9 @@ class InferflowServer(ls.LitServer):
 
     def restart_worker(self, index: int) -> Any:
         """Start a replacement worker on a fresh request queue (returned; see ``WorkerLost``)."""
+        dead = self.inference_workers[index]
+        if dead.pid is not None and multiprocess_active():
+            mark_process_dead(dead.pid)  # its running/waiting gauges are stale
         queue = self._manager.Queue()
         self.litapi_request_queues[self.lit_api.api_path] = queue
         self.inference_workers[index] = self.launch_single_inference_worker(self.lit_api, index)

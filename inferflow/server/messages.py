@@ -32,7 +32,8 @@ class SubmitRequest:
     arrival_time: float
     deadline: float | None  # the worker aborts the request at this time and reports a 504
     priority: int = 0
-    trace_context: dict[str, str] = field(default_factory=dict)  # W3C carrier, for telemetry
+    trace_context: dict[str, str] = field(default_factory=dict)  # W3C carrier of the root span
+    operation: str = "text_completion"  # GenAI operation name: text_completion | chat
 
 
 @dataclass(frozen=True)
@@ -79,8 +80,7 @@ class RequestUpdate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    queue_time_s: float | None = None  # arrival -> first scheduled
-    inference_time_s: float | None = None  # first scheduled -> last token
+    timings: dict[str, Any] | None = None  # RequestTimings.to_dict(), on the last update
     error: ErrorInfo | None = None
 
     @property
@@ -92,14 +92,7 @@ class RequestUpdate:
         logprobs = self.logprobs
         if later.logprobs is not None:
             logprobs = (logprobs or ()) + later.logprobs
-        return replace(
-            later,
-            text=self.text + later.text,
-            logprobs=logprobs,
-            queue_time_s=later.queue_time_s
-            if later.queue_time_s is not None
-            else self.queue_time_s,
-        )
+        return replace(later, text=self.text + later.text, logprobs=logprobs)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from importlib import metadata
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 import inferflow
 from inferflow.server.frontend import Frontend
@@ -40,7 +40,7 @@ def readiness(frontend: Frontend) -> str:
 
 
 def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> None:
-    """Add ``/health``, ``/ready``, ``/version`` and ``/admin/stats`` to ``app``."""
+    """Add ``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats`` to ``app``."""
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -69,6 +69,12 @@ def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> No
                 "runtime": runtime_versions(),
             }
         )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text: the engine's and every API process's metrics, merged."""
+        body, content_type = frontend.telemetry.render_metrics()
+        return Response(content=body, media_type=content_type)
 
     @app.get("/admin/stats")
     async def admin_stats(request: Request) -> JSONResponse:

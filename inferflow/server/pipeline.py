@@ -28,6 +28,7 @@ from inferflow.stages.base import (
 )
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+ATTR_TRACE_CONTEXT = "trace_context"  # StageRequest.attributes: the root span's W3C carrier
 
 # Wraps one stage call (telemetry puts a span around it): (stage name, request) -> context.
 StageWrapper = Callable[[str, StageRequest], AbstractContextManager[Any]]
@@ -78,10 +79,13 @@ class RequestPipeline:
         self,
         body: CompletionRequest | ChatCompletionRequest,
         key_id: str,
-        headers: Mapping[str, str],
+        trace_context: Mapping[str, str],
     ) -> PreparedRequest:
+        """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
         arrival = time.time()
         request, fill_context = self._stage_request(body, key_id)
+        if trace_context:
+            request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
         request = await asyncio.to_thread(self._run_stages, request)
         ids = request.prompt_token_ids
         if not ids:
@@ -92,7 +96,7 @@ class RequestPipeline:
         if fill_context:  # chat without max_tokens: the rest of the context window
             params = replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         priority = int(request.attributes.get(ATTR_PRIORITY, 0) or 0)
-        return PreparedRequest(list(ids), params, priority, arrival)
+        return PreparedRequest(list(ids), params, priority, arrival, dict(trace_context))
 
     def _stage_request(
         self, body: CompletionRequest | ChatCompletionRequest, key_id: str

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferflow.server.messages import LogprobEntry, RequestUpdate
+from inferflow.telemetry.timings import RequestTimings, timing_headers
 
 
 @dataclass
@@ -27,8 +28,7 @@ class Accumulated:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    queue_time_s: float | None = None
-    inference_time_s: float | None = None
+    timings: dict[str, Any] | None = None  # RequestTimings.to_dict() from the worker
 
     def add(self, update: RequestUpdate) -> None:
         self.text += update.text
@@ -37,10 +37,13 @@ class Accumulated:
         self.prompt_tokens = update.prompt_tokens or self.prompt_tokens
         self.completion_tokens = update.completion_tokens
         self.cached_tokens = update.cached_tokens
-        if update.queue_time_s is not None:
-            self.queue_time_s = update.queue_time_s
-        if update.inference_time_s is not None:
-            self.inference_time_s = update.inference_time_s
+        self.timings = update.timings or self.timings
+
+    def timing_headers(self) -> dict[str, str]:
+        """Queue vs inference time (and a ``server-timing`` header) for a non-streamed reply."""
+        if not self.timings:
+            return {}
+        return timing_headers(RequestTimings.from_dict(self.timings))
 
     def usage(self) -> dict[str, Any]:
         return {

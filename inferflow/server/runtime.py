@@ -16,11 +16,13 @@ from typing import Any
 
 from inferflow.server.frontend import Frontend
 from inferflow.server.litserver import InferflowServer
+from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.pipeline import RequestPipeline
 from inferflow.server.settings import ServerSettings
 from inferflow.server.shared_state import SharedState
 from inferflow.server.spec import OpenAICompatibleSpec
 from inferflow.server.worker_api import EngineAPI
+from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +46,18 @@ class GraphEngineFactory:
 def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
     """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
     settings = settings or ServerSettings.from_config(graph.server)
+    config = graph.to_container()
+    telemetry = TelemetrySettings(graph.model_name, dict(config.get("tracing") or {}))
+    frontend_telemetry = FrontendTelemetry(telemetry)
     shared = SharedState()
-    frontend = Frontend(RequestPipeline.from_graph(graph), settings, shared)
+    pipeline = RequestPipeline.from_graph(graph, wrap_stage=frontend_telemetry.wrap_stage)
+    frontend = Frontend(pipeline, settings, shared, frontend_telemetry)
     api = EngineAPI(
-        GraphEngineFactory(graph.to_container()),
+        GraphEngineFactory(config),
         shared,
         spec=OpenAICompatibleSpec(frontend),
         log_level=settings.log_level,
+        telemetry=telemetry,
     )
     return InferflowServer(api, frontend, settings, str(graph.model_path))
 
@@ -59,9 +66,14 @@ def serve(graph: Any) -> None:
     """Serve ``graph`` on ``server.host:server.port`` until SIGTERM/SIGINT (blocking).
 
     Returns after a clean, drained shutdown; raises :class:`ServerFailed` when the engine
-    worker could not start or an API process died.
+    worker could not start or an API process died. Prometheus samples of every process go to
+    a temporary multiprocess directory that is removed on the way out.
     """
-    server = build_server(graph)
-    server.run()
+    metrics_dir = prepare_multiprocess_dir()
+    try:
+        server = build_server(graph)
+        server.run()
+    finally:
+        cleanup_multiprocess_dir(metrics_dir)
     if server.exit_code:
         raise ServerFailed("the server stopped after a failure; see the log above")

@@ -20,10 +20,14 @@ from typing import Any
 
 import litserve as ls
 
+from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.engine_loop import EngineLoop
+from inferflow.server.messages import SubmitRequest
+from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
 from inferflow.server.process_utils import die_with_parent
 from inferflow.server.shared_state import SharedState
+from inferflow.telemetry.timings import RequestTimings
 
 logger = logging.getLogger(__name__)
 
@@ -40,18 +44,22 @@ class EngineAPI(ls.LitAPI):
         shared: SharedState,
         spec: ls.specs.base.LitSpec | None = None,
         log_level: str = "info",
+        telemetry: TelemetrySettings | None = None,
     ) -> None:
         super().__init__(api_path=API_PATH, stream=True, loop=EngineLoop(), spec=spec)
         self.engine_factory = engine_factory
         self.shared = shared
         self.log_level = log_level
+        self.telemetry_settings = telemetry
         self.engine: Any = None
+        self.telemetry: WorkerTelemetry | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The spec (routes, frontend state) lives in the API processes, never in the worker.
         state = self.__dict__.copy()
         state["_spec"] = None
         state["engine"] = None
+        state["telemetry"] = None
         return state
 
     def setup(self, device: str) -> None:
@@ -63,7 +71,9 @@ class EngineAPI(ls.LitAPI):
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
         self.engine = self.engine_factory()
-        warm_up(self.engine)
+        warm_up(self.engine)  # before telemetry: the warm-up is not a request
+        if self.telemetry_settings is not None:
+            self.telemetry = WorkerTelemetry(self.telemetry_settings, self.engine)
         self.shared.publish_info(describe_engine(self.engine, load_time_s=time.time() - started))
         logger.info("engine ready in %.2f s", time.time() - started)
 
@@ -72,6 +82,35 @@ class EngineAPI(ls.LitAPI):
 
     def mark_ready(self) -> None:
         self.shared.set_ready(True)
+
+    def close(self) -> None:
+        """Flush telemetry: a multiprocessing child exits without running atexit hooks."""
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+
+    def request_added(self, request: SubmitRequest) -> None:
+        """The engine accepted ``request`` (telemetry: its queue time starts)."""
+        if self.telemetry is not None:
+            self.telemetry.request_added(request)
+
+    def request_done(
+        self,
+        request_id: str,
+        finish_reason: str,
+        metrics: RequestMetrics | None,
+        num_output_tokens: int | None,
+        error: str | None = None,
+    ) -> dict[str, Any] | None:
+        """The request left the engine; returns its timings (``RequestTimings.to_dict()``)."""
+        if self.telemetry is not None:
+            timings = self.telemetry.request_done(
+                request_id, finish_reason, metrics, num_output_tokens, error
+            )
+            if timings is not None:
+                return timings
+        if metrics is None:
+            return None
+        return RequestTimings.from_metrics(metrics, num_output_tokens or 0).to_dict()
 
     def publish_stats(self, counters: dict[str, float]) -> None:
         stats = self.engine.stats()
@@ -105,12 +144,8 @@ def _configure_worker_logging(level: str) -> None:
 
 
 @lru_cache(maxsize=65536)
-def _cached_token_text(tokenizer: Any, token_id: int) -> str:
-    return tokenizer.decode([token_id], skip_special_tokens=False)
-
-
 def _token_text(tokenizer: Any, token_id: int) -> str:
-    return _cached_token_text(tokenizer, token_id)
+    return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
 def warm_up(engine: Any) -> None:

@@ -1,0 +1,168 @@
+"""``inferflow.telemetry`` at the server's boundaries, one wrapper per boundary.
+
+API process (``FrontendTelemetry``, built after the fork, in the lifespan):
+
+- a root SERVER span per request (``start_request_span``, honouring an incoming ``traceparent``),
+  ended when the response is complete, with usage, finish reason, timings and HTTP status;
+- a span per request stage (``RequestPipeline.wrap_stage``);
+- HTTP response counts and durations per route and status, served with the engine's metrics on
+  ``GET /metrics`` (Prometheus multiprocess directory shared by every process).
+
+Engine worker (``WorkerTelemetry``, built in ``EngineAPI.setup``):
+
+- an ``EngineTelemetry`` told when the engine accepts and finishes a request (queue, prefill and
+  decode spans; TTFT/TPOT/e2e histograms), and a ``TracedExecutor`` around the engine's executor
+  (one span and metrics per step). Its ``RequestTimings`` travel back with the final update.
+
+Telemetry calls are failure-isolated: they never fail a request.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferflow.outputs import RequestMetrics
+from inferflow.server.messages import SubmitRequest
+from inferflow.server.pipeline import ATTR_TRACE_CONTEXT
+from inferflow.stages.base import StageRequest
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    """What both sides need to set telemetry up; plain data, so it pickles into the worker."""
+
+    model_name: str
+    tracing: dict[str, Any] = field(default_factory=lambda: {"exporter": "off"})
+    engine: str = "onnxruntime"
+
+    def tracer(self) -> tuple[Any, Any]:
+        """This process's (provider, tracer) from the ``tracing`` config."""
+        from inferflow.telemetry import (
+            TracingConfig,
+            get_tracer,
+            resource_attributes,
+            setup_tracing,
+        )
+
+        attrs = resource_attributes(model_name=self.model_name, engine=self.engine)
+        provider = setup_tracing(TracingConfig.from_mapping(self.tracing), attrs)
+        return provider, get_tracer(provider)
+
+
+class FrontendTelemetry:
+    """Per-API-process tracer and HTTP metrics. Inert until ``start()``."""
+
+    def __init__(self, settings: TelemetrySettings | None) -> None:
+        self.settings = settings
+        self.tracer: Any = None
+        self._provider: Any = None
+        self._stage_wrapper: Any = None
+        self.server_metrics: Any = None
+
+    def start(self) -> None:
+        if self.settings is None:
+            return
+        from inferflow.telemetry import ServerMetrics, make_stage_wrapper
+
+        self._provider, self.tracer = self.settings.tracer()
+        self._stage_wrapper = make_stage_wrapper(
+            self.tracer, lambda request: request.attributes.get(ATTR_TRACE_CONTEXT)
+        )
+        self.server_metrics = ServerMetrics(self.settings.model_name)
+
+    def stop(self) -> None:
+        if self._provider is not None:
+            from inferflow.telemetry import shutdown_tracing
+
+            shutdown_tracing(self._provider)
+
+    def wrap_stage(self, name: str, request: StageRequest) -> AbstractContextManager[Any]:
+        if self._stage_wrapper is None:
+            return nullcontext()
+        return self._stage_wrapper(name, request)
+
+    def start_request(
+        self, operation: str, model: str, headers: Mapping[str, str], params: Any
+    ) -> Any:
+        """The root span of one request (``None`` when telemetry is off)."""
+        if self.tracer is None:
+            return None
+        from inferflow.telemetry import start_request_span
+
+        return start_request_span(
+            self.tracer,
+            operation=operation,
+            model=model,
+            headers=headers,
+            max_tokens=getattr(params, "requested_max_tokens", params.max_tokens),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+        )
+
+    def on_response(self, route: str, status_code: int, duration_s: float) -> None:
+        if self.server_metrics is not None:
+            try:
+                self.server_metrics.on_response(route, status_code, duration_s)
+            except Exception as exc:  # metrics never fail a request
+                logger.debug("metrics: %s", exc)
+
+    def render_metrics(self) -> tuple[bytes, str]:
+        from inferflow.telemetry import render_metrics
+
+        registries = [self.server_metrics.registry] if self.server_metrics is not None else []
+        return render_metrics(*registries)
+
+
+class WorkerTelemetry:
+    """The engine side: ``EngineTelemetry`` plus a ``TracedExecutor`` around the executor."""
+
+    def __init__(self, settings: TelemetrySettings, engine: Any, worker_id: int = 0) -> None:
+        from inferflow.telemetry import EngineMetrics, EngineTelemetry, TracedExecutor
+
+        self._provider, tracer = settings.tracer()
+        self.telemetry = EngineTelemetry(tracer, EngineMetrics(settings.model_name, worker_id))
+        scheduler = engine.scheduler
+        engine.executor = TracedExecutor(
+            engine.executor, self.telemetry, snapshot=lambda: scheduler.stats
+        )
+
+    def request_added(self, request: SubmitRequest) -> None:
+        self.telemetry.on_request_arrived(
+            request.request_id,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            trace_context=request.trace_context or None,
+            arrival_time=request.arrival_time,
+            max_tokens=request.params.max_tokens,
+            operation=request.operation,
+        )
+
+    def request_done(
+        self,
+        request_id: str,
+        finish_reason: str,
+        metrics: RequestMetrics | None,
+        num_output_tokens: int | None,
+        error: str | None = None,
+    ) -> dict[str, Any] | None:
+        """Emit the request's spans and metrics; returns its timings as a plain dict."""
+        timings = self.telemetry.on_request_finished(
+            request_id,
+            finish_reason,
+            metrics=metrics,
+            num_cached_tokens=metrics.num_cached_prompt_tokens if metrics else None,
+            num_output_tokens=num_output_tokens,
+            error=error,
+        )
+        return timings.to_dict() if timings is not None else None
+
+    def shutdown(self) -> None:
+        from inferflow.telemetry import shutdown_tracing
+
+        shutdown_tracing(self._provider)
