@@ -119,12 +119,12 @@ class EngineLoop(ContinuousBatchingLoop):
         callback_runner: CallbackRunner,
     ) -> None:  # type: ignore[override]
         """The engine thread: apply inbound messages, expire deadlines, step, publish."""
-        engine = lit_api.engine  # type: ignore[attr-defined]
+        engine, inbox = lit_api.engine, self._inbox  # type: ignore[attr-defined]
+        assert inbox is not None, "run() is entered through __call__"
         self._publish_stats(lit_api)
         lit_api.mark_ready()  # type: ignore[attr-defined]
         while True:
-            assert self._inbox is not None
-            messages = self._inbox.take_all(wait=not engine.has_unfinished_requests())
+            messages = inbox.take_all(wait=not engine.has_unfinished_requests())
             stop = self._apply(messages, lit_api)
             if stop is not None:
                 self._fail_all(lit_api, stop.error)

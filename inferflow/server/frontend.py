@@ -31,14 +31,17 @@ from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.pipeline import PreparedRequest, RequestPipeline
 from inferflow.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from inferflow.server.request_flow import RequestFlow
-from inferflow.server.responses import ChatFormatter, CompletionFormatter
+from inferflow.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.settings import ServerSettings
 from inferflow.server.shared_state import SharedState
 from inferflow.server.sse import SSEResponse
 
 logger = logging.getLogger(__name__)
 
-_ROUTES = {  # schema, formatter, GenAI operation name
+_ROUTES: dict[
+    str, tuple[type[CompletionRequest | ChatCompletionRequest], type[ResponseFormatter], str]
+] = {
+    # route: (schema, formatter, GenAI operation name)
     "completions": (CompletionRequest, CompletionFormatter, "text_completion"),
     "chat": (ChatCompletionRequest, ChatFormatter, "chat"),
 }

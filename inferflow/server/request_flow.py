@@ -68,8 +68,8 @@ class RequestFlow:
     async def events(self) -> AsyncIterator[str]:
         """The SSE stream: chunks until the final one, then usage (if asked) and ``[DONE]``."""
         fmt = self.formatter
-        for chunk in fmt.start_chunks():
-            yield sse_data(chunk)
+        for start in fmt.start_chunks():
+            yield sse_data(start)
         while True:
             update = await self.next_update()
             if update.error is not None:
