@@ -1,0 +1,47 @@
+"""Shared servers for the frontend tests (see ``server_harness``).
+
+Servers are few and shared (session scope) so the suite stays fast on a 2-core machine:
+``server`` runs the default graph with an open API; ``limited_server`` has API keys and small
+limits so every error path can be reached.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from server_harness import LIMITED_KEYS, ServerProcess, start_server
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The default graph (tiny model, continuous batching), open API, default limits; traces go
+    to ``traces.jsonl`` in the server's folder."""
+    folder = tmp_path_factory.mktemp("traces")
+    srv = start_server(
+        tmp_path_factory, "server", ["tracing=file", f"tracing.file_path={folder / 'traces.jsonl'}"]
+    )
+    srv.traces_path = folder / "traces.jsonl"  # type: ignore[attr-defined]
+    yield srv
+    srv.terminate()
+
+
+@pytest.fixture(scope="session")
+def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """API keys, a 4 KiB payload limit, 2 slots + 1 waiting, rate limits, a 1.5 s timeout."""
+    overrides = [
+        f"server.api_keys=[{','.join(LIMITED_KEYS[:-1])}]",
+        "server.max_payload_bytes=4096",
+        "server.max_waiting_requests=1",
+        "server.rate_limit_requests_per_minute=4",
+        "server.rate_limit_tokens_per_minute=3000",
+        "server.request_timeout_s=1.5",
+        "batching.max_batch_size=2",
+    ]
+    # the last key comes from the environment variable, as an operator would pass a secret
+    srv = start_server(
+        tmp_path_factory, "limited", overrides, env={"INFERFLOW_API_KEYS": LIMITED_KEYS[-1]}
+    )
+    srv.admin_key = "k-main"  # type: ignore[attr-defined]
+    yield srv
+    srv.terminate()

@@ -1,0 +1,230 @@
+"""Every error the frontend returns, with OpenAI's exact error shape."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+
+import httpx
+import openai
+import pytest
+from server_harness import MODEL, ServerProcess
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def error_of(response: httpx.Response, status: int) -> dict:
+    """The ``error`` object of an OpenAI-shaped error response with ``status``."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == ERROR_KEYS
+    assert isinstance(body["error"]["message"], str) and body["error"]["message"]
+    return body["error"]
+
+
+def completion(server: ServerProcess, key: str | None = None, **body: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return server.post(
+        "/v1/completions", json={"model": MODEL, "prompt": "Hi", **body}, headers=headers
+    )
+
+
+# --- 400 / 404 -------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("body", "param", "code"),
+    [
+        ({"temperature": 5}, "temperature", None),
+        ({"top_p": 0}, "top_p", None),
+        ({"max_tokens": 0}, "max_tokens", None),
+        ({"max_tokens": 100000}, "max_tokens", None),
+        ({"n": 2}, "n", None),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", None),
+        ({"logprobs": 50}, "logprobs", None),
+        ({"prompt": "word " * 3000, "max_tokens": 8}, "prompt", "context_length_exceeded"),
+        ({"prompt": [1, 2, 10**9]}, "prompt[2]", None),
+        ({"stream_options": {"include_usage": True}}, "stream_options", None),
+    ],
+)
+def test_invalid_parameter_is_400_naming_the_field(
+    server: ServerProcess, body: dict, param: str, code: str | None
+) -> None:
+    error = error_of(completion(server, **body), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+    assert error["code"] == code
+
+
+def test_chat_schema_errors_name_the_nested_field(server: ServerProcess) -> None:
+    response = server.post(
+        "/v1/chat/completions",
+        json={"model": MODEL, "messages": [{"role": "wizard", "content": "hi"}]},
+    )
+    assert error_of(response, 400)["param"] == "messages.0.role"
+    response = server.post("/v1/chat/completions", json={"model": MODEL, "messages": []})
+    assert error_of(response, 400)["param"] == "messages"
+    response = server.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+    )
+    assert error_of(response, 400)["param"] == "model"
+
+
+def test_malformed_json_is_400(server: ServerProcess) -> None:
+    response = server.post(
+        "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert error_of(response, 400)["param"] is None
+
+
+def test_unknown_model_is_404(server: ServerProcess) -> None:
+    error = error_of(completion(server, model="gpt-4o"), 404)
+    assert (error["param"], error["code"]) == ("model", "model_not_found")
+    with pytest.raises(openai.NotFoundError):
+        server.client().completions.create(model="nope", prompt="x", max_tokens=1)
+
+
+def test_unknown_route_has_the_error_shape(server: ServerProcess) -> None:
+    error_of(server.get("/v1/nothing-here"), 404)
+
+
+def test_openai_client_raises_bad_request_with_the_field(server: ServerProcess) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().completions.create(model=MODEL, prompt="x", temperature=-1)
+    assert info.value.body["param"] == "temperature"
+
+
+# --- 401 / 413 -------------------------------------------------------------------------------
+def test_api_key_required_when_configured(limited_server: ServerProcess) -> None:
+    error = error_of(completion(limited_server, max_tokens=1), 401)
+    assert error["code"] == "invalid_api_key"
+    error_of(completion(limited_server, key="wrong", max_tokens=1), 401)
+    with pytest.raises(openai.AuthenticationError):
+        limited_server.client(api_key="wrong").models.list()
+    assert completion(limited_server, key="k-main", max_tokens=1).status_code == 200
+    # keys from INFERFLOW_API_KEYS work like configured ones
+    assert limited_server.client(api_key="k-timeout").models.list().data[0].id == MODEL
+    assert limited_server.get("/health").status_code == 200  # probes stay open
+
+
+def test_payload_over_limit_is_413(limited_server: ServerProcess) -> None:
+    big = {"model": MODEL, "prompt": "x" * 5000, "max_tokens": 1}
+    response = limited_server.post(
+        "/v1/completions", json=big, headers={"Authorization": "Bearer k-main"}
+    )
+    assert error_of(response, 413)["code"] == "payload_too_large"
+
+    def chunked():  # no Content-Length: counted while the body arrives
+        data = json.dumps(big).encode()
+        for i in range(0, len(data), 1000):
+            yield data[i : i + 1000]
+
+    response = httpx.post(
+        limited_server.url("/v1/completions"),
+        content=chunked(),
+        timeout=30,
+        headers={"Authorization": "Bearer k-main", "content-type": "application/json"},
+    )
+    assert error_of(response, 413)["code"] == "payload_too_large"
+
+
+# --- 429 ---------------------------------------------------------------------------------------
+def test_requests_per_minute_limit_is_429_with_retry_after(limited_server: ServerProcess) -> None:
+    statuses = [completion(limited_server, key="k-rpm", max_tokens=1).status_code for _ in range(4)]
+    assert statuses == [200] * 4
+    response = completion(limited_server, key="k-rpm", max_tokens=1)
+    error = error_of(response, 429)
+    assert (error["type"], error["code"]) == ("requests", "rate_limit_exceeded")
+    assert int(response.headers["retry-after"]) >= 1
+    # limits are per key: another key is unaffected
+    assert completion(limited_server, key="k-main", max_tokens=1).status_code == 200
+    with pytest.raises(openai.RateLimitError):
+        limited_server.client(api_key="k-rpm").completions.create(
+            model=MODEL, prompt="x", max_tokens=1
+        )
+
+
+def test_tokens_per_minute_limit_is_429(limited_server: ServerProcess) -> None:
+    # limit 3000 per minute; each request reserves prompt + max_tokens
+    assert completion(limited_server, key="k-tpm", max_tokens=1900).status_code in (200, 504)
+    response = completion(limited_server, key="k-tpm", max_tokens=1900)
+    error = error_of(response, 429)
+    assert (error["type"], error["code"]) == ("tokens", "rate_limit_exceeded")
+    assert int(response.headers["retry-after"]) >= 1
+
+
+def test_full_waiting_queue_is_429(limited_server: ServerProcess) -> None:
+    """2 slots + 1 waiting request admitted; the next one is refused until one leaves."""
+    limited_server.wait_until(lambda s: s["in_flight"] == 0, what="an idle server")
+    with contextlib.ExitStack() as held:
+        for key in ("k-q1", "k-q2", "k-q3"):
+            response = held.enter_context(
+                httpx.stream(
+                    "POST",
+                    limited_server.url("/v1/completions"),
+                    timeout=30,
+                    json={
+                        "model": MODEL,
+                        "prompt": "Hi",
+                        "max_tokens": 2000,
+                        "stream": True,
+                        "ignore_eos": True,
+                    },
+                    headers={"Authorization": f"Bearer {key}"},
+                )
+            )
+            assert response.status_code == 200
+        response = completion(limited_server, key="k-q4", max_tokens=1)
+        error = error_of(response, 429)
+        assert error["code"] == "queue_full"
+        assert int(response.headers["retry-after"]) >= 1
+
+
+# --- 504 ---------------------------------------------------------------------------------------
+def test_request_timeout_is_504_and_frees_the_slot(limited_server: ServerProcess) -> None:
+    before = limited_server.stats("k-main")["engine"]["timed_out_requests"]
+    response = completion(limited_server, key="k-timeout", max_tokens=2000, ignore_eos=True)
+    error = error_of(response, 504)
+    assert error["code"] == "timeout"
+    stats = limited_server.wait_until(
+        lambda s: s["engine"]["timed_out_requests"] > before and s["engine"]["running"] == 0,
+        what="the timed-out request to leave the engine",
+    )
+    assert stats["engine"]["free_slots"] == stats["engine"]["total_slots"]
+
+
+def test_streaming_timeout_ends_with_an_error_event(limited_server: ServerProcess) -> None:
+    client = limited_server.client(api_key="k-stream")
+    stream = client.completions.create(
+        model=MODEL, prompt="Hi", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
+    )
+    received = []
+    with pytest.raises(openai.APIError) as info:
+        for chunk in stream:
+            received.append(chunk)
+    assert info.value.body["code"] == "timeout"
+    assert info.value.body["status_code"] == 504
+    assert received  # the stream had started (200) before it failed
+
+
+def test_error_event_is_well_formed_sse(limited_server: ServerProcess) -> None:
+    lines: list[str] = []
+    with httpx.stream(
+        "POST",
+        limited_server.url("/v1/completions"),
+        timeout=30,
+        json={
+            "model": MODEL,
+            "prompt": "Hi",
+            "max_tokens": 2000,
+            "stream": True,
+            "ignore_eos": True,
+        },
+        headers={"Authorization": "Bearer k-sse"},
+    ) as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    assert lines[-1] == "data: [DONE]"
+    error = json.loads(lines[-2].removeprefix("data: "))
+    assert set(error) == {"error"} and set(error["error"]) >= ERROR_KEYS
+    assert error["error"]["status_code"] == 504

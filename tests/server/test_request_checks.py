@@ -1,0 +1,166 @@
+"""Pure request-side checks: body parsing, API keys, token buckets, settings from the config."""
+
+from __future__ import annotations
+
+import pytest
+
+import inferflow.server.limits as limits
+from inferflow.config import ServerConfig
+from inferflow.server.errors import OpenAIError
+from inferflow.server.limits import ApiKeyAuth, RateLimiter, TokenBucket
+from inferflow.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from inferflow.server.settings import ServerSettings
+
+
+def param_of(schema: type, body: dict) -> tuple[int, str | None]:
+    with pytest.raises(OpenAIError) as info:
+        parse_body(schema, body)
+    return info.value.info.status_code, info.value.info.param
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"prompt": "x"}, "model"),
+        ({"model": "m"}, "prompt"),
+        ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
+        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": []}, "prompt"),
+        ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+        ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
+        ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "m", "prompt": "x", "stop": ["", "a"]}, "stop"),
+    ],
+)
+def test_completion_body_errors_name_the_field(body: dict, param: str) -> None:
+    assert param_of(CompletionRequest, body) == (400, param)
+
+
+def test_chat_body_errors_name_the_field() -> None:
+    msgs = [{"role": "user", "content": "hi"}]
+    assert param_of(ChatCompletionRequest, {"model": "m", "messages": msgs, "top_logprobs": 2}) == (
+        400,
+        "top_logprobs",
+    )
+    assert param_of(
+        ChatCompletionRequest, {"model": "m", "messages": [{"role": "user"}], "n": 3}
+    ) == (400, "n")
+    image = parse_body(
+        ChatCompletionRequest,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}],
+        },
+    )
+    with pytest.raises(OpenAIError) as info:
+        image.message_dicts()
+    assert info.value.info.param == "messages.0.content"
+    request = parse_body(
+        ChatCompletionRequest,
+        {
+            "model": "m",
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
+                }
+            ],
+        },
+    )
+    assert request.message_dicts() == [{"role": "user", "content": "ab"}]
+
+
+def test_chat_sampling_errors_use_openai_names() -> None:
+    request = parse_body(
+        ChatCompletionRequest,
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "x"}],
+            "logprobs": True,
+            "top_logprobs": 20,
+            "min_tokens": 9,
+        },
+    )
+    with pytest.raises(OpenAIError) as info:
+        request.sampling_params(max_tokens=4, logprobs=request.num_logprobs)
+    assert info.value.info.param == "min_tokens"
+
+
+def test_single_prompt_forms() -> None:
+    assert parse_body(CompletionRequest, {"model": "m", "prompt": ["x"]}).single_prompt() == "x"
+    assert parse_body(CompletionRequest, {"model": "m", "prompt": [[1, 2]]}).single_prompt() == [
+        1,
+        2,
+    ]
+    assert parse_body(CompletionRequest, {"model": "m", "prompt": [3, 4]}).single_prompt() == [3, 4]
+
+
+def test_api_keys_bearer_or_header_and_key_ids() -> None:
+    auth = ApiKeyAuth(("alpha", "beta"))
+    assert auth.authenticate({"authorization": "Bearer beta"}) == "key-1"
+    assert auth.authenticate({"x-api-key": "alpha"}) == "key-0"
+    for headers in ({}, {"authorization": "Bearer gamma"}, {"authorization": "Basic alpha"}):
+        with pytest.raises(OpenAIError) as info:
+            auth.authenticate(headers)
+        assert info.value.info.status_code == 401
+    assert ApiKeyAuth(()).authenticate({}) == limits.OPEN_ACCESS
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_token_bucket_refills_continuously(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(limits.time, "monotonic", clock)
+    bucket = TokenBucket(60)  # one unit per second
+    assert bucket.take(60) == 0.0
+    assert bucket.take(1) == pytest.approx(1.0)
+    clock.now += 0.5
+    assert bucket.take(1) == pytest.approx(0.5)
+    clock.now += 0.5
+    assert bucket.take(1) == 0.0
+    assert bucket.take(61) == 60.0  # more than the bucket holds: never; retry in a minute
+
+
+def test_rate_limiter_is_per_key_and_sets_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(limits.time, "monotonic", clock)
+    limiter = RateLimiter(requests_per_minute=2, tokens_per_minute=100)
+    limiter.check_request("a")
+    limiter.check_request("a")
+    with pytest.raises(OpenAIError) as info:
+        limiter.check_request("a")
+    assert info.value.info.status_code == 429
+    assert info.value.info.response_headers()["Retry-After"] == "30"
+    limiter.check_request("b")
+    limiter.check_tokens("a", 100)
+    with pytest.raises(OpenAIError) as info:
+        limiter.check_tokens("a", 10)
+    assert info.value.info.type == "tokens"
+
+
+def test_settings_from_the_typed_server_config() -> None:
+    cfg = ServerConfig(
+        port=9000,
+        api_keys=["a"],
+        max_waiting_requests=None,
+        rate_limit_tokens_per_minute=500,
+        shutdown_grace_s=3.0,
+    )
+    settings = ServerSettings.from_config(cfg, environ={"INFERFLOW_API_KEYS": "b, a ,c"})
+    assert settings.port == 9000
+    assert settings.api_keys == ("a", "b", "c")
+    assert settings.max_waiting_requests is None
+    assert settings.rate_limit_tokens_per_minute == 500
+    assert settings.rate_limit_requests_per_minute is None
+    assert settings.shutdown_grace_s == 3.0 and settings.log_level == "info"
+
+
+def test_settings_refuse_several_engine_workers() -> None:
+    with pytest.raises(ValueError, match=r"server\.workers"):
+        ServerSettings.from_config({"workers": 2}, environ={})
