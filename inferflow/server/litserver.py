@@ -15,8 +15,9 @@ What we replace, and why (LitServe 0.2.19):
 - ``lifespan``: our dispatcher routes typed ``UpdateBatch``/``WorkerLost`` messages to request
   channels, instead of LitServe's tuple protocol.
 - ``_register_internal_endpoints``: ``/health`` is liveness, ``/ready`` readiness, plus
-  ``/version`` and ``/admin/stats`` (LitServe's ``/health`` runs in the API process, where
-  ``setup()`` never ran).
+  ``/version``, ``/metrics`` and ``/admin/stats`` (LitServe's ``/health`` runs in the API
+  process, where ``setup()`` never ran).
+- ``setup_auth``: API keys are checked by the frontend (OpenAI-shaped 401), not by LitServe.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import logging
 import multiprocessing as mp
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from multiprocessing.managers import SyncManager
 from multiprocessing.process import BaseProcess
@@ -52,6 +53,10 @@ from inferflow.server.worker_api import EngineAPI
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)
+
+
+def _no_auth() -> None:
+    return None
 
 
 class InferflowServer(ls.LitServer):
@@ -79,6 +84,11 @@ class InferflowServer(ls.LitServer):
 
     def _register_internal_endpoints(self) -> None:
         register_ops_routes(self.app, self.frontend, self.model_path)
+
+    def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable[[], None]:
+        """No LitServe auth dependency (``LIT_SERVER_API_KEY``): the frontend checks API keys,
+        so a 401 has OpenAI's shape and the keys come from ``server.api_keys``."""
+        return _no_auth
 
     @property
     def transport(self) -> Any:

@@ -16,7 +16,7 @@ import pytest
 from server_harness import MODEL, ServerProcess, alive, start_server
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}
-GRACE_S = 2.0
+GRACE_S = 1.0
 
 
 def cpu_seconds(pids: list[int]) -> float:
