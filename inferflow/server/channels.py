@@ -44,10 +44,25 @@ class RequestChannel:
         self.push(RequestUpdate(request_id=self.request_id, error=error), from_worker=False)
 
     async def next(self, timeout: float | None) -> RequestUpdate:
-        """Every update queued since the last call, merged into one; waits up to ``timeout``."""
+        """Every update queued since the last call, merged into one; waits up to ``timeout``.
+
+        Raises ``asyncio.TimeoutError`` when nothing arrived in time. Deliberately not built on
+        ``asyncio.wait_for``: on Python 3.11 it swallows a cancellation that races with the
+        awaited event (updates arrive every few ms), and a stream whose client left would then
+        keep running until its last token instead of being cancelled.
+        """
         if not self._updates:
             self._event.clear()
-            await asyncio.wait_for(self._event.wait(), timeout)
+            alarm = None
+            if timeout is not None:
+                alarm = asyncio.get_running_loop().call_later(max(0.0, timeout), self._event.set)
+            try:
+                await self._event.wait()
+            finally:
+                if alarm is not None:
+                    alarm.cancel()
+            if not self._updates:
+                raise asyncio.TimeoutError
         merged = self._updates.popleft()
         while self._updates:
             merged = merged.merge(self._updates.popleft())

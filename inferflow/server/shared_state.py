@@ -13,15 +13,16 @@ the API processes are forked (they inherit the shared memory).
 
 Everything the engine worker writes is lock-free: the worker can be killed at any instruction
 (SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
-bytes; the snapshot and the blob use a sequence number (a seqlock: odd while being written),
-and readers retry a bounded number of times, then accept a possibly torn read (stats are
-advisory). Only ``in_flight``, which API processes alone update, keeps a lock.
+bytes; the snapshot and the blob use a sequence number (a seqlock: odd while being written);
+readers retry for a bounded time, then fall back to the last snapshot they saw. Only
+``in_flight``, which API processes alone update, keeps a lock.
 """
 
 from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ class SharedState:
         self._stats = ctx.Array("d", 1 + len(STATS_FIELDS), lock=False)  # [seq, *fields]
         self._info_seq = ctx.Value("q", 0, lock=False)
         self._info = ctx.Array("c", _INFO_BYTES, lock=False)
+        self._last_stats = [0.0] * len(STATS_FIELDS)  # per reading process
 
     # readiness / draining -------------------------------------------------------------------
     @property
@@ -91,15 +93,21 @@ class SharedState:
     # worker snapshot (single writer: the engine worker) ---------------------------------------
     def publish_stats(self, values: dict[str, float]) -> None:
         """Overwrite the snapshot; fields not in ``values`` keep their previous value."""
+        merged = [
+            float(values.get(name, old))
+            for name, old in zip(STATS_FIELDS, self._stats[1:], strict=True)
+        ]
         seq = int(self._stats[0])
         self._stats[0] = seq + 1  # odd: a write is in progress
-        for i, name in enumerate(STATS_FIELDS, start=1):
-            if name in values:
-                self._stats[i] = float(values[name])
+        self._stats[1:] = merged  # one copy: keeps the write window short
         self._stats[0] = seq + 2
 
     def stats(self) -> dict[str, float]:
-        snapshot = _seqlock_read(lambda: self._stats[0], lambda: list(self._stats[1:]))
+        """A consistent snapshot (or, if the writer stalls mid-write, the last one seen here)."""
+        snapshot = _seqlock_read(
+            lambda: self._stats[0], lambda: list(self._stats[1:]), self._last_stats
+        )
+        self._last_stats = snapshot
         return dict(zip(STATS_FIELDS, snapshot, strict=True))
 
     def publish_info(self, info: dict[str, Any]) -> None:
@@ -110,23 +118,27 @@ class SharedState:
         self._info_seq.value = seq + 2
 
     def info(self) -> dict[str, Any]:
-        data = _seqlock_read(lambda: self._info_seq.value, lambda: self._info.value)
-        try:
-            return json.loads(data) if data else {}
-        except ValueError:  # torn by a writer that died mid-write
-            return {}
+        data = _seqlock_read(lambda: self._info_seq.value, lambda: self._info.value, b"")
+        return json.loads(data) if data else {}
 
 
 def _seqlock_read(
-    sequence: Callable[[], float], read: Callable[[], _T], attempts: int = 1000
+    sequence: Callable[[], float], read: Callable[[], _T], fallback: _T, patience_s: float = 0.05
 ) -> _T:
-    """``read()`` with no write in progress before or during it (bounded retries)."""
-    value = read()
-    for _ in range(attempts):
+    """``read()`` with no write in progress before or during it.
+
+    A writer descheduled mid-write (a loaded machine) is waited for, briefly; one that died
+    mid-write never finishes, so after ``patience_s`` the caller gets ``fallback``.
+    """
+    deadline = None
+    while True:
         before = sequence()
-        if int(before) % 2:
-            continue
-        value = read()
-        if sequence() == before:
-            return value
-    return value
+        if not int(before) % 2:
+            value = read()
+            if sequence() == before:
+                return value
+        now = time.monotonic()
+        deadline = deadline if deadline is not None else now + patience_s
+        if now > deadline:
+            return fallback
+        time.sleep(0.0002)

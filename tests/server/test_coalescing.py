@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 from inferflow.server.channels import RequestChannel
 from inferflow.server.errors import ErrorInfo
 from inferflow.server.messages import LogprobEntry, RequestUpdate, UpdateBatch
@@ -94,3 +96,30 @@ def test_the_first_final_update_closes_the_channel() -> None:
 
     (only,) = asyncio.run(scenario())
     assert only.finish_reason == "stop" and only.error is None
+
+
+def test_cancelling_a_reader_is_never_swallowed_by_a_racing_update() -> None:
+    """A disconnect cancels the stream's reader while updates keep arriving; the cancellation
+    must win, or the stream would run to its last token (asyncio.wait_for on 3.11 loses it)."""
+
+    async def scenario() -> bool:
+        channel = RequestChannel("r")
+        reader = asyncio.ensure_future(channel.next(timeout=30.0))
+        await asyncio.sleep(0)  # the reader now waits on the channel
+        channel.push(RequestUpdate("r", text="late"))  # wakes it...
+        reader.cancel()  # ...in the same loop iteration as the cancellation
+        try:
+            await reader
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(scenario())
+
+
+def test_a_reader_times_out_when_nothing_arrives() -> None:
+    async def scenario() -> None:
+        await RequestChannel("r").next(timeout=0.01)
+
+    with pytest.raises(asyncio.TimeoutError):
+        asyncio.run(scenario())
