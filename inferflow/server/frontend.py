@@ -161,6 +161,9 @@ class Frontend:
         except OpenAIError as exc:
             _end_failed_span(span, exc.info)
             raise
+        except Exception:
+            _end_failed_span(span, ErrorInfo(500, "internal server error", code="internal_error"))
+            raise
         formatter = formatter_cls(
             self.pipeline.model_name, body.include_usage, prepared.params.logprobs is not None
         )

@@ -64,16 +64,18 @@ def test_chat_non_streaming_and_streaming_agree(server: ServerProcess) -> None:
     assert len({c.id for c in chunks}) == 1
 
 
-def test_chat_without_max_tokens_may_fill_the_context(server: ServerProcess) -> None:
+def test_chat_without_max_tokens_fills_the_context(server: ServerProcess) -> None:
+    """No max_tokens: the completion may use the rest of the context window, no more."""
+    context = server.client().models.list().data[0].model_extra["max_model_len"]
     out = server.client().chat.completions.create(
         model=MODEL,
-        messages=[{"role": "user", "content": "Hi"}],
+        messages=[{"role": "user", "content": "a " * (context - 20)}],
         temperature=0,
-        seed=1,
-        extra_body={"stop_token_ids": []},
+        extra_body={"ignore_eos": True},
     )
-    assert out.choices[0].finish_reason in ("stop", "length")
-    assert out.usage.total_tokens <= 2048
+    assert out.choices[0].finish_reason == "length"
+    assert out.usage.prompt_tokens + out.usage.completion_tokens == context
+    assert 0 < out.usage.completion_tokens < 20
 
 
 def test_stop_string_ends_with_finish_reason_stop(server: ServerProcess) -> None:
