@@ -80,6 +80,9 @@ class ModelConfig:
     ``models_dir/dirname``, then the Hugging Face cache snapshot of ``hf_repo`` (read only,
     nothing is downloaded). ``name`` is the id served on ``/v1/models`` (default: the
     checkpoint folder's name). ``max_model_len`` caps the context (default: the checkpoint's).
+    ``version`` and ``weight`` matter when several entries share a ``name`` (``extra_models``):
+    ``name@version`` pins one, a plain ``name`` picks one with probability proportional to its
+    ``weight`` (canary). ``task=embed`` serves the model on ``/v1/embeddings``.
     """
 
     name: str | None = None
@@ -90,6 +93,12 @@ class ModelConfig:
     builtin: str | None = None
     max_model_len: int | None = None
     task: ModelTask = ModelTask.generate
+    version: str = "1"
+    weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.weight < 0:
+            raise ValueError(f"weight: must be >= 0, got {self.weight}")
 
 
 class LogLevel(ConfigEnum):
@@ -197,6 +206,8 @@ class InferflowConfig:
     """The root config. Slots hold a ``_target_`` node (or null when removed with ``~slot``)."""
 
     model: ModelConfig = MISSING
+    # More models served beside ``model`` (``+extra_models=minilm``): key -> model entry.
+    extra_models: dict[str, ModelConfig] = field(default_factory=dict)
     validator: Any = None
     tokenizer: Any = None
     cache: Any = None
@@ -262,7 +273,10 @@ class ConfigError(ValueError):
 
 # ---------------------------------------------------------------- where checkpoints are found
 
-BUILTIN_MODELS = {"tiny_llama": "inferflow.models.tiny.tiny_llama_path"}
+BUILTIN_MODELS = {
+    "tiny_llama": "inferflow.models.tiny.tiny_llama_path",
+    "minilm": "inferflow.models.bert.minilm_path",
+}
 
 
 def inferflow_home() -> Path:

@@ -69,6 +69,13 @@ def serve(graph: Any) -> None:
     worker could not start or an API process died. Prometheus samples of every process go to
     a temporary multiprocess directory that is removed on the way out.
     """
+    from inferflow.server.embedding_models import is_embedding_model
+
+    if is_embedding_model(graph.model):  # no LLM: one process, no engine worker
+        from inferflow.server.embedding_server import serve_embeddings
+
+        serve_embeddings(graph)
+        return
     metrics_dir = prepare_multiprocess_dir()
     try:
         server = build_server(graph)
