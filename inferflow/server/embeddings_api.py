@@ -181,7 +181,8 @@ class EmbeddingModels:
         out: dict[str, Any] = {}
         for mid, service in self.services.items():
             snapshot = asdict(service.stats())
-            snapshot["worker_state"] = str(snapshot["worker_state"])
+            state = snapshot["worker_state"]
+            snapshot["worker_state"] = getattr(state, "value", str(state))
             out[mid] = snapshot
         return out
 

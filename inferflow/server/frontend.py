@@ -70,6 +70,11 @@ class Frontend:
         self.request_queue: Any = None  # LitServe's request queue (a Manager proxy)
         self.draining = False
         self.created = int(time.time())
+        # EmbeddingsFrontend of the extra embedding models (``extra_models``), if any
+        self.embeddings: Any = None
+
+    def is_draining(self) -> bool:
+        return self.draining or self.shared.draining
 
     # --- routes -------------------------------------------------------------------------------
     async def completions(self, request: Request) -> Response:
@@ -87,7 +92,10 @@ class Frontend:
             "owned_by": "inferflow",
             "max_model_len": self.pipeline.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        cards = [card]
+        if self.embeddings is not None:
+            cards += self.embeddings.models.cards(self.created)
+        return JSONResponse({"object": "list", "data": cards})
 
     # --- admission ----------------------------------------------------------------------------
     def check_accepting(self) -> None:
@@ -144,6 +152,10 @@ class Frontend:
         self.check_accepting()
         body = parse_body(schema, await self._read_json(request))
         if body.model != self.pipeline.model_name:
+            if self.embeddings is not None and self.embeddings.models.serves(body.model):
+                from inferflow.server.embedding_models import unsupported_route
+
+                raise unsupported_route(body.model, request.url.path)
             raise OpenAIError.of(
                 404,
                 f"The model `{body.model}` does not exist.",

@@ -102,6 +102,10 @@ class InferflowServer(ls.LitServer):
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
         """Per API process: telemetry, and request channels fed from this process's queue."""
         self.frontend.telemetry.start()
+        embeddings = self.frontend.embeddings
+        loading = None
+        if embeddings is not None:  # encoders live in each API process; /ready waits for them
+            loading = asyncio.get_running_loop().run_in_executor(None, embeddings.models.start)
         pump = asyncio.create_task(
             self.frontend.registry.pump(self._transport, self.frontend.consumer_id)
         )
@@ -111,6 +115,10 @@ class InferflowServer(ls.LitServer):
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(pump, timeout=2.0)
+            if loading is not None:
+                with contextlib.suppress(BaseException):
+                    await loading
+                embeddings.models.close()
             self.frontend.telemetry.stop()
 
     def _init_manager(self, num_api_servers: int) -> SyncManager:

@@ -36,7 +36,8 @@ def runtime_versions() -> dict[str, Any]:
 def readiness(frontend: Frontend) -> str:
     if frontend.draining or frontend.shared.draining:
         return "draining"
-    return "ready" if frontend.shared.ready else "not_ready"
+    embeddings_ready = frontend.embeddings is None or frontend.embeddings.models.ready
+    return "ready" if frontend.shared.ready and embeddings_ready else "not_ready"
 
 
 def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> None:
@@ -90,5 +91,8 @@ def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> No
                     "open_requests": len(frontend.registry),
                 },
                 "engine": {k: int(v) if float(v).is_integer() else v for k, v in engine.items()},
+                "embeddings": (
+                    frontend.embeddings.models.stats() if frontend.embeddings is not None else {}
+                ),
             }
         )

@@ -14,6 +14,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from inferflow.server.embedding_models import embedding_specs
+from inferflow.server.embeddings_api import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.frontend import Frontend
 from inferflow.server.litserver import InferflowServer
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
@@ -52,6 +54,14 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
     shared = SharedState()
     pipeline = RequestPipeline.from_graph(graph, wrap_stage=frontend_telemetry.wrap_stage)
     frontend = Frontend(pipeline, settings, shared, frontend_telemetry)
+    specs = embedding_specs(graph)  # extra_models: encoders served in the API process
+    if specs:
+        frontend.embeddings = EmbeddingsFrontend(
+            EmbeddingModels(specs),
+            frontend.auth,
+            frontend.is_draining,
+            on_response=frontend_telemetry.on_response,
+        )
     api = EngineAPI(
         GraphEngineFactory(config),
         shared,

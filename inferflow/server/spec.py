@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from litserve.specs.base import LitSpec
 
+from inferflow.server.embeddings_api import EMBEDDINGS_PATH
 from inferflow.server.frontend import Frontend
 
 if TYPE_CHECKING:
@@ -38,6 +39,8 @@ class OpenAICompatibleSpec(LitSpec):
         self.add_endpoint(COMPLETIONS_PATH, self.frontend.completions, ["POST"])
         self.add_endpoint(CHAT_PATH, self.frontend.chat_completions, ["POST"])
         self.add_endpoint(MODELS_PATH, self.frontend.models, ["GET"])
+        if self.frontend.embeddings is not None:
+            self.add_endpoint(EMBEDDINGS_PATH, self.frontend.embeddings.embeddings, ["POST"])
 
     def setup(self, server: LitServer) -> None:
         super().setup(server)
