@@ -96,7 +96,8 @@ def test_help_lists_groups_and_info_shows_search_path(
     help_ = run_cli(["--help"], cli_env, workdir)
     assert help_.returncode == 0
     assert "batching: continuous, dynamic, none, static" in help_.stdout
-    assert "model: llama_1b, llama_8b, local, tiny_llama" in help_.stdout
+    assert "model: llama_1b, llama_8b, local, minilm, tiny_llama" in help_.stdout
+    assert "extra_models: minilm, minilm_canary" in help_.stdout
     assert "_schema" not in help_.stdout  # schemas are not selectable options
     info = run_cli(["--info", "searchpath"], cli_env, workdir)
     assert info.returncode == 0 and "pkg://inferflow.conf" in info.stdout
