@@ -20,9 +20,10 @@ share engine calls. Errors: ``EmbeddingInputError`` (HTTP 400, names the field),
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -116,6 +117,8 @@ class EmbeddingService:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.model_version = model_version  # reported in responses (canary routing)
+        # called with each formed batch's size (metrics); set by the server, None offline
+        self.on_batch: Callable[[int], None] | None = None
         self.batcher: DynamicBatcher[_Item, np.ndarray] = DynamicBatcher(
             self._run_batch,
             batching,
@@ -211,6 +214,9 @@ class EmbeddingService:
         self.batcher.close()
 
     def _run_batch(self, items: list[_Item]) -> list[np.ndarray]:
+        if self.on_batch is not None:
+            with contextlib.suppress(Exception):  # metrics must never fail a batch
+                self.on_batch(len(items))
         start = time.monotonic()
         vectors = self.engine.encode([it.ids for it in items])  # (B, E)
         compute = time.monotonic() - start

@@ -12,6 +12,7 @@ and the body's ``model_version`` field.
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import random
 import threading
@@ -102,6 +103,13 @@ class EmbeddingMetrics:
         self.tokens = Counter(
             "inferflow:embedding_prompt_tokens", "Tokens embedded", labels, registry=self.registry
         )
+        self.batch_size = Histogram(
+            "inferflow:embedding_batch_size",
+            "Inputs per encoder call formed by the dynamic batcher",
+            labels,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=self.registry,
+        )
         self.latency = Histogram(
             "inferflow:embedding_request_latency_seconds",
             "Embedding request latency (queue + compute)",
@@ -118,6 +126,8 @@ class EmbeddingModels:
         self.specs = list(specs)
         self.router = ModelRouter([s.model_version for s in self.specs], rng)
         self.services: dict[str, EmbeddingService] = {}  # "name@version" -> service
+        # (name, version, batch size) -> None, called per formed batch (the frontend's metrics)
+        self.batch_observer: Callable[[str, str, int], None] | None = None
         self.error: str | None = None
         self._ready = threading.Event()
 
@@ -130,12 +140,15 @@ class EmbeddingModels:
         try:
             for spec in self.specs:
                 started = time.time()
-                self.services[spec.model_version.model_id] = EmbeddingService.from_path(
+                service = EmbeddingService.from_path(
                     spec.path,
                     batching=spec.batching,
                     model_name=spec.name,
                     model_version=spec.version,
                 )
+                if self.batch_observer is not None:
+                    service.on_batch = functools.partial(self.batch_observer, spec.name, spec.version)
+                self.services[spec.model_version.model_id] = service
                 logger.info(
                     "embedding model %s@%s ready in %.2f s",
                     spec.name,
@@ -208,6 +221,10 @@ class EmbeddingsFrontend:
         self.draining = draining
         self.on_response = on_response
         self.metrics = EmbeddingMetrics()
+        models.batch_observer = self._observe_batch
+
+    def _observe_batch(self, name: str, version: str, size: int) -> None:
+        self.metrics.batch_size.labels(name, version).observe(size)
 
     async def embeddings(self, request: Request) -> JSONResponse:
         started, status = time.time(), 500

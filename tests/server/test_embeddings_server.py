@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, start_server
 
 from inferflow.models.bert import minilm_path
@@ -137,6 +138,11 @@ def test_32_concurrent_clients_form_batches(embed_server) -> None:
     assert max(sizes) > 1, stats["batch_size_histogram"]
     metrics = embed_server.get("/metrics").text
     assert f'inferflow:embedding_requests_total{{model="{MINILM}",version="1"}}' in metrics
+    # the batch-size histogram in /metrics: some batch had more than one input
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    buckets = {s.labels["le"]: s.value for s in families["inferflow:embedding_batch_size"].samples
+               if s.name.endswith("_bucket") and s.labels.get("model") == MINILM}
+    assert buckets["+Inf"] > buckets["1.0"], buckets
 
 
 def test_models_lists_llm_and_embedding_versions(multi_server) -> None:
