@@ -70,9 +70,10 @@ class EmbeddingRequest(BaseModel):
             return [self.input]
         if not self.input:
             raise bad_request("input: must not be empty", "input")
-        if isinstance(self.input[0], int):
-            return [list(self.input)]  # type: ignore[arg-type]
-        return list(self.input)  # type: ignore[arg-type]
+        items: list[Any] = list(self.input)
+        if isinstance(items[0], int):
+            return [items]
+        return items
 
 
 def parse_embedding_request(body: Any) -> EmbeddingRequest:
