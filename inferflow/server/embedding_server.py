@@ -32,6 +32,7 @@ from inferflow.server.embeddings_api import (
 )
 from inferflow.server.errors import install_error_handlers
 from inferflow.server.limits import ApiKeyAuth, PayloadLimitMiddleware
+from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.settings import ServerSettings
 from inferflow.telemetry.metrics_export import render_metrics
 
@@ -41,12 +42,23 @@ logger = logging.getLogger(__name__)
 class EmbeddingApp:
     """The FastAPI app of an embedding-only server."""
 
-    def __init__(self, models: EmbeddingModels, settings: ServerSettings) -> None:
+    def __init__(
+        self,
+        models: EmbeddingModels,
+        settings: ServerSettings,
+        telemetry: FrontendTelemetry | None = None,
+    ) -> None:
         self.models = models
         self.settings = settings
         self.draining = False
         self.created = int(time.time())
-        self.frontend = EmbeddingsFrontend(models, ApiKeyAuth(settings.api_keys), self._draining)
+        self.telemetry = telemetry or FrontendTelemetry(None)
+        self.frontend = EmbeddingsFrontend(
+            models,
+            ApiKeyAuth(settings.api_keys),
+            self._draining,
+            tracer=lambda: self.telemetry.tracer,
+        )
         self.app = FastAPI(title="inferflow", lifespan=self.lifespan)
         self.app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
         install_error_handlers(self.app)
@@ -57,6 +69,7 @@ class EmbeddingApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        self.telemetry.start()
         loading = asyncio.get_running_loop().run_in_executor(None, self.models.start)
         try:
             yield
@@ -65,6 +78,7 @@ class EmbeddingApp:
             with contextlib.suppress(Exception):
                 await loading
             self.models.close()
+            self.telemetry.stop()
 
     def readiness(self) -> str:
         if self.draining:
@@ -127,7 +141,9 @@ def serve_embeddings(graph: Any) -> None:
     """Serve the graph's embedding models until SIGTERM/SIGINT (blocking)."""
     settings = ServerSettings.from_config(graph.server)
     models = EmbeddingModels(embedding_specs(graph))
-    app = EmbeddingApp(models, settings)
+    tracing = dict(graph.to_container().get("tracing") or {})
+    telemetry = FrontendTelemetry(TelemetrySettings(graph.model_name, tracing))
+    app = EmbeddingApp(models, settings, telemetry)
     logger.info(
         "embedding server: %s on http://%s:%d",
         ", ".join(models.router.model_ids()),

@@ -148,7 +148,9 @@ class EmbeddingModels:
                     model_version=spec.version,
                 )
                 if self.batch_observer is not None:
-                    service.on_batch = functools.partial(self.batch_observer, spec.name, spec.version)
+                    service.on_batch = functools.partial(
+                        self.batch_observer, spec.name, spec.version
+                    )
                 self.services[spec.model_version.model_id] = service
                 logger.info(
                     "embedding model %s@%s ready in %.2f s",
@@ -216,11 +218,13 @@ class EmbeddingsFrontend:
         auth: ApiKeyAuth,
         draining: Callable[[], bool],
         on_response: Callable[[str, int, float], None] | None = None,
+        tracer: Callable[[], Any] | None = None,
     ) -> None:
         self.models = models
         self.auth = auth
         self.draining = draining
         self.on_response = on_response
+        self.tracer = tracer  # -> this process's OpenTelemetry tracer (None: tracing off)
         self.metrics = EmbeddingMetrics()
         models.batch_observer = self._observe_batch
 
@@ -229,18 +233,22 @@ class EmbeddingsFrontend:
 
     async def embeddings(self, request: Request) -> JSONResponse:
         started, status = time.time(), 500
+        trace = EmbeddingTrace(self.tracer() if self.tracer is not None else None, request, started)
         try:
-            response = await self._handle(request, started)
+            response = await self._handle(request, started, trace)
             status = response.status_code
             return response
         except OpenAIError as exc:
             status = exc.info.status_code
             raise
         finally:
+            trace.end(status)
             if self.on_response is not None:
                 self.on_response(EMBEDDINGS_PATH, status, time.time() - started)
 
-    async def _handle(self, request: Request, started: float) -> JSONResponse:
+    async def _handle(
+        self, request: Request, started: float, trace: EmbeddingTrace
+    ) -> JSONResponse:
         self.auth.authenticate(request.headers)
         if self.draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
@@ -259,7 +267,9 @@ class EmbeddingsFrontend:
                 f"{service.embedding_dim}",
                 "dimensions",
             )
+        trace.start(body.model)
         try:
+            submitted = time.time()
             result = await service.embed_async(body.inputs())
         except EmbeddingInputError as exc:
             raise bad_request(str(exc), exc.field) from None
@@ -274,6 +284,7 @@ class EmbeddingsFrontend:
             raise OpenAIError.of(
                 503, "The server is shutting down.", code="shutting_down"
             ) from None
+        trace.finished(service, submitted, result)
         labels = (service.model_name, service.model_version)
         self.metrics.requests.labels(*labels).inc()
         self.metrics.inputs.labels(*labels).inc(len(result.vectors))
@@ -285,6 +296,69 @@ class EmbeddingsFrontend:
                 service.model_version, result.queue_time_s, result.compute_time_s
             ),
         )
+
+
+class EmbeddingTrace:
+    """One embeddings request's spans: root SERVER span ``embeddings {model}`` (continuing an
+    incoming ``traceparent``) with ``queue`` (dynamic batcher) and ``compute`` (encoder) children.
+    Inert when tracing is off; telemetry failures never fail the request."""
+
+    def __init__(self, tracer: Any, request: Request, arrival: float) -> None:
+        self.tracer, self.request, self.arrival = tracer, request, arrival
+        self.root: Any = None
+
+    def start(self, model: str) -> None:
+        if self.tracer is None:
+            return
+        from inferflow.telemetry import start_request_span
+
+        self.root = start_request_span(
+            self.tracer,
+            operation="embeddings",
+            model=model,
+            headers=dict(self.request.headers),
+            start_time=self.arrival,
+        )
+
+    def finished(self, service: EmbeddingService, submitted: float, result: Any) -> None:
+        if self.root is None:
+            return
+        try:
+            from inferflow.telemetry import emit_span
+
+            queued = submitted + result.queue_time_s
+            attrs = {
+                "gen_ai.response.model": service.model_name,
+                "inferflow.model.version": service.model_version,
+            }
+            emit_span(
+                self.tracer,
+                "queue",
+                parent=self.root,
+                start_time=submitted,
+                end_time=queued,
+                attributes=attrs,
+            )
+            emit_span(
+                self.tracer,
+                "compute",
+                parent=self.root,
+                start_time=queued,
+                end_time=queued + result.compute_time_s,
+                attributes=attrs,
+            )
+            self.root.set_attributes({**attrs, "gen_ai.usage.input_tokens": result.prompt_tokens})
+        except Exception:  # telemetry never fails a request
+            logger.debug("embedding spans failed", exc_info=True)
+
+    def end(self, status: int) -> None:
+        if self.root is None:
+            return
+        try:
+            self.root.set_http_status(status)
+            self.root.end()
+        except Exception:
+            logger.debug("ending the embedding span failed", exc_info=True)
 
 
 def render_embeddings(

@@ -61,6 +61,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
             frontend.auth,
             frontend.is_draining,
             on_response=frontend_telemetry.on_response,
+            tracer=lambda: frontend_telemetry.tracer,
         )
     api = EngineAPI(
         GraphEngineFactory(config),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import os
+import secrets
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -34,7 +36,13 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def embed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = start_server(tmp_path_factory, "embed", ["+model=minilm", "batching=dynamic"])
+    traces = tmp_path_factory.mktemp("embed_traces") / "traces.jsonl"
+    srv = start_server(
+        tmp_path_factory,
+        "embed",
+        ["+model=minilm", "batching=dynamic", "tracing=file", f"tracing.file_path={traces}"],
+    )
+    srv.traces_path = traces  # type: ignore[attr-defined]
     yield srv
     srv.terminate()
 
@@ -205,3 +213,27 @@ def test_canary_split_pinning_and_stickiness(multi_server) -> None:
         assert (
             f'inferflow:embedding_requests_total{{model="{MINILM}",version="{version}"}}' in metrics
         )
+
+
+def test_embedding_request_is_traced_with_queue_and_compute(embed_server) -> None:
+    from test_server_telemetry import spans_of
+
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    response = embed_server.post(
+        "/v1/embeddings",
+        json={"model": MINILM, "input": ["trace me", "and me"]},
+        headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+    )
+    assert response.status_code == 200
+    wanted = {f"embeddings {MINILM}", "queue", "compute"}
+    deadline = time.monotonic() + 30  # the file exporter writes in batches
+    while not wanted <= {s["name"] for s in spans_of(embed_server.traces_path, trace_id)}:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    by_name = {s["name"]: s for s in spans_of(embed_server.traces_path, trace_id)}
+    root = by_name[f"embeddings {MINILM}"]
+    assert root["parentSpanId"] == parent_id and root["kind"] == 2  # SERVER, client's span parent
+    for child in ("queue", "compute"):
+        assert by_name[child]["parentSpanId"] == root["spanId"]
+    assert int(by_name["queue"]["endTimeUnixNano"]) <= int(by_name["compute"]["startTimeUnixNano"])
+    assert int(by_name["compute"]["endTimeUnixNano"]) <= int(root["endTimeUnixNano"])
