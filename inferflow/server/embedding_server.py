@@ -31,7 +31,7 @@ from inferflow.server.embeddings_api import (
     model_not_found,
 )
 from inferflow.server.errors import install_error_handlers
-from inferflow.server.limits import ApiKeyAuth, PayloadLimitMiddleware
+from inferflow.server.limits import ApiKeyAuth, PayloadLimitMiddleware, RateLimiter
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.settings import ServerSettings
 from inferflow.telemetry.metrics_export import render_metrics
@@ -58,6 +58,9 @@ class EmbeddingApp:
             ApiKeyAuth(settings.api_keys),
             self._draining,
             tracer=lambda: self.telemetry.tracer,
+            limiter=RateLimiter(
+                settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute
+            ),
         )
         self.app = FastAPI(title="inferflow", lifespan=self.lifespan)
         self.app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)

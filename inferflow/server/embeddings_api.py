@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from inferflow.embeddings import EmbeddingInputError, EmbeddingService
 from inferflow.scheduling.dynamic_batcher import BatcherClosed, DynamicBatchingConfig, QueueFull
 from inferflow.server.errors import OpenAIError, bad_request
-from inferflow.server.limits import ApiKeyAuth
+from inferflow.server.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.model_routing import ModelRouter, ModelVersion
 from inferflow.server.protocol import _first_error
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
@@ -219,12 +219,15 @@ class EmbeddingsFrontend:
         draining: Callable[[], bool],
         on_response: Callable[[str, int, float], None] | None = None,
         tracer: Callable[[], Any] | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.models = models
         self.auth = auth
         self.draining = draining
         self.on_response = on_response
         self.tracer = tracer  # -> this process's OpenTelemetry tracer (None: tracing off)
+        # per-key request and token limits, shared with the LLM routes when both are served
+        self.limiter = limiter or RateLimiter(None, None)
         self.metrics = EmbeddingMetrics()
         models.batch_observer = self._observe_batch
 
@@ -249,7 +252,8 @@ class EmbeddingsFrontend:
     async def _handle(
         self, request: Request, started: float, trace: EmbeddingTrace
     ) -> JSONResponse:
-        self.auth.authenticate(request.headers)
+        key_id = self.auth.authenticate(request.headers)
+        self.limiter.check_request(key_id)
         if self.draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
         body = parse_embedding_request(await _read_json(request))
@@ -269,8 +273,12 @@ class EmbeddingsFrontend:
             )
         trace.start(body.model)
         try:
+            # tokenize here (ids with [CLS]/[SEP], truncated) so the token budget is checked
+            # before any work is queued; the service uses token-id inputs as given
+            inputs = service.tokenize(body.inputs())
+            self.limiter.check_tokens(key_id, sum(len(ids) for ids in inputs))
             submitted = time.time()
-            result = await service.embed_async(body.inputs())
+            result = await service.embed_async(inputs)
         except EmbeddingInputError as exc:
             raise bad_request(str(exc), exc.field) from None
         except QueueFull:

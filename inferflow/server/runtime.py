@@ -62,6 +62,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
             frontend.is_draining,
             on_response=frontend_telemetry.on_response,
             tracer=lambda: frontend_telemetry.tracer,
+            limiter=frontend.limiter,
         )
     api = EngineAPI(
         GraphEngineFactory(config),

@@ -148,8 +148,11 @@ def test_32_concurrent_clients_form_batches(embed_server) -> None:
     assert f'inferflow:embedding_requests_total{{model="{MINILM}",version="1"}}' in metrics
     # the batch-size histogram in /metrics: some batch had more than one input
     families = {f.name: f for f in text_string_to_metric_families(metrics)}
-    buckets = {s.labels["le"]: s.value for s in families["inferflow:embedding_batch_size"].samples
-               if s.name.endswith("_bucket") and s.labels.get("model") == MINILM}
+    buckets = {
+        s.labels["le"]: s.value
+        for s in families["inferflow:embedding_batch_size"].samples
+        if s.name.endswith("_bucket") and s.labels.get("model") == MINILM
+    }
     assert buckets["+Inf"] > buckets["1.0"], buckets
 
 
@@ -237,3 +240,30 @@ def test_embedding_request_is_traced_with_queue_and_compute(embed_server) -> Non
         assert by_name[child]["parentSpanId"] == root["spanId"]
     assert int(by_name["queue"]["endTimeUnixNano"]) <= int(by_name["compute"]["startTimeUnixNano"])
     assert int(by_name["compute"]["endTimeUnixNano"]) <= int(root["endTimeUnixNano"])
+
+
+def test_embedding_rate_limits_answer_429_with_retry_after(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    srv = start_server(
+        tmp_path_factory,
+        "embed_limits",
+        [
+            "+model=minilm",
+            "server.rate_limit_requests_per_minute=3",
+            "server.rate_limit_tokens_per_minute=40",
+        ],
+    )
+    try:
+        body = {"model": MINILM, "input": "four tokens"}  # [CLS] four tokens [SEP]
+        assert [srv.post("/v1/embeddings", json=body).status_code for _ in range(2)] == [200, 200]
+        # the token budget (40/min) refuses a long input before any work is queued
+        long = srv.post("/v1/embeddings", json={"model": MINILM, "input": "word " * 60})
+        assert long.status_code == 429 and "tokens per minute" in long.json()["error"]["message"]
+        assert float(long.headers["retry-after"]) > 0
+        # the request budget (3/min) was spent by the three calls above
+        over = srv.post("/v1/embeddings", json=body)
+        assert over.status_code == 429 and over.json()["error"]["code"] == "rate_limit_exceeded"
+        assert "requests per minute" in over.json()["error"]["message"]
+    finally:
+        srv.terminate()
