@@ -250,22 +250,46 @@ def serve(graph: ServingGraph) -> None:
 
 
 def check(graph: ServingGraph) -> str:
-    """Set up the request stages, push one prompt through them, describe the graph."""
-    from inferflow.stages.base import StageRequest
+    """Set up the request stages, push one prompt through them, describe the graph.
 
-    graph.setup_stages()
-    probe = graph.process(StageRequest("check", prompt="Hello, inferflow!"))
-    lines = [
-        f"model: {graph.model_name} ({graph.model_path}), max_model_len={graph.max_model_len}",
-        "request stages: "
-        + " -> ".join(f"{s.name} ({type(s).__name__})" for s in graph.request_stages),
-        f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",
+    An embedding model (``model.task=embed``) is checked by loading its checkpoint and
+    tokenizing the probe; extra embedding models (``extra_models``) are listed.
+    """
+    from inferflow.server.embedding_models import embedding_specs, is_embedding_model
+
+    if is_embedding_model(graph.model):
+        from inferflow.models.bert import load_bert_checkpoint
+
+        bert = load_bert_checkpoint(graph.model_path)
+        ids = bert.tokenizer().encode_batch(["Hello, inferflow!"])[0]
+        lines = [
+            f"embedding model: {graph.model_name} ({graph.model_path}), probe: {len(ids)} tokens"
+        ]
+    else:
+        lines = _check_llm(graph)
+    lines += [
+        f"extra model: {s.model_version.model_id} ({s.path}) weight={s.weight}"
+        for s in embedding_specs(graph)
+        if s.path != str(graph.model_path)
     ]
     for name, slot in graph.engine_slots.items():
         lines.append(f"{name}: {type(slot).__name__} {_fields(slot)}")
     lines.append(f"server: http://{graph.server.host}:{graph.server.port}")
     lines.append(f"tracing: {graph.tracing.exporter.value}")
     return "\n".join(lines)
+
+
+def _check_llm(graph: ServingGraph) -> list[str]:
+    from inferflow.stages.base import StageRequest
+
+    graph.setup_stages()
+    probe = graph.process(StageRequest("check", prompt="Hello, inferflow!"))
+    return [
+        f"model: {graph.model_name} ({graph.model_path}), max_model_len={graph.max_model_len}",
+        "request stages: "
+        + " -> ".join(f"{s.name} ({type(s).__name__})" for s in graph.request_stages),
+        f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",
+    ]
 
 
 def _fields(obj: Any) -> str:

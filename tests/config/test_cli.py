@@ -114,6 +114,15 @@ def test_check_task_builds_the_graph_without_litter(cli_env: dict[str, str], wor
     assert list(workdir.iterdir()) == []  # no outputs/, .hydra/, log files in the cwd
 
 
+def test_check_task_on_embedding_models(cli_env: dict[str, str], workdir: Path) -> None:
+    alone = run_cli(["+model=minilm", "batching=dynamic", "task=check"], cli_env, workdir)
+    assert alone.returncode == 0, alone.stderr
+    assert "embedding model: all-minilm-l6-v2" in alone.stdout and "probe: 8 tokens" in alone.stdout
+    both = run_cli(["+extra_models=minilm_canary", "task=check"], cli_env, workdir)
+    assert both.returncode == 0, both.stderr
+    assert "extra model: all-minilm-l6-v2@1" in both.stdout and "weight=0.2" in both.stdout
+
+
 def test_missing_checkpoint_names_where_it_looked(
     cli_env: dict[str, str], workdir: Path, tmp_path: Path, tiny_checkpoint: Path
 ) -> None:
