@@ -34,9 +34,9 @@ from inferflow.config import (
     TracingConfig,
     describe_omegaconf_error,
     discover_plugins,
-    resolve_model,
     stage_schema,
 )
+from inferflow.model_lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
 from inferflow.stages.engine_slot import EngineSlot, EngineSpec
 

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from inferflow.paths import inferflow_home
+
 PRECISIONS = ("fp32", "fp16", "int8", "int4")
 BACKENDS = ("onnxruntime", "tensorrt")
 GRAPH_FORMS = ("gqa", "canonical")
@@ -15,8 +17,7 @@ def default_engine_dir() -> Path:
     """Where compiled engines are cached: $INFERFLOW_ENGINE_DIR, else $INFERFLOW_HOME/compiled_engines."""
     if env := os.environ.get("INFERFLOW_ENGINE_DIR"):
         return Path(env).expanduser()
-    home = Path(os.environ.get("INFERFLOW_HOME", Path.home() / ".cache" / "inferflow")).expanduser()
-    return home / "compiled_engines"
+    return inferflow_home() / "compiled_engines"
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,21 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
-            raise ValueError(f"executor.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}")
+            raise ValueError(
+                f"executor.precision: {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
         if self.backend not in BACKENDS:
-            raise ValueError(f"executor.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            raise ValueError(
+                f"executor.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}"
+            )
         if self.graph_form not in GRAPH_FORMS:
-            raise ValueError(f"executor.graph_form: {self.graph_form!r} is not one of {', '.join(GRAPH_FORMS)}")
+            raise ValueError(
+                f"executor.graph_form: {self.graph_form!r} is not one of {', '.join(GRAPH_FORMS)}"
+            )
         if self.max_slots < 1 or self.max_model_len < 2 or self.block_size < 1:
-            raise ValueError("executor: max_slots >= 1, max_model_len >= 2 and block_size >= 1 are required")
+            raise ValueError(
+                "executor: max_slots >= 1, max_model_len >= 2 and block_size >= 1 are required"
+            )
 
     @property
     def resolved_num_blocks(self) -> int:

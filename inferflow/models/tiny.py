@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
@@ -20,6 +19,7 @@ import numpy as np
 
 from inferflow.models.safetensors_writer import round_to_dtype, save_safetensors
 from inferflow.models.tiny_corpus import CORPUS
+from inferflow.paths import inferflow_home
 
 SPECIAL_TOKENS = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>",
                   "<|end_header_id|>", "<|eot_id|>"]
@@ -164,10 +164,6 @@ def _write_weights(weights: dict[str, np.ndarray], out: Path, dtype: str, shards
         weight_map.update(dict.fromkeys(part, fname))
     index = {"metadata": {"total_size": sum(v.nbytes for v in weights.values())}, "weight_map": weight_map}
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-def inferflow_home() -> Path:
-    return Path(os.environ.get("INFERFLOW_HOME", Path.home() / ".cache" / "inferflow")).expanduser()
 
 
 TINY_LLAMA_VERSION = "v1"

@@ -13,8 +13,8 @@ from inferflow.config import (
     ModelConfig,
     ModelTask,
     describe_omegaconf_error,
-    resolve_model,
 )
+from inferflow.model_lookup import resolve_model
 from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
 from inferflow.server.embeddings_api import EmbeddingModelSpec
 from inferflow.server.errors import OpenAIError

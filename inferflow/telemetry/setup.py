@@ -38,6 +38,7 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
+from inferflow.paths import inferflow_home
 from inferflow.telemetry import attributes as A
 from inferflow.telemetry.otlp_json import OtlpJsonFileSpanExporter
 
@@ -148,8 +149,7 @@ class TracingConfig:
     def resolved_file_path(self) -> Path:
         if self.file_path:
             return Path(self.file_path).expanduser()
-        home = os.environ.get("INFERFLOW_HOME") or str(Path.home() / ".cache" / "inferflow")
-        return Path(home).expanduser() / "traces" / "traces.jsonl"
+        return inferflow_home() / "traces" / "traces.jsonl"
 
 
 class LinkAwareRatioSampler(Sampler):
