@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from inferflow.embeddings import EmbeddingInputError, EmbeddingService
 from inferflow.scheduling.dynamic_batcher import BatcherClosed, DynamicBatchingConfig, QueueFull
+from inferflow.server.embedding_trace import EmbeddingTrace
 from inferflow.server.errors import OpenAIError, bad_request
 from inferflow.server.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.model_routing import ModelRouter, ModelVersion
@@ -304,69 +305,6 @@ class EmbeddingsFrontend:
                 service.model_version, result.queue_time_s, result.compute_time_s
             ),
         )
-
-
-class EmbeddingTrace:
-    """One embeddings request's spans: root SERVER span ``embeddings {model}`` (continuing an
-    incoming ``traceparent``) with ``queue`` (dynamic batcher) and ``compute`` (encoder) children.
-    Inert when tracing is off; telemetry failures never fail the request."""
-
-    def __init__(self, tracer: Any, request: Request, arrival: float) -> None:
-        self.tracer, self.request, self.arrival = tracer, request, arrival
-        self.root: Any = None
-
-    def start(self, model: str) -> None:
-        if self.tracer is None:
-            return
-        from inferflow.telemetry import start_request_span
-
-        self.root = start_request_span(
-            self.tracer,
-            operation="embeddings",
-            model=model,
-            headers=dict(self.request.headers),
-            start_time=self.arrival,
-        )
-
-    def finished(self, service: EmbeddingService, submitted: float, result: Any) -> None:
-        if self.root is None:
-            return
-        try:
-            from inferflow.telemetry import emit_span
-
-            queued = submitted + result.queue_time_s
-            attrs = {
-                "gen_ai.response.model": service.model_name,
-                "inferflow.model.version": service.model_version,
-            }
-            emit_span(
-                self.tracer,
-                "queue",
-                parent=self.root,
-                start_time=submitted,
-                end_time=queued,
-                attributes=attrs,
-            )
-            emit_span(
-                self.tracer,
-                "compute",
-                parent=self.root,
-                start_time=queued,
-                end_time=queued + result.compute_time_s,
-                attributes=attrs,
-            )
-            self.root.set_attributes({**attrs, "gen_ai.usage.input_tokens": result.prompt_tokens})
-        except Exception:  # telemetry never fails a request
-            logger.debug("embedding spans failed", exc_info=True)
-
-    def end(self, status: int) -> None:
-        if self.root is None:
-            return
-        try:
-            self.root.set_http_status(status)
-            self.root.end()
-        except Exception:
-            logger.debug("ending the embedding span failed", exc_info=True)
 
 
 def render_embeddings(
