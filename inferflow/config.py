@@ -36,7 +36,7 @@ from inferflow.stages.batching import (
     StaticBatching,
 )
 from inferflow.stages.cache import NoPrefixCache, PrefixCache
-from inferflow.stages.detokenizer import IncrementalDetokenizer
+from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.validator import RequestValidator
@@ -62,7 +62,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
         "continuous": ContinuousBatching,
     },
     "executor": {"onnxruntime": OnnxRuntimeExecutor, "tensorrt": TensorRTExecutor},
-    "detokenizer": {"default": IncrementalDetokenizer},
+    "detokenizer": {"default": StreamingDetokenizer},
 }
 
 

@@ -38,33 +38,53 @@ from inferflow.config import (
 )
 from inferflow.model_lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
-from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+from inferflow.stages.batching import BatchingStage, NoBatching
+from inferflow.stages.cache import CacheStage, NoPrefixCache
+from inferflow.stages.detokenizer import DetokenizerStage, StreamingDetokenizer
+from inferflow.stages.engine_slot import EngineStage
+from inferflow.stages.executor import ExecutorStage
+from inferflow.stages.response import ResponseStage
 
 if TYPE_CHECKING:
     from inferflow.llm_engine import LLMEngine
+    from inferflow.scheduling.layout import KVLayout
+
+# Engine-side slot -> the contract its _target_ must implement.
+ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
+    "cache": CacheStage,
+    "batching": BatchingStage,
+    "executor": ExecutorStage,
+    "detokenizer": DetokenizerStage,
+}
 
 META_KEYS = ("_target_", "after", "before")  # keys of a stage node that are not its config
 
 
 @dataclass
 class ServingGraph:
-    """The composed server: request stages in pipeline order + engine settings + frontend config.
+    """The composed server: request stages, engine-side stages, response stages, frontend config.
 
-    ``request_stages`` run per request before the engine (call ``setup_stages()`` once per
-    process first, or let ``process()`` do it). ``engine_slots`` maps present engine-side slot
-    names (cache, batching, executor, detokenizer) to their typed config objects. ``config`` is
-    the resolved config (``model.path``/``model.name`` filled in); ``to_container()`` is its
-    plain-dict form for worker processes.
+    ``request_stages`` run per request before the engine and ``response_stages`` on its output
+    (call ``setup_stages()`` once per process first, or let ``process()`` do it). The engine-side
+    stages (``batching``, ``cache``, ``executor``, ``detokenizer``) are the components
+    ``create_engine()`` assembles; a removed slot (``~cache``) holds its null implementation.
+    ``config`` is the resolved config (``model.path``/``model.name`` filled in);
+    ``to_container()`` is its plain-dict form for worker processes.
     """
 
     model_name: str
     model_path: Path
     model: ModelConfig
     request_stages: list[RequestStage]
-    engine_slots: dict[str, EngineSlot]
+    batching: BatchingStage
+    cache: CacheStage
+    executor: ExecutorStage
+    detokenizer: DetokenizerStage
     server: ServerConfig
     tracing: TracingConfig
     config: DictConfig
+    response_stages: list[ResponseStage] = field(default_factory=list)
+    present_slots: tuple[str, ...] = ENGINE_SLOTS
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -97,13 +117,27 @@ class ServingGraph:
             max_model_len=self.max_model_len,
         )
 
+    @property
+    def engine_slots(self) -> dict[str, EngineStage]:
+        """The engine-side stages of the slots present in the config, in slot order."""
+        stages: dict[str, EngineStage] = {
+            "cache": self.cache,
+            "batching": self.batching,
+            "executor": self.executor,
+            "detokenizer": self.detokenizer,
+        }
+        return {name: stages[name] for name in ENGINE_SLOTS if name in self.present_slots}
+
     def setup_stages(self, context: StageContext | None = None) -> StageContext:
-        """Call ``setup`` on every request stage once (thread-safe); returns the context."""
+        """Call ``setup`` on every request and response stage once (thread-safe); returns the
+        context."""
         with self._lock:
             if self._context is None:
                 ctx = context or self.stage_context()
                 for stage in self.request_stages:
                     stage.setup(ctx)
+                for response_stage in self.response_stages:
+                    response_stage.setup(ctx)
                 self._context = ctx
             return self._context
 
@@ -117,43 +151,38 @@ class ServingGraph:
 
     # ------------------------------------------------------------------ engine
 
-    def engine_spec(self) -> EngineSpec:
-        """Every present engine slot's contribution, with the shared sizes filled in."""
-        spec = EngineSpec()
-        for slot in self.engine_slots.values():
-            slot.contribute(spec)
-        shared = spec.shared
-        shared.setdefault("max_model_len", self.max_model_len)
-        shared.setdefault("max_slots", spec.scheduler.get("max_num_seqs", 1))
-        shared.setdefault("block_size", 16)
-        shared.setdefault("num_blocks", 0)
-        return spec
+    def kv_layout(self) -> KVLayout:
+        """The engine's physical layout, computed once from the stages' settings."""
+        from inferflow.scheduling.layout import KVLayout
+
+        try:
+            return KVLayout.plan(
+                max_slots=self.executor.max_slots or self.batching.max_num_seqs,
+                max_model_len=self.max_model_len,
+                block_size=self.cache.block_size,
+                num_blocks=self.cache.num_blocks,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"engine layout: {exc}") from None
 
     def create_engine(self) -> LLMEngine:
-        """Load the checkpoint and build (or load the cached) compiled engine. Expensive."""
-        from inferflow.engines.config import EngineConfig
+        """Load the checkpoint and assemble the engine from the engine-side stages: the executor
+        builds (or loads the cached) compiled model, the batching stage is the scheduler's
+        policy, the cache stage its prefix cache. Expensive; once per graph."""
         from inferflow.llm_engine import LLMEngine
         from inferflow.models.checkpoint import load_checkpoint
-        from inferflow.sampling.detokenizer import IncrementalDetokenizer
-        from inferflow.scheduling.config import SchedulerConfig
+        from inferflow.scheduling.config import SchedulerConfigError
+        from inferflow.scheduling.scheduler import Scheduler
 
-        spec = self.engine_spec()
+        layout = self.kv_layout()
         try:
-            engine_config = EngineConfig(
-                **spec.engine, **spec.shared, backend=spec.backend, **spec.backend_options
-            )
-            physical = {**spec.shared, "num_blocks": engine_config.resolved_num_blocks}
-            scheduler_config = SchedulerConfig(**spec.scheduler, **physical)
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"engine settings: {exc}") from None
+            scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
+        except SchedulerConfigError as exc:
+            raise ConfigError(f"batching.{exc}", f"batching.{exc.field}") from None
         checkpoint = load_checkpoint(self.model_path)
-        detok = dict(spec.detokenizer)
-        tokenizer = checkpoint.tokenizer
-
-        def detokenizer_factory(params: Any) -> IncrementalDetokenizer:
-            return IncrementalDetokenizer(tokenizer, params.stop, **detok)
-
-        return LLMEngine(checkpoint, engine_config, scheduler_config, detokenizer_factory)
+        self.executor.load(checkpoint, layout)
+        scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
+        return LLMEngine.from_components(checkpoint, self.executor, scheduler, self.detokenizer)
 
 
 # ---------------------------------------------------------------------- allowlist
@@ -220,20 +249,28 @@ def _check_nested_targets(node: Any, where: str, prefixes: list[str]) -> None:
 # ---------------------------------------------------------------------- instantiation
 
 
-def instantiate_stage(node: DictConfig, where: str, kind: type, prefixes: list[str]) -> Any:
+def instantiate_stage(
+    node: DictConfig, where: str, kind: type | tuple[type, ...], prefixes: list[str]
+) -> Any:
     """Build one stage from its node, giving it only its own keys (validated against the
     class's dataclass fields when it has them)."""
     if not isinstance(node, DictConfig) or "_target_" not in node:
         raise ConfigError(f"{where}: needs a _target_ (got {node!r})", where)
     cls = locate_target(node._target_, where, prefixes)
-    if not (isinstance(cls, type) and issubclass(cls, kind)):
-        raise ConfigError(
-            f"{where}._target_={node._target_} is not a {kind.__name__} subclass", where
-        )
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        wanted = " or ".join(k.__name__ for k in kinds)
+        raise ConfigError(f"{where}._target_={node._target_} is not a {wanted} subclass", where)
     slot_kind = getattr(cls, "kind", "")
-    if issubclass(cls, EngineSlot) and slot_kind and slot_kind != where:
+    if issubclass(cls, EngineStage) and slot_kind and slot_kind != where:
         raise ConfigError(
             f"{where}._target_={node._target_} fills the {slot_kind} slot, not {where}", where
+        )
+    if issubclass(cls, EngineStage) and hasattr(cls, "contribute"):
+        raise ConfigError(
+            f"{where}._target_={node._target_} implements contribute(), which inferflow no "
+            f"longer calls: implement the {kinds[0].__name__} contract (docs/writing_a_plugin.md)",
+            where,
         )
     params = {k: v for k, v in node.items() if k not in META_KEYS}
     try:
@@ -255,7 +292,7 @@ def instantiate_stage(node: DictConfig, where: str, kind: type, prefixes: list[s
         stage = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise _keyed_error(where, exc, set(kwargs)) from None
-    if isinstance(stage, RequestStage):
+    if isinstance(stage, RequestStage | ResponseStage):
         stage.name = where.rsplit(".", 1)[-1]
     return stage
 
@@ -317,6 +354,40 @@ def splice_order(pipeline: list[str], stages: Mapping[str, Any]) -> list[str]:
 # ---------------------------------------------------------------------- build
 
 
+def _place_stages(
+    order: list[str], built: Mapping[str, Any]
+) -> tuple[list[RequestStage], list[ResponseStage]]:
+    """Request stages (before the engine) and response stages (after it), in pipeline order.
+
+    The engine spans the engine-side slots; a request stage placed after the last of them, or a
+    response stage placed before it, would not run where its config says: both are errors.
+    """
+    engine_end = max(i for i, name in enumerate(order) if name in ENGINE_SLOTS)
+    request_stages: list[RequestStage] = []
+    response_stages: list[ResponseStage] = []
+    for i, name in enumerate(order):
+        item = built.get(name)
+        if isinstance(item, EngineStage):
+            request_stages.extend(item.request_stages())
+        elif isinstance(item, ResponseStage):
+            if i < engine_end:
+                raise ConfigError(
+                    f"stages.{name}: a ResponseStage runs on the engine's output; place it "
+                    f"after: {order[engine_end]} (or after another response stage)",
+                    f"stages.{name}",
+                )
+            response_stages.append(item)
+        elif isinstance(item, RequestStage):
+            if i > engine_end:
+                raise ConfigError(
+                    f"stages.{name}: a RequestStage runs before the engine; place it before: "
+                    f"{order[engine_end]} (or make it a ResponseStage to act on the output)",
+                    f"stages.{name}",
+                )
+            request_stages.append(item)
+    return request_stages, response_stages
+
+
 def _typed(schema: type, node: Any, key: str) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
@@ -363,23 +434,28 @@ def _build(cfg: DictConfig) -> ServingGraph:
     built: dict[str, Any] = {}
     for name in pipeline:
         if cfg.get(name) is not None:
-            kind = RequestStage if name in REQUEST_SLOTS else EngineSlot
+            kind = RequestStage if name in REQUEST_SLOTS else ENGINE_STAGE_KINDS[name]
             built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
     for name, node in extra.items():
-        built[name] = instantiate_stage(node, f"stages.{name}", RequestStage, prefixes)
-    request_stages: list[RequestStage] = []
-    for name in splice_order(pipeline, extra):
-        item = built.get(name)
-        if isinstance(item, RequestStage):
-            request_stages.append(item)
-        elif isinstance(item, EngineSlot):
-            request_stages.extend(item.request_stages())
+        built[name] = instantiate_stage(
+            node, f"stages.{name}", (RequestStage, ResponseStage), prefixes
+        )
+    request_stages, response_stages = _place_stages(splice_order(pipeline, extra), built)
+
+    def engine_stage(name: str, default: type[EngineStage]) -> Any:
+        return built[name] if name in built else default()
+
     return ServingGraph(
         model_name=model_name,
         model_path=model_path,
         model=dataclasses.replace(model, path=str(model_path), name=model_name),
         request_stages=request_stages,
-        engine_slots={n: s for n, s in built.items() if n in ENGINE_SLOTS},
+        response_stages=response_stages,
+        batching=engine_stage("batching", NoBatching),
+        cache=engine_stage("cache", NoPrefixCache),
+        executor=built["executor"],
+        detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
+        present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
         server=_typed(ServerConfig, cfg.get("server"), "server"),
         tracing=_typed(TracingConfig, cfg.get("tracing"), "tracing"),
         config=cfg,

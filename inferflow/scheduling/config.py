@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.policy import PolicyName
 
 BatchingMode = Literal["continuous", "static", "none"]
@@ -81,6 +82,38 @@ class SchedulerConfig:
                 f"must be >= max_model_len ({self.max_model_len}) without chunked prefill, "
                 "or a long prompt could never be scheduled",
             )
+
+    @classmethod
+    def for_layout(
+        cls,
+        layout: KVLayout,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_prefix_caching: bool,
+        enable_chunked_prefill: bool = True,
+        long_prefill_token_threshold: int = 0,
+        policy: PolicyName = "fcfs",
+        mode: BatchingMode = "continuous",
+    ) -> SchedulerConfig:
+        """The config whose physical sizes are ``layout``'s (never changed afterwards)."""
+        return cls(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=layout.max_model_len,
+            num_blocks=layout.num_blocks,
+            block_size=layout.block_size,
+            max_slots=layout.max_slots,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=enable_chunked_prefill,
+            long_prefill_token_threshold=long_prefill_token_threshold,
+            policy=policy,
+            mode=mode,
+        )
+
+    @property
+    def layout(self) -> KVLayout:
+        return KVLayout(self.max_slots, self.max_model_len, self.block_size, self.num_blocks)
 
     @property
     def max_running(self) -> int:

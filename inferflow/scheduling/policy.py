@@ -1,8 +1,15 @@
 """Scheduling policies: the order of the waiting queue, and who gets preempted.
 
-``fcfs``: order of ``add_request``. ``priority``: lower ``Request.priority`` first, then earlier
-``arrival_time``, then ``add_request`` order. The preemption victim is always the *last* running
-request in that order (lowest priority, latest arrival).
+A policy is one function, ``sort_key(request, seq)``: smaller keys are admitted first and
+preempted last (the preemption victim is always the *last* running request in key order), plus
+the queue that keeps waiting requests in that order. ``seq`` is the ``add_request`` order.
+
+- ``fcfs`` (:class:`FCFSPolicy`): order of ``add_request``;
+- ``priority`` (:class:`PriorityPolicy`): lower ``Request.priority`` first, then earlier
+  ``arrival_time``, then ``add_request`` order.
+
+The ``batching`` stages implement :class:`SchedulingPolicy`, so a plugin decides admission order
+(e.g. shortest prompt first) by overriding ``sort_key`` without touching the scheduler.
 """
 
 from __future__ import annotations
@@ -56,7 +63,7 @@ class FCFSQueue:
         return iter(self._q)
 
 
-class PriorityQueue:
+class SortedQueue:
     """Kept sorted by ``key``; a preempted request re-enters at its own rank (usually the front)."""
 
     def __init__(self, key: dict[str, SortKey]) -> None:
@@ -90,12 +97,41 @@ class PriorityQueue:
         return iter(self._reqs)
 
 
-def sort_key(policy: PolicyName, request: Request, seq: int) -> SortKey:
-    """Service order: smaller is served first and preempted last. ``seq`` = add order."""
-    if policy == "priority":
+PriorityQueue = SortedQueue  # the name before policies were pluggable
+
+
+class SchedulingPolicy(Protocol):
+    """Service order of the scheduler (see the module docstring)."""
+
+    def sort_key(self, request: Request, seq: int) -> SortKey:
+        """Smaller is admitted first and preempted last; computed once, at ``add_request``."""
+        ...
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        """The waiting queue; ``keys`` (request id -> sort key) is owned by the scheduler."""
+        ...
+
+
+class FCFSPolicy:
+    """Arrival order; a preempted request goes back to the front."""
+
+    def sort_key(self, request: Request, seq: int) -> SortKey:
+        return (seq,)
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        return FCFSQueue()
+
+
+class PriorityPolicy:
+    """Lower ``Request.priority`` first, then earlier arrival."""
+
+    def sort_key(self, request: Request, seq: int) -> SortKey:
         return (request.priority, request.arrival_time, seq)
-    return (seq,)
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        return SortedQueue(keys)
 
 
-def make_queue(policy: PolicyName, keys: dict[str, SortKey]) -> RequestQueue:
-    return PriorityQueue(keys) if policy == "priority" else FCFSQueue()
+def policy_named(name: PolicyName) -> SchedulingPolicy:
+    """The built-in policy called ``name``."""
+    return PriorityPolicy() if name == "priority" else FCFSPolicy()

@@ -35,7 +35,7 @@ from inferflow.scheduling.plan import (
     ScheduledChunk,
     SchedulerOutput,
 )
-from inferflow.scheduling.policy import SortKey, make_queue, sort_key
+from inferflow.scheduling.policy import SchedulingPolicy, SortKey, policy_named
 from inferflow.scheduling.request import Request, RequestStatus, check_stop, max_kv_tokens
 from inferflow.scheduling.slots import SlotAllocator
 from inferflow.scheduling.updates import RequestUpdate, SchedulerStats
@@ -70,13 +70,28 @@ def check_fits(request: Request, cfg: SchedulerConfig) -> None:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.time) -> None:
+    """``policy`` orders admission and preemption (default: the one ``config.policy`` names);
+    ``kv`` is the block accounting and prefix cache (default: a ``KVCacheManager`` sized by
+    ``config``, prefix caching per ``config.enable_prefix_caching``)."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        clock: Callable[[], float] = time.time,
+        policy: SchedulingPolicy | None = None,
+        kv: KVCacheManager | None = None,
+    ) -> None:
         self.config = config
-        self.kv = KVCacheManager(config.num_blocks, config.block_size, config.enable_prefix_caching)
+        self.policy = policy or policy_named(config.policy)
+        self.kv = kv or KVCacheManager(
+            config.num_blocks, config.block_size, config.enable_prefix_caching
+        )
+        if (self.kv.pool.num_blocks, self.kv.block_size) != (config.num_blocks, config.block_size):
+            raise ValueError("kv: its pool does not match config.num_blocks / block_size")
         self.slots = SlotAllocator(config.max_slots)
         self._clock = clock
         self._keys: dict[str, SortKey] = {}  # live request id -> service-order key
-        self.waiting = make_queue(config.policy, self._keys)
+        self.waiting = self.policy.make_queue(self._keys)
         self.running: list[Request] = []
         self._requests: dict[str, Request] = {}  # live (unfinished) requests
         self._to_report: set[str] = set()  # finished/preempted since the last plan
@@ -99,7 +114,7 @@ class Scheduler:
             raise ValueError(f"request {request.request_id!r} is not fresh")
         check_fits(request, self.config)
         self._requests[request.request_id] = request
-        self._keys[request.request_id] = sort_key(self.config.policy, request, next(self._seq))
+        self._keys[request.request_id] = self.policy.sort_key(request, next(self._seq))
         self.waiting.add(request)
 
     def finish_requests(
@@ -119,9 +134,6 @@ class Scheduler:
 
     def has_unfinished_requests(self) -> bool:
         return bool(self._requests)
-
-    def get_request(self, request_id: str) -> Request | None:
-        return self._requests.get(request_id)
 
     # -- schedule ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:

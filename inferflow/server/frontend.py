@@ -31,6 +31,7 @@ from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.pipeline import PreparedRequest, RequestPipeline
 from inferflow.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from inferflow.server.request_flow import RequestFlow
+from inferflow.server.response_pipeline import ResponsePipeline
 from inferflow.server.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.settings import ServerSettings
 from inferflow.server.shared_state import SharedState
@@ -56,8 +57,10 @@ class Frontend:
         settings: ServerSettings,
         shared: SharedState,
         telemetry: FrontendTelemetry | None = None,
+        responses: ResponsePipeline | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.responses = responses or ResponsePipeline([])
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
@@ -203,6 +206,7 @@ class Frontend:
         flow = RequestFlow(
             request_id, self.registry.open(request_id), formatter, deadline, route, started, span
         )
+        flow.responses = self.responses.open(prepared.request)
         message = SubmitRequest(
             request_id=request_id,
             consumer_id=self.consumer_id,

@@ -39,7 +39,8 @@ class TelemetrySettings:
 
     model_name: str
     tracing: dict[str, Any] = field(default_factory=lambda: {"exporter": "off"})
-    engine: str = "onnxruntime"
+    engine: str = "onnxruntime"  # the executor stage's backend: what really runs
+    engine_version: str | None = None
 
     def tracer(self) -> tuple[Any, Any]:
         """This process's (provider, tracer) from the ``tracing`` config."""
@@ -50,7 +51,9 @@ class TelemetrySettings:
             setup_tracing,
         )
 
-        attrs = resource_attributes(model_name=self.model_name, engine=self.engine)
+        attrs = resource_attributes(
+            model_name=self.model_name, engine=self.engine, engine_version=self.engine_version
+        )
         provider = setup_tracing(TracingConfig.from_mapping(self.tracing), attrs)
         return provider, get_tracer(provider)
 

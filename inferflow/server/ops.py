@@ -90,7 +90,10 @@ def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> No
                     "consumer_id": frontend.consumer_id,
                     "open_requests": len(frontend.registry),
                 },
-                "engine": {k: int(v) if float(v).is_integer() else v for k, v in engine.items()},
+                "engine": {
+                    **{k: int(v) if float(v).is_integer() else v for k, v in engine.items()},
+                    "executor": frontend.shared.executor_stats(),
+                },
                 "embeddings": (
                     frontend.embeddings.models.stats() if frontend.embeddings is not None else {}
                 ),

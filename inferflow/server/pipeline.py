@@ -47,6 +47,7 @@ class PreparedRequest:
     priority: int
     arrival_time: float
     trace_context: dict[str, str] = field(default_factory=dict)
+    request: StageRequest | None = None  # as the request stages left it (for response stages)
 
     @property
     def reserved_tokens(self) -> int:
@@ -96,7 +97,9 @@ class RequestPipeline:
         if fill_context:  # chat without max_tokens: the rest of the context window
             params = replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
         priority = int(request.attributes.get(ATTR_PRIORITY, 0) or 0)
-        return PreparedRequest(list(ids), params, priority, arrival, dict(trace_context))
+        return PreparedRequest(
+            list(ids), params, priority, arrival, dict(trace_context), request=request
+        )
 
     def _stage_request(
         self, body: CompletionRequest | ChatCompletionRequest, key_id: str

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 from inferflow.server.channels import RequestChannel
 from inferflow.server.errors import ErrorInfo, OpenAIError
 from inferflow.server.messages import RequestUpdate
+from inferflow.server.response_pipeline import ResponseRun
 from inferflow.server.responses import Accumulated, ResponseFormatter
 from inferflow.server.sse import wait_for_disconnect
 
@@ -46,6 +47,7 @@ class RequestFlow:
     stream: bool = False
     acc: Accumulated = field(default_factory=Accumulated)
     error: ErrorInfo | None = None  # how it failed, once it has
+    responses: ResponseRun | None = None  # the response stages, if the graph has any
 
     async def next_update(self) -> RequestUpdate:
         """The merged updates since the last call; a silent worker past the deadline is a 504."""
@@ -61,6 +63,8 @@ class RequestFlow:
                     504, "the engine did not answer within the request timeout", code="timeout"
                 ),
             )
+        if self.responses is not None:
+            update = self.responses.apply(update)
         self.acc.add(update)
         self.error = update.error or self.error
         return update

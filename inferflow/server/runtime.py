@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.server.embedding_models import embedding_specs
 from inferflow.server.embeddings_api import EmbeddingModels, EmbeddingsFrontend
@@ -20,11 +20,15 @@ from inferflow.server.frontend import Frontend
 from inferflow.server.litserver import InferflowServer
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.pipeline import RequestPipeline
+from inferflow.server.response_pipeline import ResponsePipeline
 from inferflow.server.settings import ServerSettings
 from inferflow.server.shared_state import SharedState
 from inferflow.server.spec import OpenAICompatibleSpec
 from inferflow.server.worker_api import EngineAPI
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
+
+if TYPE_CHECKING:
+    from inferflow.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -39,7 +43,7 @@ class GraphEngineFactory:
 
     config: dict[str, Any]
 
-    def __call__(self) -> Any:
+    def __call__(self) -> LLMEngine:
         from inferflow.graph import build_graph
 
         return build_graph(self.config).create_engine()
@@ -49,11 +53,17 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
     """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
     settings = settings or ServerSettings.from_config(graph.server)
     config = graph.to_container()
-    telemetry = TelemetrySettings(graph.model_name, dict(config.get("tracing") or {}))
+    telemetry = TelemetrySettings(
+        graph.model_name,
+        dict(config.get("tracing") or {}),
+        engine=graph.executor.backend,
+        engine_version=graph.executor.package_version(),
+    )
     frontend_telemetry = FrontendTelemetry(telemetry)
     shared = SharedState()
     pipeline = RequestPipeline.from_graph(graph, wrap_stage=frontend_telemetry.wrap_stage)
-    frontend = Frontend(pipeline, settings, shared, frontend_telemetry)
+    responses = ResponsePipeline(graph.response_stages)  # set up with the request stages
+    frontend = Frontend(pipeline, settings, shared, frontend_telemetry, responses)
     specs = embedding_specs(graph)  # extra_models: encoders served in the API process
     if specs:
         frontend.embeddings = EmbeddingsFrontend(

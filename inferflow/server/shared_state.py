@@ -10,6 +10,8 @@ the API processes are forked (they inherit the shared memory).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
   KV blocks, counters) — what ``GET /admin/stats`` shows.
 - ``info``: a JSON blob the worker writes once (engine and runtime versions, ``max_model_len``).
+- ``executor``: a small JSON blob of the executor stage's own counters (``ExecutorStage.stats``),
+  rewritten only when they change.
 
 Everything the engine worker writes is lock-free: the worker can be killed at any instruction
 (SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
@@ -36,6 +38,8 @@ STATS_FIELDS = (
     "kv_blocks_free",
     "kv_blocks_total",
     "num_steps",
+    "prefix_cache_queries",  # prompt tokens looked up in the prefix cache
+    "prefix_cache_hits",  # of which served from it
     "finished_requests",
     "aborted_requests",  # cancelled: client disconnected or frontend gave up
     "timed_out_requests",
@@ -43,6 +47,7 @@ STATS_FIELDS = (
     "updated_at",  # time.time() of the snapshot
 )
 _INFO_BYTES = 16384
+_EXECUTOR_BYTES = 4096
 
 
 class SharedState:
@@ -56,6 +61,9 @@ class SharedState:
         self._stats = ctx.Array("d", 1 + len(STATS_FIELDS), lock=False)  # [seq, *fields]
         self._info_seq = ctx.Value("q", 0, lock=False)
         self._info = ctx.Array("c", _INFO_BYTES, lock=False)
+        self._executor_seq = ctx.Value("q", 0, lock=False)
+        self._executor = ctx.Array("c", _EXECUTOR_BYTES, lock=False)
+        self._last_executor: dict[str, float] = {}  # writer side: skip unchanged blobs
         self._last_stats = [0.0] * len(STATS_FIELDS)  # per reading process
 
     # readiness / draining -------------------------------------------------------------------
@@ -91,8 +99,14 @@ class SharedState:
         return int(self._in_flight.value)
 
     # worker snapshot (single writer: the engine worker) ---------------------------------------
-    def publish_stats(self, values: dict[str, float]) -> None:
-        """Overwrite the snapshot; fields not in ``values`` keep their previous value."""
+    def publish_stats(
+        self, values: dict[str, float], executor: dict[str, float] | None = None
+    ) -> None:
+        """Overwrite the snapshot; fields not in ``values`` keep their previous value.
+        ``executor``: the executor stage's counters (written only when they changed)."""
+        if executor and executor != self._last_executor:
+            self._last_executor = dict(executor)
+            _write_blob(self._executor_seq, self._executor, executor, _EXECUTOR_BYTES)
         merged = [
             float(values.get(name, old))
             for name, old in zip(STATS_FIELDS, self._stats[1:], strict=True)
@@ -111,15 +125,31 @@ class SharedState:
         return dict(zip(STATS_FIELDS, snapshot, strict=True))
 
     def publish_info(self, info: dict[str, Any]) -> None:
-        data = json.dumps(info, default=str).encode()[: _INFO_BYTES - 1]
-        seq = self._info_seq.value
-        self._info_seq.value = seq + 1
-        self._info.value = data
-        self._info_seq.value = seq + 2
+        _write_blob(self._info_seq, self._info, info, _INFO_BYTES)
 
     def info(self) -> dict[str, Any]:
-        data = _seqlock_read(lambda: self._info_seq.value, lambda: self._info.value, b"")
+        return _read_blob(self._info_seq, self._info)
+
+    def executor_stats(self) -> dict[str, Any]:
+        """The executor stage's counters as last published ({} if it has none)."""
+        return _read_blob(self._executor_seq, self._executor)
+
+
+def _write_blob(seq_value: Any, array: Any, obj: dict[str, Any], size: int) -> None:
+    """Seqlock write of ``obj`` as JSON (single writer)."""
+    data = json.dumps(obj, default=str).encode()[: size - 1]
+    seq = seq_value.value
+    seq_value.value = seq + 1
+    array.value = data
+    seq_value.value = seq + 2
+
+
+def _read_blob(seq_value: Any, array: Any) -> dict[str, Any]:
+    data = _seqlock_read(lambda: seq_value.value, lambda: array.value, b"")
+    try:
         return json.loads(data) if data else {}
+    except ValueError:  # truncated at the size limit
+        return {}
 
 
 def _seqlock_read(

@@ -20,6 +20,7 @@ from typing import Any
 
 import litserve as ls
 
+from inferflow.llm_engine import LLMEngine
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.engine_loop import EngineLoop
@@ -40,7 +41,7 @@ class EngineAPI(ls.LitAPI):
 
     def __init__(
         self,
-        engine_factory: Callable[[], Any],
+        engine_factory: Callable[[], LLMEngine],
         shared: SharedState,
         spec: ls.specs.base.LitSpec | None = None,
         log_level: str = "info",
@@ -51,7 +52,7 @@ class EngineAPI(ls.LitAPI):
         self.shared = shared
         self.log_level = log_level
         self.telemetry_settings = telemetry
-        self.engine: Any = None
+        self.engine: LLMEngine | None = None
         self.telemetry: WorkerTelemetry | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -70,12 +71,19 @@ class EngineAPI(ls.LitAPI):
         _configure_worker_logging(self.log_level)
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
-        self.engine = self.engine_factory()
-        warm_up(self.engine)  # before telemetry: the warm-up is not a request
+        engine = self.engine = self.engine_factory()
+        warm_up(engine)  # before telemetry: the warm-up is not a request
         if self.telemetry_settings is not None:
-            self.telemetry = WorkerTelemetry(self.telemetry_settings, self.engine)
-        self.shared.publish_info(describe_engine(self.engine, load_time_s=time.time() - started))
+            self.telemetry = WorkerTelemetry(self.telemetry_settings, engine)
+        self.shared.publish_info(describe_engine(engine, load_time_s=time.time() - started))
         logger.info("engine ready in %.2f s", time.time() - started)
+
+    @property
+    def live_engine(self) -> LLMEngine:
+        """The engine (worker process only, after ``setup``)."""
+        if self.engine is None:
+            raise RuntimeError("the engine is not loaded: setup() runs in the engine worker")
+        return self.engine
 
     def predict(self, x: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("EngineLoop drives the engine directly")
@@ -113,8 +121,9 @@ class EngineAPI(ls.LitAPI):
         return RequestTimings.from_metrics(metrics, num_output_tokens or 0).to_dict()
 
     def publish_stats(self, counters: dict[str, float]) -> None:
-        stats = self.engine.stats()
-        slots = self.engine.scheduler_config.max_running  # slots a request can run in
+        engine = self.live_engine
+        stats = engine.stats()
+        slots = engine.scheduler_config.max_running  # slots a request can run in
         self.shared.publish_stats(
             {
                 **counters,
@@ -125,12 +134,15 @@ class EngineAPI(ls.LitAPI):
                 "kv_blocks_total": stats.num_kv_blocks_total,
                 "kv_blocks_free": stats.num_kv_blocks_free,
                 "num_steps": stats.num_steps,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits,
                 "updated_at": time.time(),
-            }
+            },
+            executor=engine.model_executor.stats(),
         )
 
     def token_text(self, token_id: int) -> str:
-        return _token_text(self.engine.tokenizer, token_id)
+        return _token_text(self.live_engine.tokenizer, token_id)
 
 
 def _configure_worker_logging(level: str) -> None:
@@ -148,7 +160,7 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
-def warm_up(engine: Any) -> None:
+def warm_up(engine: LLMEngine) -> None:
     """Run one short greedy request to completion (compiles kernels, touches every buffer)."""
     tokenizer = engine.tokenizer
     prompt = tokenizer.encode("warm up") or [0]
@@ -157,21 +169,22 @@ def warm_up(engine: Any) -> None:
         engine.step()
 
 
-def describe_engine(engine: Any, load_time_s: float) -> dict[str, Any]:
-    """Versions and shape of the engine, for ``GET /version``."""
-    import onnxruntime
-
-    compiled = getattr(engine.engine, "cache_entry", None)
+def describe_engine(engine: LLMEngine, load_time_s: float) -> dict[str, Any]:
+    """Versions and shape of the engine, for ``GET /version``: read back from the live
+    components, so the backend is the one that runs and every setting the one in effect."""
+    described = engine.describe()
+    layout = engine.layout
     return {
         "engine": {
-            "backend": "onnxruntime",
-            "runtime_version": onnxruntime.__version__,
-            "compiled_engine": str(compiled.model_path.parent) if compiled is not None else None,
-            "max_model_len": engine.max_model_len,
-            "max_slots": engine.scheduler_config.max_slots,
-            "block_size": engine.scheduler_config.block_size,
-            "num_kv_blocks": engine.scheduler_config.num_blocks,
+            "backend": described.pop("backend"),
+            "runtime_version": described.pop("runtime_version"),
+            "compiled_engine": described.pop("compiled_engine", None),
+            "max_model_len": layout.max_model_len,
+            "max_slots": layout.max_slots,
+            "block_size": layout.block_size,
+            "num_kv_blocks": layout.num_blocks,
             "load_time_s": round(load_time_s, 3),
+            **described,  # layout, scheduler, executor and detokenizer settings
         },
         "model": {
             "architecture": engine.model_config.architecture,

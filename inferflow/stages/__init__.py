@@ -1,9 +1,13 @@
-"""Serving-graph stages: contracts (``base``, ``engine_slot``) and the built-in implementations.
+"""Serving-graph stages: the contract of each kind and the built-in implementations.
 
-Request stages (run per request before the engine): ``validator``, ``tokenizer`` and plugin
-stages. Engine-side slots (typed config objects that shape the engine): ``cache``,
-``batching``, ``executor``, ``detokenizer``.
+- Request stages (``base.RequestStage``), per request before the engine: ``validator``,
+  ``tokenizer`` and plugin stages.
+- Engine-side stages (``engine_slot.EngineStage``), the engine's components: ``batching``
+  (scheduling policy), ``cache`` (prefix cache), ``executor`` (runs the model), ``detokenizer``.
+- Response stages (``response.ResponseStage``), per request on the engine's output.
 """
+
+from typing import Any
 
 from inferflow.stages.base import (
     PassThroughStage,
@@ -12,14 +16,24 @@ from inferflow.stages.base import (
     StageError,
     StageRequest,
 )
-from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+from inferflow.stages.engine_slot import EngineStage
+from inferflow.stages.response import ResponseDelta, ResponseStage
 
 __all__ = [
-    "EngineSlot",
-    "EngineSpec",
+    "EngineStage",
     "PassThroughStage",
     "RequestStage",
+    "ResponseDelta",
+    "ResponseStage",
     "StageContext",
     "StageError",
     "StageRequest",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "EngineSlot":  # the name before 0.2; warns
+        from inferflow.stages import engine_slot
+
+        return engine_slot.EngineSlot
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

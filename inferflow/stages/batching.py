@@ -1,4 +1,4 @@
-"""The ``batching`` slot: how waiting requests are grouped into engine steps.
+"""The ``batching`` slot: the scheduling policy, i.e. how waiting requests become engine steps.
 
 =============  =====================================================================
 ``none``       one request at a time (the null implementation)
@@ -7,22 +7,39 @@
                window of ``max_delay_ms`` groups requests that arrive close together
 ``continuous`` requests join and leave the running batch every step (chunked prefill)
 =============  =====================================================================
+
+A :class:`BatchingStage` gives the scheduler its budgets (:meth:`~BatchingStage.scheduler_config`)
+and *is* its :class:`~inferflow.scheduling.policy.SchedulingPolicy`: override
+:meth:`~BatchingStage.sort_key` to change the order in which queued requests are admitted (and,
+reversed, preempted) without forking the scheduler.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
+from inferflow.scheduling.config import BatchingMode
 from inferflow.stages.base import ConfigEnum
-from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+from inferflow.stages.engine_slot import EngineStage
+
+if TYPE_CHECKING:
+    from inferflow.scheduling.config import SchedulerConfig
+    from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
+    from inferflow.scheduling.layout import KVLayout
+    from inferflow.scheduling.policy import RequestQueue, SortKey
+    from inferflow.scheduling.request import Request
 
 
 class SchedulingPolicy(ConfigEnum):
-    """Order of the waiting queue: arrival order, or ``priority`` (lower value first)."""
+    """The built-in orders of the waiting queue: arrival, or ``priority`` (lower value first)."""
 
     fcfs = "fcfs"
     priority = "priority"
+
+
+_MODES: dict[str, BatchingMode] = {"continuous": "continuous", "static": "static", "none": "none"}
 
 
 def _positive(name: str, value: int) -> None:
@@ -31,46 +48,92 @@ def _positive(name: str, value: int) -> None:
 
 
 @dataclass
-class NoBatching(EngineSlot):
-    """One request at a time: the null batching policy."""
+class BatchingStage(EngineStage):
+    """Contract of the ``batching`` slot.
+
+    - ``max_num_seqs``: requests running at once (vLLM's name; ``max_batch_size`` is the old
+      spelling, still accepted with a warning); ``max_num_batched_tokens``: tokens per step.
+    - :meth:`scheduler_config` turns the fields plus the engine's frozen
+      :class:`~inferflow.scheduling.layout.KVLayout` into the scheduler's config; it is called
+      once, in the engine worker.
+    - :meth:`sort_key` / :meth:`make_queue`: the scheduling policy. ``sort_key`` is computed once
+      per request when it is queued; smaller keys are admitted first and preempted last. It must
+      be a pure function of the request (prompt, params, priority, arrival) and ``seq``.
+    """
 
     kind: ClassVar[str] = "batching"
+    mode: ClassVar[str] = "continuous"
+    max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     policy: SchedulingPolicy = SchedulingPolicy.fcfs
-
-    mode: ClassVar[str] = "none"
+    max_batch_size: int | None = None  # deprecated spelling of max_num_seqs
 
     def __post_init__(self) -> None:
+        if self.max_batch_size is not None:
+            warnings.warn(
+                "batching.max_batch_size is deprecated: use batching.max_num_seqs",
+                FutureWarning,
+                stacklevel=3,
+            )
+            self.max_num_seqs, self.max_batch_size = self.max_batch_size, None
+        _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
 
-    @property
-    def max_num_seqs(self) -> int:
-        return 1
+    def scheduler_config(self, layout: KVLayout, enable_prefix_caching: bool) -> SchedulerConfig:
+        from inferflow.scheduling.config import SchedulerConfig
 
-    def contribute(self, spec: EngineSpec) -> None:
-        spec.scheduler.update(
-            mode=self.mode,
+        chunked, threshold = self._chunking()
+        return SchedulerConfig.for_layout(
+            layout,
             max_num_seqs=self.max_num_seqs,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            policy=SchedulingPolicy(self.policy).value,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_chunked_prefill=chunked,
+            long_prefill_token_threshold=threshold,
+            policy="priority" if self.policy == SchedulingPolicy.priority else "fcfs",
+            mode=_MODES[self.mode],
         )
+
+    def _chunking(self) -> tuple[bool, int]:
+        """(enable_chunked_prefill, long_prefill_token_threshold)."""
+        return True, 0
+
+    # -- the scheduling policy ------------------------------------------------------------------
+    def sort_key(self, request: Request, seq: int) -> SortKey:
+        if SchedulingPolicy(self.policy) is SchedulingPolicy.priority:
+            return (request.priority, request.arrival_time, seq)
+        return (seq,)
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        from inferflow.scheduling.policy import FCFSQueue, SortedQueue
+
+        if type(self).sort_key is BatchingStage.sort_key and self.policy == SchedulingPolicy.fcfs:
+            return FCFSQueue()  # arrival order: a deque is enough
+        return SortedQueue(keys)
 
 
 @dataclass
-class StaticBatching(NoBatching):
-    """Batches of up to ``max_batch_size`` requests, each run to completion."""
+class NoBatching(BatchingStage):
+    """One request at a time: the null batching policy (``max_num_seqs`` is always 1)."""
 
-    max_batch_size: int = 8
-    max_num_batched_tokens: int = 2048
-    mode: ClassVar[str] = "static"
+    mode: ClassVar[str] = "none"
+    max_num_seqs: int = 1
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        _positive("max_batch_size", self.max_batch_size)
+        if self.max_num_seqs != 1:
+            raise ValueError(
+                f"max_num_seqs: batching=none runs one request, got {self.max_num_seqs}"
+            )
 
-    @property
-    def max_num_seqs(self) -> int:
-        return self.max_batch_size
+
+@dataclass
+class StaticBatching(BatchingStage):
+    """Batches of up to ``max_num_seqs`` requests, each run to completion."""
+
+    mode: ClassVar[str] = "static"
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int = 2048
 
 
 @dataclass
@@ -87,12 +150,12 @@ class DynamicBatching(StaticBatching):
             raise ValueError(f"max_delay_ms: must be in [0, 10], got {self.max_delay_ms}")
         _positive("max_queue_size", self.max_queue_size)
 
-    def dynamic_batching_config(self) -> Any:
+    def dynamic_batching_config(self) -> DynamicBatchingConfig:
         """The embedding path's ``DynamicBatchingConfig`` with these settings."""
         from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
 
         return DynamicBatchingConfig(
-            max_batch_size=self.max_batch_size,
+            max_batch_size=self.max_num_seqs,
             max_delay_ms=self.max_delay_ms,
             max_queue_size=self.max_queue_size,
             bucket_boundaries=tuple(self.bucket_boundaries),
@@ -100,7 +163,7 @@ class DynamicBatching(StaticBatching):
 
 
 @dataclass
-class ContinuousBatching(StaticBatching):
+class ContinuousBatching(BatchingStage):
     """Requests join and leave the running batch every step (vLLM-style).
 
     ``max_num_batched_tokens`` is the per-step token budget; with ``enable_chunked_prefill`` a
@@ -108,15 +171,9 @@ class ContinuousBatching(StaticBatching):
     per step (0 = no cap) so decodes keep flowing.
     """
 
-    max_batch_size: int = 16
-    max_num_batched_tokens: int = 512
+    mode: ClassVar[str] = "continuous"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    mode: ClassVar[str] = "continuous"
 
-    def contribute(self, spec: EngineSpec) -> None:
-        super().contribute(spec)
-        spec.scheduler.update(
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            long_prefill_token_threshold=self.long_prefill_token_threshold,
-        )
+    def _chunking(self) -> tuple[bool, int]:
+        return self.enable_chunked_prefill, self.long_prefill_token_threshold

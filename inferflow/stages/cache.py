@@ -1,23 +1,31 @@
-"""The ``cache`` slot: prefix caching of the KV cache (block-granular, vLLM-style).
+"""The ``cache`` slot: the prefix cache over the KV block pool (block-granular, vLLM-style).
 
-``cache=prefix`` turns prefix caching on; ``cache=none`` (or ``~cache``) is the null
-implementation: every prompt is prefilled from scratch. Both size the KV block pool.
+``cache=prefix`` (:class:`PrefixCache`) reuses the KV of full prompt blocks shared with earlier
+requests; ``cache=none`` or ``~cache`` (:class:`NoPrefixCache`, the null implementation)
+prefills every prompt from scratch. Both size the KV block pool (``block_size``, ``num_blocks``).
 """
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+from inferflow.stages.engine_slot import EngineStage
+
+if TYPE_CHECKING:
+    from inferflow.scheduling.kv_cache_manager import KVCacheManager
+    from inferflow.scheduling.layout import KVLayout
 
 
 @dataclass
-class PrefixCache(EngineSlot):
-    """Reuse the KV of full ``block_size``-token prompt blocks shared with earlier requests.
+class CacheStage(EngineStage):
+    """Contract of the ``cache`` slot.
 
-    ``num_blocks`` x ``block_size`` tokens is the accounted KV pool (0 = one full slot's worth
-    of blocks per slot).
+    - ``block_size`` (tokens per KV block) and ``num_blocks`` (the accounted KV pool; 0 = one full
+      slot's worth of blocks per slot) go into the engine's frozen ``KVLayout``;
+    - :meth:`create` builds the scheduler's block accounting and prefix cache for that layout
+      (called once, in the engine worker); ``enabled`` says whether prefixes are reused.
     """
 
     kind: ClassVar[str] = "cache"
@@ -30,16 +38,31 @@ class PrefixCache(EngineSlot):
         if self.num_blocks < 0:
             raise ValueError(f"num_blocks: must be >= 0 (0 = automatic), got {self.num_blocks}")
 
-    def contribute(self, spec: EngineSpec) -> None:
-        spec.scheduler["enable_prefix_caching"] = True
-        spec.shared["block_size"] = self.block_size
-        spec.shared["num_blocks"] = self.num_blocks
+    @property
+    @abstractmethod
+    def enabled(self) -> bool:
+        """True when requests may reuse cached prefix blocks."""
+
+    def create(self, layout: KVLayout) -> KVCacheManager:
+        from inferflow.scheduling.kv_cache_manager import KVCacheManager
+
+        return KVCacheManager(layout.num_blocks, layout.block_size, self.enabled)
 
 
 @dataclass
-class NoPrefixCache(PrefixCache):
-    """The null cache: same KV accounting, no prefix reuse."""
+class PrefixCache(CacheStage):
+    """Reuse the KV of full ``block_size``-token prompt blocks shared with earlier requests
+    (block-hash chain, LRU eviction of unreferenced blocks)."""
 
-    def contribute(self, spec: EngineSpec) -> None:
-        super().contribute(spec)
-        spec.scheduler["enable_prefix_caching"] = False
+    @property
+    def enabled(self) -> bool:
+        return True
+
+
+@dataclass
+class NoPrefixCache(CacheStage):
+    """The null cache: same KV accounting, no prefix reuse (what ``~cache`` gives too)."""
+
+    @property
+    def enabled(self) -> bool:
+        return False

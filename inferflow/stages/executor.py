@@ -1,16 +1,24 @@
-"""The ``executor`` slot: which compiled engine runs the model, and how.
+"""The ``executor`` slot: what runs the model, one call per engine step.
 
-``executor=onnxruntime`` (CPU, the default) or ``executor=tensorrt`` (NVIDIA GPU, optional
-extra). The fields become ``inferflow.engines.config.EngineConfig``.
+``executor=onnxruntime`` (CPU, the default) or ``executor=tensorrt`` (NVIDIA GPU, optional extra);
+a plugin adds its own with ``executor=NAME`` (a YAML whose ``_target_`` is an
+:class:`ExecutorStage` subclass, e.g. one that wraps a built-in executor).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from inferflow.stages.base import ConfigEnum
-from inferflow.stages.engine_slot import EngineSlot, EngineSpec
+from inferflow.stages.engine_slot import EngineStage
+
+if TYPE_CHECKING:
+    from inferflow.engines.config import EngineConfig
+    from inferflow.models.checkpoint import Checkpoint
+    from inferflow.scheduling.layout import KVLayout
+    from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 
 
 class Precision(ConfigEnum):
@@ -30,41 +38,106 @@ class GraphForm(ConfigEnum):
 
 
 @dataclass
-class OnnxRuntimeExecutor(EngineSlot):
+class ExecutorStage(EngineStage):
+    """Contract of the ``executor`` slot.
+
+    - ``max_slots``: sequences resident at once (rows of the KV buffers); ``None`` = the batching
+      stage's ``max_num_seqs``. It goes into the engine's frozen ``KVLayout``.
+    - :meth:`load` (once, in the engine worker, before any step): build or load the compiled
+      model for ``checkpoint`` and allocate KV for ``layout`` (slots of ``layout.max_model_len``
+      positions, a pool of ``layout.num_blocks`` x ``layout.block_size``).
+    - :meth:`execute` runs one :class:`~inferflow.scheduling.plan.SchedulerOutput`: its
+      ``kv_loads`` (pool -> slot), one forward pass over its chunks, sampling of the chunks with
+      ``sample=True``, then its ``kv_saves`` (slot -> pool). It returns one sampled token per
+      sampled chunk, and drops per-request state (e.g. seeded RNGs) of
+      ``plan.finished_request_ids``; a plan may hold nothing else (no chunks).
+    - ``backend`` and :attr:`runtime_version` name what really runs (``/version``, traces).
+    """
+
+    kind: ClassVar[str] = "executor"
+    backend: ClassVar[str] = ""
+    runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
+    max_slots: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_slots is not None and self.max_slots < 1:
+            raise ValueError(f"max_slots: must be >= 1, got {self.max_slots}")
+
+    @abstractmethod
+    def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
+        """Build or load the compiled model and allocate its KV (expensive, once)."""
+
+    @abstractmethod
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        """Run one step's plan; see the class docstring for the order of its parts."""
+
+    @property
+    @abstractmethod
+    def runtime_version(self) -> str:
+        """Version of the runtime that executes the model (e.g. ONNX Runtime's)."""
+
+    def package_version(self) -> str | None:
+        """``runtime_package``'s installed version, read without importing it (API processes
+        never import the runtime)."""
+        import importlib.metadata
+
+        try:
+            return (
+                importlib.metadata.version(self.runtime_package) if self.runtime_package else None
+            )
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def describe(self) -> dict[str, Any]:
+        """What runs, for ``/version`` and the trace resource."""
+        return {"backend": self.backend, "runtime_version": self.runtime_version}
+
+    def stats(self) -> dict[str, float]:
+        """Counters shown under ``engine.executor`` in ``/admin/stats`` (default: none)."""
+        return {}
+
+
+@dataclass
+class OnnxRuntimeExecutor(ExecutorStage):
     """ONNX Runtime on CPU. ``intra_op_threads=0`` lets ONNX Runtime pick (one per core);
-    ``max_slots`` (sequences resident at once) defaults to the batching slot's batch size;
     ``cache_dir`` (compiled engines) defaults to ``$INFERFLOW_ENGINE_DIR`` or
     ``$INFERFLOW_HOME/compiled_engines``."""
 
-    kind: ClassVar[str] = "executor"
     backend: ClassVar[str] = "onnxruntime"
+    runtime_package: ClassVar[str] = "onnxruntime"
     precision: Precision = Precision.fp32
     graph_form: GraphForm = GraphForm.gqa
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     allow_spinning: bool = False
-    max_slots: int | None = None
     cache_dir: str | None = None
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
+    _executor: Any = field(default=None, init=False, repr=False)  # EngineExecutor once loaded
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.intra_op_threads < 0 or self.inter_op_threads < 0:
             raise ValueError(
                 "intra_op_threads / inter_op_threads: must be >= 0 (0 = runtime default)"
             )
-        if self.max_slots is not None and self.max_slots < 1:
-            raise ValueError(f"max_slots: must be >= 1, got {self.max_slots}")
         if self.quant_block_size < 1:
             raise ValueError(f"quant_block_size: must be >= 1, got {self.quant_block_size}")
         if self.quant_accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"quant_accuracy_level: must be 0..4, got {self.quant_accuracy_level}")
 
-    def contribute(self, spec: EngineSpec) -> None:
-        spec.backend = self.backend
-        spec.engine.update(
+    def engine_config(self, layout: KVLayout) -> EngineConfig:
+        """The compiled runtime's settings: these fields plus the layout."""
+        from inferflow.engines.config import EngineConfig
+
+        return EngineConfig(
+            backend=self.runtime_package,  # the compiled runtime (a subclass may rename backend)
             precision=Precision(self.precision).value,
             graph_form=GraphForm(self.graph_form).value,
+            max_slots=layout.max_slots,
+            max_model_len=layout.max_model_len,
+            block_size=layout.block_size,
+            num_blocks=layout.num_blocks,
             intra_op_threads=self.intra_op_threads,
             inter_op_threads=self.inter_op_threads,
             allow_spinning=self.allow_spinning,
@@ -72,8 +145,39 @@ class OnnxRuntimeExecutor(EngineSlot):
             quant_block_size=self.quant_block_size,
             quant_accuracy_level=self.quant_accuracy_level,
         )
-        if self.max_slots is not None:
-            spec.shared["max_slots"] = self.max_slots
+
+    def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
+        from inferflow.engines.executor import EngineExecutor
+        from inferflow.engines.factory import create_model_engine
+        from inferflow.sampling.sampler import Sampler
+
+        runner = create_model_engine(checkpoint, self.engine_config(layout))
+        self._executor = EngineExecutor(runner, Sampler(checkpoint.eos_token_ids))
+
+    @property
+    def runner(self) -> Any:
+        """The compiled model runtime (``OnnxRuntimeEngine`` / ``TensorRTEngine``)."""
+        if self._executor is None:
+            raise RuntimeError(f"executor={self.backend}: load() was not called")
+        return self._executor.engine
+
+    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        if self._executor is None:
+            raise RuntimeError(f"executor={self.backend}: load() was not called")
+        return self._executor.execute(plan)
+
+    @property
+    def runtime_version(self) -> str:
+        import onnxruntime
+
+        return str(onnxruntime.__version__)
+
+    def describe(self) -> dict[str, Any]:
+        entry = getattr(self.runner, "cache_entry", None) if self._executor else None
+        return {
+            **super().describe(),
+            "compiled_engine": str(entry.model_path.parent) if entry is not None else None,
+        }
 
 
 @dataclass
@@ -82,6 +186,7 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
     needs the standard-op graph, so ``graph_form`` must be ``canonical``."""
 
     backend: ClassVar[str] = "tensorrt"
+    runtime_package: ClassVar[str] = "tensorrt"
     precision: Precision = Precision.fp16
     graph_form: GraphForm = GraphForm.canonical
     device_id: int = 0
@@ -95,6 +200,30 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
         if self.device_id < 0:
             raise ValueError(f"device_id: must be >= 0, got {self.device_id}")
 
-    def contribute(self, spec: EngineSpec) -> None:
-        super().contribute(spec)
-        spec.backend_options["device_id"] = self.device_id
+    def engine_config(self, layout: KVLayout) -> EngineConfig:
+        import dataclasses
+
+        return dataclasses.replace(super().engine_config(layout), device_id=self.device_id)
+
+    @property
+    def runtime_version(self) -> str:
+        import tensorrt  # only here: the optional extra
+
+        return str(tensorrt.__version__)
+
+
+def executor_for(config: EngineConfig) -> OnnxRuntimeExecutor:
+    """The built-in executor stage for an offline ``EngineConfig`` (``LLMEngine(...)``)."""
+    common: dict[str, Any] = {
+        "precision": Precision(config.precision),
+        "graph_form": GraphForm(config.graph_form),
+        "intra_op_threads": config.intra_op_threads,
+        "inter_op_threads": config.inter_op_threads,
+        "allow_spinning": config.allow_spinning,
+        "cache_dir": config.cache_dir,
+        "quant_block_size": config.quant_block_size,
+        "quant_accuracy_level": config.quant_accuracy_level,
+    }
+    if config.backend == "tensorrt":
+        return TensorRTExecutor(**common, device_id=config.device_id)
+    return OnnxRuntimeExecutor(**common)

@@ -72,7 +72,7 @@ def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Pat
         ),
         (
             "batching.foo=1",
-            "batching.foo: unknown key; allowed keys: _target_, max_num_batched_tokens",
+            "batching.foo: unknown key; allowed keys: _target_, max_num_seqs, max_num_batched_tokens",
         ),
         (
             "batching=foo",

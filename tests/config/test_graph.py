@@ -13,8 +13,9 @@ from omegaconf import OmegaConf
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError
 from inferflow.graph import build_graph, splice_order
+from inferflow.scheduling.layout import KVLayout
 from inferflow.stages.base import PassThroughStage, StageRequest
-from inferflow.stages.batching import ContinuousBatching, StaticBatching
+from inferflow.stages.batching import ContinuousBatching, NoBatching, StaticBatching
 from inferflow.stages.cache import NoPrefixCache
 
 pytestmark = pytest.mark.usefixtures("config_env")
@@ -38,36 +39,46 @@ def test_both_model_spellings_compose_the_same() -> None:
     assert compose_config(["+model=llama_1b"]) == compose_config(["model=llama_1b"])
 
 
-def test_engine_spec_follows_the_slots() -> None:
-    spec = graph_for(
-        "batching=static", "batching.max_batch_size=4", "cache=none", "model.max_model_len=256"
-    ).engine_spec()
-    assert spec.scheduler["mode"] == "static" and spec.scheduler["max_num_seqs"] == 4
-    assert spec.scheduler["enable_prefix_caching"] is False
-    assert spec.shared == {"block_size": 16, "num_blocks": 0, "max_model_len": 256, "max_slots": 4}
-    spec = graph_for("executor.max_slots=8", "executor.precision=int4").engine_spec()
-    assert spec.shared["max_slots"] == 8 and spec.engine["precision"] == "int4"
-    assert (
-        spec.scheduler["mode"] == "continuous" and spec.scheduler["enable_prefix_caching"] is True
+def test_engine_settings_follow_the_stages() -> None:
+    graph = graph_for(
+        "batching=static", "batching.max_num_seqs=4", "cache=none", "model.max_model_len=256"
     )
+    layout = graph.kv_layout()
+    assert layout == KVLayout(max_slots=4, max_model_len=256, block_size=16, num_blocks=64)
+    sched = graph.batching.scheduler_config(layout, graph.cache.enabled)
+    assert sched.mode == "static" and sched.max_num_seqs == 4 and sched.layout == layout
+    assert sched.enable_prefix_caching is False
+    graph = graph_for("executor.max_slots=8", "executor.precision=int4", "cache.block_size=32")
+    layout = graph.kv_layout()
+    assert layout.max_slots == 8 and layout.block_size == 32 and graph.executor.precision == "int4"
+    assert graph.executor.engine_config(layout).precision == "int4"
+    sched = graph.batching.scheduler_config(layout, graph.cache.enabled)
+    assert sched.mode == "continuous" and sched.enable_prefix_caching is True
+
+
+def test_old_max_batch_size_spelling_still_works_with_a_warning() -> None:
+    with pytest.warns(FutureWarning, match="batching.max_batch_size is deprecated"):
+        graph = graph_for("batching.max_batch_size=3")
+    assert graph.batching.max_num_seqs == 3 and graph.kv_layout().max_slots == 3
 
 
 def test_removed_and_null_slots() -> None:
     graph = graph_for("~cache", "validator=none")
     assert "cache" not in graph.engine_slots
-    assert "enable_prefix_caching" not in graph.engine_spec().scheduler  # engine default applies
+    assert isinstance(graph.cache, NoPrefixCache) and not graph.cache.enabled  # really off
     assert isinstance(graph.request_stages[0], PassThroughStage)
     assert isinstance(graph_for("cache=none").engine_slots["cache"], NoPrefixCache)
+    assert isinstance(graph_for("~batching").batching, NoBatching)
 
 
 def test_worker_rebuilds_an_equivalent_graph_from_the_plain_dict() -> None:
-    graph = graph_for("batching=static", "batching.max_batch_size=3", "+stages=passthrough")
+    graph = graph_for("batching=static", "batching.max_num_seqs=3", "+stages=passthrough")
     data = pickle.loads(pickle.dumps(graph.to_container()))
     again = build_graph(data)
     assert again.model_path == graph.model_path and again.model_name == graph.model_name
     assert [type(s) for s in again.request_stages] == [type(s) for s in graph.request_stages]
     assert isinstance(again.engine_slots["batching"], StaticBatching)
-    assert again.engine_spec() == graph.engine_spec()
+    assert again.engine_slots == graph.engine_slots and again.kv_layout() == graph.kv_layout()
 
 
 def test_request_path_tokenizes_and_checks_limits() -> None:
@@ -124,7 +135,7 @@ def test_stage_after_a_removed_slot_keeps_its_place() -> None:
         ("validator._target_=inferflow.stages.cache.PrefixCache", "is not a RequestStage subclass"),
         (
             "batching._target_=inferflow.stages.cache.PrefixCache",
-            "fills the cache slot, not batching",
+            "is not a BatchingStage subclass",
         ),
     ],
 )
@@ -164,8 +175,8 @@ def test_unknown_keys_of_a_plain_stage_class_are_refused() -> None:
 
 
 def test_range_errors_name_the_key() -> None:
-    with pytest.raises(ConfigError, match=r"^batching\.max_batch_size: must be >= 1, got 0$"):
-        graph_for("batching.max_batch_size=0")
+    with pytest.raises(ConfigError, match=r"^batching\.max_num_seqs: must be >= 1, got 0$"):
+        graph_for("batching.max_num_seqs=0")
     with pytest.raises(ConfigError, match=r"^server\.port: must be in \[0, 65535\]"):
         graph_for("server.port=70000")
     with pytest.raises(ConfigError, match=r"^tracing\.sample_ratio: must be in \[0, 1\]"):

@@ -149,7 +149,20 @@ def test_installed_priority_policy_in_process(
     graph = build_graph(
         compose_config(["batching=priority", "+batching.tiers.gold=0", "+batching.tiers.bulk=50"])
     )
-    assert graph.engine_spec().scheduler["policy"] == "priority"
+    from inferflow.sampling_params import SamplingParams
+    from inferflow.scheduling.request import Request
+
+    def queued(rid: str, priority: int, arrival: float) -> Request:
+        return Request(rid, [1], SamplingParams(), arrival_time=arrival, priority=priority)
+
+    # the plugin's policy orders by priority, then arrival, whatever the queue order
+    keys = {
+        r.request_id: graph.batching.sort_key(r, seq)
+        for seq, r in enumerate(
+            [queued("late-gold", 0, 2.0), queued("bulk", 50, 0.0), queued("early-gold", 0, 1.0)]
+        )
+    }
+    assert sorted(keys, key=keys.__getitem__) == ["early-gold", "late-gold", "bulk"]
 
     def priority(**attrs: object) -> int:
         return graph.process(StageRequest("r", prompt="hi", attributes=dict(attrs))).attributes[

@@ -1,9 +1,12 @@
-"""Priority batching: the scheduler's ``priority`` policy plus a stage that assigns priorities."""
+"""Priority batching: a scheduling policy (lower priority value first) plus a stage that assigns
+priorities."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferflow.scheduling.policy import RequestQueue, SortedQueue, SortKey
+from inferflow.scheduling.request import Request
 from inferflow.stages.base import (
     ATTR_API_KEY_ID,
     ATTR_PRIORITY,
@@ -12,7 +15,6 @@ from inferflow.stages.base import (
     StageRequest,
 )
 from inferflow.stages.batching import ContinuousBatching, SchedulingPolicy
-from inferflow.stages.engine_slot import EngineSpec
 
 
 @dataclass
@@ -43,7 +45,8 @@ class PriorityTagger(RequestStage):
 
 @dataclass
 class PriorityBatching(ContinuousBatching):
-    """Continuous batching with the ``priority`` queue (lower first; preempts lowest first)."""
+    """Continuous batching admitting lower ``priority`` values first (then earlier arrival) and
+    preempting the least urgent first."""
 
     policy: SchedulingPolicy = SchedulingPolicy.priority
     tiers: dict[str, int] = field(default_factory=dict)
@@ -57,9 +60,11 @@ class PriorityBatching(ContinuousBatching):
                 "policy: batching=priority always uses 'priority' (use batching=continuous for fcfs)"
             )
 
-    def contribute(self, spec: EngineSpec) -> None:
-        super().contribute(spec)
-        spec.scheduler["policy"] = SchedulingPolicy.priority.value
+    def sort_key(self, request: Request, seq: int) -> SortKey:
+        return (request.priority, request.arrival_time, seq)
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        return SortedQueue(keys)
 
     def request_stages(self) -> list[RequestStage]:
         tagger = PriorityTagger(dict(self.tiers), self.default_priority, self.allow_client_priority)
