@@ -1,5 +1,6 @@
-"""inferflow plugin: redact personal data from requests before tokenization."""
+"""inferflow plugin: redact personal data from requests before tokenization and from the
+generated text after the engine."""
 
-from inferflow_pii_redactor.redactor import ENTITIES, PIIRedactor
+from inferflow_pii_redactor.redactor import ENTITIES, PIIOutputRedactor, PIIRedactor
 
-__all__ = ["ENTITIES", "PIIRedactor"]
+__all__ = ["ENTITIES", "PIIOutputRedactor", "PIIRedactor"]

@@ -1,4 +1,5 @@
-"""The PII redactor stage: regex detectors, applied to the prompt or to every chat message."""
+"""The PII redactor stages: regex detectors, applied to the prompt and every chat message before
+the engine (:class:`PIIRedactor`), and to the generated text after it (:class:`PIIOutputRedactor`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferflow.stages.base import RequestStage, StageRequest
+from inferflow.stages.response import HoldBackBuffer, ResponseDelta, ResponseStage
 
 
 def _luhn_ok(text: str) -> bool:
@@ -56,10 +58,10 @@ class PIIRedactor(RequestStage):
         if unknown:
             raise ValueError(f"entities: unknown {unknown}; allowed values: {', '.join(ENTITIES)}")
         # detectors in ENTITIES order, whatever order the config lists them in
-        self._detectors = [(name, *ENTITIES[name]) for name in ENTITIES if name in self.entities]
+        self.detectors = [(name, *ENTITIES[name]) for name in ENTITIES if name in self.entities]
 
     def redact(self, text: str, counts: Counter[str]) -> str:
-        for name, pattern, check in self._detectors:
+        for name, pattern, check in self.detectors:
             marker = self.replacement.format(entity=name.upper())
 
             def sub(
@@ -96,3 +98,33 @@ class PIIRedactor(RequestStage):
             ]
             return {**message, "content": parts}
         return message
+
+
+@dataclass
+class PIIOutputRedactor(ResponseStage):
+    """Replace personal data in the *generated* text, streamed or not, with the same markers.
+
+    Text is held back until it is at least ``window`` characters behind the newest token and
+    not inside a possible match, so an entity split across deltas is still redacted whole.
+    """
+
+    entities: list[str] = field(default_factory=lambda: list(ENTITIES))
+    replacement: str = "[{entity}]"
+    window: int = 64
+
+    def __post_init__(self) -> None:
+        self._redactor = PIIRedactor(self.entities, self.replacement)
+        if self.window < 1:
+            raise ValueError(f"window: must be >= 1, got {self.window}")
+
+    def start(self, request: StageRequest) -> HoldBackBuffer:
+        return HoldBackBuffer(self.window)
+
+    def process(self, delta: ResponseDelta, state: HoldBackBuffer) -> ResponseDelta:
+        ready = state.feed(delta.text, delta.final, self._matches)
+        return delta.with_text(self._redactor.redact(ready, Counter()) if ready else "")
+
+    def _matches(self, text: str) -> list[tuple[int, int]]:
+        return [
+            m.span() for _, pattern, _ in self._redactor.detectors for m in pattern.finditer(text)
+        ]
