@@ -49,16 +49,21 @@ class GraphEngineFactory:
         return build_graph(self.config).create_engine()
 
 
-def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
-    """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
-    settings = settings or ServerSettings.from_config(graph.server)
-    config = graph.to_container()
-    telemetry = TelemetrySettings(
+def telemetry_settings(graph: Any, config: dict[str, Any]) -> TelemetrySettings:
+    """Both sides' telemetry settings; the resource names the executor stage's backend."""
+    return TelemetrySettings(
         graph.model_name,
         dict(config.get("tracing") or {}),
         engine=graph.executor.backend,
         engine_version=graph.executor.package_version(),
     )
+
+
+def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
+    """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
+    settings = settings or ServerSettings.from_config(graph.server)
+    config = graph.to_container()
+    telemetry = telemetry_settings(graph, config)
     frontend_telemetry = FrontendTelemetry(telemetry)
     shared = SharedState()
     pipeline = RequestPipeline.from_graph(graph, wrap_stage=frontend_telemetry.wrap_stage)

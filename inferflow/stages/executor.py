@@ -7,6 +7,7 @@ a plugin adds its own with ``executor=NAME`` (a YAML whose ``_target_`` is an
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -173,10 +174,14 @@ class OnnxRuntimeExecutor(ExecutorStage):
         return str(onnxruntime.__version__)
 
     def describe(self) -> dict[str, Any]:
-        entry = getattr(self.runner, "cache_entry", None) if self._executor else None
+        if self._executor is None:
+            return super().describe()
+        entry = getattr(self.runner, "cache_entry", None)
+        config = getattr(self.runner, "config", None)  # the EngineConfig it was built with
         return {
             **super().describe(),
             "compiled_engine": str(entry.model_path.parent) if entry is not None else None,
+            "runtime_config": dataclasses.asdict(config) if config is not None else None,
         }
 
 
@@ -201,8 +206,6 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
             raise ValueError(f"device_id: must be >= 0, got {self.device_id}")
 
     def engine_config(self, layout: KVLayout) -> EngineConfig:
-        import dataclasses
-
         return dataclasses.replace(super().engine_config(layout), device_id=self.device_id)
 
     @property
