@@ -14,6 +14,7 @@ import importlib.resources
 import json
 import os
 import sys
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,10 @@ def defaulted_groups() -> list[str]:
     ]
 
 
+# Old spelling -> the key's name now (vLLM's names); the old one keeps working on the command line.
+RENAMED_KEYS = {"batching.max_batch_size": "batching.max_num_seqs"}
+
+
 def prepare_overrides(
     overrides: Sequence[str], environ: Mapping[str, str] | None = None
 ) -> list[str]:
@@ -170,6 +175,8 @@ def prepare_overrides(
        them), so both spellings select another model while the default still applies.
     2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
        any entries the user passed in ``hydra.searchpath=[...]``).
+    3. Old key spellings (:data:`RENAMED_KEYS`) become the new ones, with a FutureWarning, so
+       ``--cfg job`` shows the value under the name that is in effect.
     """
     groups = set(defaulted_groups())
     out: list[str] = []
@@ -178,6 +185,11 @@ def prepare_overrides(
         key, sep, value = item.partition("=")
         if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
             item = f"{key[1:]}={value}"
+        if sep and key in RENAMED_KEYS:
+            warnings.warn(
+                f"{key} is deprecated: use {RENAMED_KEYS[key]}", FutureWarning, stacklevel=2
+            )
+            item = f"{RENAMED_KEYS[key]}={value}"
         if sep and key == "hydra.searchpath":
             user_paths = _parse_list_override(item)
             continue

@@ -43,6 +43,15 @@ def test_readme_command_both_model_spellings(cli_env: dict[str, str], workdir: P
     assert plus["batching"]["_target_"].endswith("ContinuousBatching")
 
 
+def test_old_key_spelling_warns_once_on_the_command_line(
+    cli_env: dict[str, str], workdir: Path
+) -> None:
+    proc = run_cli(["batching.max_batch_size=5", "task=check"], cli_env, workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "batching.max_batch_size is deprecated: use batching.max_num_seqs" in proc.stderr
+    assert "max_num_seqs=5" in proc.stdout
+
+
 def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Path) -> None:
     cfg = cfg_job(
         [
@@ -54,7 +63,8 @@ def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Pat
         cli_env,
         workdir,
     )
-    assert cfg["batching"]["max_batch_size"] == 64
+    # the README's old spelling lands under the name in effect (with a FutureWarning)
+    assert cfg["batching"]["max_num_seqs"] == 64 and cfg["batching"]["max_batch_size"] is None
     assert cfg["model"]["path"] == "/models/x" and cfg["model"]["builtin"] is None
     assert cfg["executor"]["precision"] == "int4"
 
@@ -63,8 +73,8 @@ def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Pat
     ("override", "expected"),
     [
         (
-            "batching.max_batch_size=abc",
-            "batching.max_batch_size: invalid value 'abc'; expected an integer",
+            "batching.max_num_seqs=abc",
+            "batching.max_num_seqs: invalid value 'abc'; expected an integer",
         ),
         (
             "executor.precision=fp8",

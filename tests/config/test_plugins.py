@@ -217,7 +217,7 @@ def pii_server(
         "+stages=pii_redactor",
         f"server.port={port}",
         "tracing=off",
-        "batching.max_batch_size=2",
+        "batching.max_num_seqs=2",
     ]
     log_path = tmp_path / "server.log"
     log = log_path.open("w")

@@ -24,17 +24,17 @@ def test_sweep_runs_each_job_in_its_own_folder_with_its_config(
     proc = run_cli(args, cli_env, workdir, timeout=300)
     assert proc.returncode == 0, proc.stderr
     jobs = job_dirs(sweep)
-    assert len(jobs) == 6  # batching: static,continuous x max_batch_size: 1,4,16
+    assert len(jobs) == 6  # batching: static,continuous x max_num_seqs: 1,4,16
     seen = set()
     for job in jobs:
         resolved = yaml.safe_load((job / "resolved_config.yaml").read_text())
         overrides = yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text())
         kind = next(o.split("=")[1] for o in overrides if o.startswith("batching="))
         size = int(
-            next(o.split("=")[1] for o in overrides if o.startswith("batching.max_batch_size="))
+            next(o.split("=")[1] for o in overrides if o.startswith("batching.max_num_seqs="))
         )
         assert resolved["batching"]["_target_"].endswith(f"{kind.capitalize()}Batching")
-        assert resolved["batching"]["max_batch_size"] == size
+        assert resolved["batching"]["max_num_seqs"] == size
         assert resolved["model"]["path"] == str(tiny_checkpoint)  # resolved, reproducible
         assert (job / ".hydra" / "config.yaml").is_file()
         seen.add((kind, size))
@@ -51,7 +51,7 @@ def test_sweep_measures_each_batching_policy_offline(
         "-m",
         "+experiment=batching_sweep",
         "batching=static,continuous",
-        "batching.max_batch_size=2",
+        "batching.max_num_seqs=2",
         "offline.num_prompts=3",
         "offline.prompt_len=8",
         "offline.max_tokens=4",

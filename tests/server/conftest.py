@@ -36,7 +36,7 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         "server.rate_limit_requests_per_minute=4",
         "server.rate_limit_tokens_per_minute=3000",
         "server.request_timeout_s=1.5",
-        "batching.max_batch_size=2",
+        "batching.max_num_seqs=2",
     ]
     # the last key comes from the environment variable, as an operator would pass a secret
     srv = start_server(
