@@ -21,10 +21,10 @@ from pathlib import Path
 
 import numpy as np
 
-from inferflow.engines.config import EngineConfig
-from inferflow.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint, tiny_llama_path
+from inferflow.runtimes.config import EngineConfig
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
 

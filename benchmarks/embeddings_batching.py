@@ -29,9 +29,9 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from inferflow.embeddings import EmbeddingService  # noqa: E402
-from inferflow.engines.encoder_engine import EncoderEngine, EncoderSettings  # noqa: E402
+from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig  # noqa: E402
+from inferflow.embeddings.encoder_runner import EncoderRunner, EncoderSettings  # noqa: E402
 from inferflow.models.bert import minilm_path  # noqa: E402
-from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig  # noqa: E402
 
 WORDS = [
     "the",
@@ -123,7 +123,7 @@ def idle_worker_cpu(service: EmbeddingService, seconds: float) -> float:
 
 
 def bench_mode(
-    engine: EncoderEngine, batching: DynamicBatchingConfig, args: argparse.Namespace
+    engine: EncoderRunner, batching: DynamicBatchingConfig, args: argparse.Namespace
 ) -> dict:
     service = EmbeddingService(engine, engine.checkpoint.tokenizer(), batching, model_name="minilm")
     try:
@@ -155,7 +155,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/embeddings_batching.json")
     args = parser.parse_args()
 
-    engine = EncoderEngine.from_path(
+    engine = EncoderRunner.from_path(
         args.model or minilm_path(), settings=EncoderSettings(intra_op_threads=args.threads)
     )
     dynamic = DynamicBatchingConfig(

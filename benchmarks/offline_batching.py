@@ -29,9 +29,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from inferflow.engine.step import step  # noqa: E402
 from inferflow.outputs import RequestMetrics  # noqa: E402
 from inferflow.sampling_params import SamplingParams  # noqa: E402
-from inferflow.scheduling import Request, Scheduler, SchedulerConfig, step  # noqa: E402
+from inferflow.scheduling import Request, Scheduler, SchedulerConfig  # noqa: E402
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput  # noqa: E402
 
 MODES = ("continuous", "static", "none")
@@ -78,10 +79,10 @@ def params(w: Work) -> SamplingParams:
 
 
 def run_real(mode: str, work: list[Work], args: argparse.Namespace) -> Run:
-    from inferflow.engines.config import EngineConfig
-    from inferflow.llm_engine import LLMEngine
+    from inferflow.engine.llm_engine import LLMEngine
     from inferflow.models.checkpoint import load_checkpoint
     from inferflow.models.tiny import tiny_llama_path
+    from inferflow.runtimes.config import EngineConfig
 
     engine = LLMEngine(
         load_checkpoint(args.model or tiny_llama_path()),

@@ -243,17 +243,17 @@ def _task(cfg: DictConfig) -> None:
 
 
 def serve(graph: ServingGraph) -> None:
-    """Hand the graph to the LitServe runtime (``inferflow.server.runtime.serve``)."""
+    """Hand the graph to the LitServe runtime (``inferflow.server.process.runtime.serve``)."""
     try:
-        from inferflow.server.runtime import serve as serve_graph
+        from inferflow.server.process.runtime import serve as serve_graph
     except ModuleNotFoundError as exc:
-        if exc.name and "inferflow.server.runtime".startswith(exc.name):
+        if exc.name and "inferflow.server.process.runtime".startswith(exc.name):
             raise ComponentUnavailable(
-                "the HTTP server (inferflow.server.runtime) is not available in this build; "
+                "the HTTP server (inferflow.server.process.runtime) is not available in this build; "
                 "task=check validates the graph without serving"
             ) from None
         raise
-    from inferflow.server.runtime import ServerFailed
+    from inferflow.server.process.runtime import ServerFailed
 
     try:
         serve_graph(graph)
@@ -267,7 +267,7 @@ def check(graph: ServingGraph) -> str:
     An embedding model (``model.task=embed``) is checked by loading its checkpoint and
     tokenizing the probe; extra embedding models (``extra_models``) are listed.
     """
-    from inferflow.server.embedding_models import embedding_specs, is_embedding_model
+    from inferflow.embeddings.models import embedding_specs, is_embedding_model
 
     if is_embedding_model(graph.model):
         from inferflow.models.bert import load_bert_checkpoint

@@ -110,7 +110,7 @@ class LogLevel(ConfigEnum):
 
 @dataclass
 class ServerConfig:
-    """The HTTP frontend (read by ``inferflow.server.settings.ServerSettings.from_config``).
+    """The HTTP frontend (read by ``inferflow.server.http.settings.ServerSettings.from_config``).
 
     ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth.
     A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).

@@ -46,7 +46,7 @@ from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.response import ResponseStage
 
 if TYPE_CHECKING:
-    from inferflow.llm_engine import LLMEngine
+    from inferflow.engine.llm_engine import LLMEngine
     from inferflow.scheduling.layout import KVLayout
 
 # Engine-side slot -> the contract its _target_ must implement.
@@ -169,7 +169,7 @@ class ServingGraph:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
         builds (or loads the cached) compiled model, the batching stage is the scheduler's
         policy, the cache stage its prefix cache. Expensive; once per graph."""
-        from inferflow.llm_engine import LLMEngine
+        from inferflow.engine.llm_engine import LLMEngine
         from inferflow.models.checkpoint import load_checkpoint
         from inferflow.scheduling.config import SchedulerConfigError
         from inferflow.scheduling.scheduler import Scheduler

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from inferflow.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import SamplingParams
 
@@ -38,7 +38,8 @@ class LLM:
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
-        """Outputs in prompt order. A prompt is text or a list of token ids."""
+        """Outputs in prompt order. A prompt is text or a list of token ids; ``use_tqdm`` shows a
+        progress bar of finished requests (on stderr)."""
         batch: list[Any] = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
             else list(prompts)
         params = sampling_params or SamplingParams()
@@ -51,7 +52,7 @@ class LLM:
             else:
                 self.engine.add_request(rid, list(prompt), p)
             order.append(rid)
-        return self._run(order)
+        return self._run(order, use_tqdm)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -60,10 +61,14 @@ class LLM:
         prompts = [self.tokenizer.encode_chat(conv) for conv in convs]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params)
 
-    def _run(self, order: list[str]) -> list[RequestOutput]:
+    def _run(self, order: list[str], use_tqdm: bool = False) -> list[RequestOutput]:
+        from tqdm import tqdm
+
         final: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    final[out.request_id] = out
+        with tqdm(total=len(order), desc="generating", unit="req", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step():
+                    if out.finished:
+                        final[out.request_id] = out
+                        bar.update(1)
         return [final[rid] for rid in order]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferflow.models.config import ModelConfig, parse_model_config
+from inferflow.models.config import ModelArch, parse_model_config
 from inferflow.models.errors import CheckpointError
 from inferflow.models.safetensors_reader import SafetensorsFile, file_digest, iter_shards
 from inferflow.models.tokenizer import Tokenizer
@@ -54,7 +54,7 @@ class Checkpoint:
         self.path = Path(path).expanduser().resolve()
         if not self.path.is_dir():
             raise CheckpointError(self.path, "checkpoint folder does not exist")
-        self.config: ModelConfig = parse_model_config(self.path / "config.json")
+        self.config: ModelArch = parse_model_config(self.path / "config.json")
         self.shards = list(iter_shards(self.path))
         for shard in self.shards:
             if not shard.exists():
@@ -96,7 +96,7 @@ class Checkpoint:
         return _assemble(self.config, where, self.path)
 
 
-def _assemble(cfg: ModelConfig, where: dict[str, SafetensorsFile], folder: Path) -> ModelWeights:
+def _assemble(cfg: ModelArch, where: dict[str, SafetensorsFile], folder: Path) -> ModelWeights:
     h, d = cfg.hidden_size, cfg.head_dim
 
     def get(name: str, shape: tuple[int, ...], transpose: bool = False) -> np.ndarray:

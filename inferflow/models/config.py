@@ -14,7 +14,7 @@ SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCa
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """``rope_scaling`` of type ``llama3`` (Llama 3.1+); ``None`` on ModelConfig means plain RoPE."""
+    """``rope_scaling`` of type ``llama3`` (Llama 3.1+); ``None`` on ModelArch means plain RoPE."""
 
     factor: float
     low_freq_factor: float
@@ -23,7 +23,7 @@ class RopeScaling:
 
 
 @dataclass(frozen=True)
-class ModelConfig:
+class ModelArch:
     """The decoder-only architecture parameters inferflow's graph builder needs."""
 
     architecture: str
@@ -45,10 +45,6 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
     sliding_window: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def group_size(self) -> int:
-        return self.num_heads // self.num_kv_heads
 
     @property
     def num_parameters(self) -> int:
@@ -84,8 +80,8 @@ def _rope_scaling(path: Path, raw: dict[str, Any]) -> RopeScaling | None:
     )
 
 
-def parse_model_config(path: Path) -> ModelConfig:
-    """Read ``path`` (a config.json) into a :class:`ModelConfig`; unsupported models fail clearly."""
+def parse_model_config(path: Path) -> ModelArch:
+    """Read ``path`` (a config.json) into a :class:`ModelArch`; unsupported models fail clearly."""
     try:
         raw = json.loads(path.read_text())
     except FileNotFoundError:
@@ -102,7 +98,7 @@ def parse_model_config(path: Path) -> ModelConfig:
         num_heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         head_dim = int(raw.get("head_dim") or hidden // num_heads)
-        cfg = ModelConfig(
+        cfg = ModelArch(
             architecture=arch,
             vocab_size=int(raw["vocab_size"]),
             hidden_size=hidden,

@@ -34,7 +34,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
-from inferflow.models.config import ModelConfig
+from inferflow.models.config import ModelArch
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.rope import cos_sin_cache
 
@@ -128,7 +128,7 @@ def _unpad(g: _Graph, y: str, width: int, unpad_index: str) -> str:
 class _Layers:
     """Emits the decoder; ``attention`` differs by form, everything else is shared."""
 
-    def __init__(self, g: _Graph, cfg: ModelConfig) -> None:
+    def __init__(self, g: _Graph, cfg: ModelArch) -> None:
         self.g, self.cfg = g, cfg
         cos, sin = cos_sin_cache(cfg, g.spec.max_model_len)
         self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
@@ -200,7 +200,7 @@ class _Layers:
         return self.mask
 
 
-def _io(cfg: ModelConfig, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     act = helper.np_dtype_to_tensor_dtype(spec.act_dtype)
     i64, i32 = TensorProto.INT64, TensorProto.INT32
     v = helper.make_tensor_value_info
@@ -219,7 +219,7 @@ def _io(cfg: ModelConfig, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], l
     return inputs, outputs
 
 
-def build_llama_graph(cfg: ModelConfig, weights: ModelWeights, spec: GraphSpec,
+def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
                       on_layer: Callable[[int], None] | None = None) -> onnx.ModelProto:
     """The whole decoder as one ONNX model (see the module docstring for the I/O contract).
 

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from inferflow.models.config import ModelConfig
+from inferflow.models.config import ModelArch
 
 
-def inv_freq(cfg: ModelConfig) -> np.ndarray:
+def inv_freq(cfg: ModelArch) -> np.ndarray:
     """(D/2,) float32 inverse frequencies, with ``llama3`` rope scaling when configured."""
     d = cfg.head_dim
     base = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
@@ -28,7 +28,7 @@ def inv_freq(cfg: ModelConfig) -> np.ndarray:
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def cos_sin_cache(cfg: ModelConfig, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+def cos_sin_cache(cfg: ModelArch, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin tables, each (max_positions, D/2) float32; row p is position p."""
     pos = np.arange(max_positions, dtype=np.float32)
     freqs = np.outer(pos, inv_freq(cfg)).astype(np.float32)  # (P, D/2)

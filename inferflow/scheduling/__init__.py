@@ -1,22 +1,22 @@
-"""Scheduling: block pool -> per-request KV manager -> scheduler policy (pure data structures).
+"""Scheduling: block pool -> per-request KV manager -> scheduler (pure data structures).
 
-The engine step is ``engine_loop.step``: ``schedule() -> executor.execute(plan) -> update()``.
+The engine step that drives it is ``inferflow.engine.step.step``:
+``schedule() -> executor.execute(plan) -> update()``.
 """
 
 from inferflow.scheduling.config import SchedulerConfig, SchedulerConfigError
-from inferflow.scheduling.engine_loop import Executor, step
+from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.request import Request, RequestStatus
 from inferflow.scheduling.scheduler import Scheduler
-from inferflow.scheduling.updates import RequestUpdate, SchedulerStats
+from inferflow.scheduling.updates import SchedulerStats, StepUpdate
 
 __all__ = [
-    "Executor",
+    "KVLayout",
     "Request",
     "RequestStatus",
-    "RequestUpdate",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerConfigError",
     "SchedulerStats",
-    "step",
+    "StepUpdate",
 ]

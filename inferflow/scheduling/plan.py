@@ -1,6 +1,6 @@
 """The one dataclass the scheduler hands to the executor each step, and what comes back.
 
-Engine loop (see ``inferflow/scheduling/engine_loop.py``)::
+Engine loop (see ``inferflow/engine/step.py``)::
 
     plan = scheduler.schedule()          # SchedulerOutput
     out = executor.execute(plan)         # ExecutorOutput

@@ -38,7 +38,7 @@ from inferflow.scheduling.plan import (
 from inferflow.scheduling.policy import SchedulingPolicy, SortKey, policy_named
 from inferflow.scheduling.request import Request, RequestStatus, check_stop, max_kv_tokens
 from inferflow.scheduling.slots import SlotAllocator
-from inferflow.scheduling.updates import RequestUpdate, SchedulerStats
+from inferflow.scheduling.updates import SchedulerStats, StepUpdate
 
 
 @dataclass
@@ -301,7 +301,7 @@ class Scheduler:
         self._to_report.add(request.request_id)
 
     # -- update ----------------------------------------------------------------------------
-    def update(self, plan: SchedulerOutput, output: ExecutorOutput) -> list[RequestUpdate]:
+    def update(self, plan: SchedulerOutput, output: ExecutorOutput) -> list[StepUpdate]:
         """Apply one executed step: register saved blocks, append sampled tokens, finish stopped
         requests (freeing their blocks at once). Returns one update per request that got a token."""
         self.kv.commit_saves(plan.kv_saves)
@@ -316,7 +316,7 @@ class Scheduler:
             updates.append(self._apply_sample(request, sampled))
         return updates
 
-    def _apply_sample(self, request: Request, sampled: SampledToken) -> RequestUpdate:
+    def _apply_sample(self, request: Request, sampled: SampledToken) -> StepUpdate:
         logprob = None
         if request.sampling_params.logprobs is not None and sampled.logprob is not None:
             logprob = TokenLogprob(sampled.token_id, sampled.logprob, list(sampled.top_logprobs))
@@ -328,7 +328,7 @@ class Scheduler:
         decision = check_stop(request, self.config.max_model_len)
         if decision is not None:
             self._finish(request, decision.status, decision.stop_reason)
-        return RequestUpdate(
+        return StepUpdate(
             request=request,
             new_token_ids=(sampled.token_id,),
             new_logprobs=() if logprob is None else (logprob,),

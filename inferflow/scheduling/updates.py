@@ -9,7 +9,7 @@ from inferflow.scheduling.request import Request
 
 
 @dataclass(frozen=True)
-class RequestUpdate:
+class StepUpdate:
     """One request's progress in one step (what ``LLMEngine`` turns into a RequestOutput delta).
 
     ``request`` is the live object: ``request.output_token_ids`` is cumulative and already includes

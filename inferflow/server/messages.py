@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.errors import ErrorInfo
+from inferflow.server.http.errors import ErrorInfo
 
 
 @dataclass(frozen=True)

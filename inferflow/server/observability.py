@@ -26,8 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferflow.outputs import RequestMetrics
+from inferflow.server.http.pipeline import ATTR_TRACE_CONTEXT
 from inferflow.server.messages import SubmitRequest
-from inferflow.server.pipeline import ATTR_TRACE_CONTEXT
 from inferflow.stages.base import StageRequest
 
 logger = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from inferflow.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from inferflow.models.config import ModelConfig as CheckpointConfig
+    from inferflow.models.config import ModelArch
     from inferflow.models.tokenizer import Tokenizer
 
 # Well-known keys of StageRequest.attributes (stages may add their own, namespaced by stage name).
@@ -59,14 +59,14 @@ class StageRequest:
 class StageContext:
     """What a stage may know about the served model, handed to :meth:`RequestStage.setup`.
 
-    ``model_config`` is the checkpoint's architecture (``inferflow.models.config.ModelConfig``),
+    ``model_config`` is the checkpoint's architecture (``inferflow.models.config.ModelArch``),
     ``tokenizer`` the checkpoint's tokenizer. ``max_model_len`` is the served context length
     (prompt + completion tokens), already capped by the config.
     """
 
     model_name: str
     model_path: Path
-    model_config: CheckpointConfig
+    model_config: ModelArch
     tokenizer: Tokenizer
     max_model_len: int
 

@@ -25,8 +25,8 @@ from inferflow.stages.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
+    from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
     from inferflow.scheduling.config import SchedulerConfig
-    from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.policy import RequestQueue, SortKey
     from inferflow.scheduling.request import Request
@@ -152,7 +152,7 @@ class DynamicBatching(StaticBatching):
 
     def dynamic_batching_config(self) -> DynamicBatchingConfig:
         """The embedding path's ``DynamicBatchingConfig`` with these settings."""
-        from inferflow.scheduling.dynamic_batcher import DynamicBatchingConfig
+        from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
 
         return DynamicBatchingConfig(
             max_batch_size=self.max_num_seqs,

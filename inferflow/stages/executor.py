@@ -16,8 +16,8 @@ from inferflow.stages.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
-    from inferflow.engines.config import EngineConfig
     from inferflow.models.checkpoint import Checkpoint
+    from inferflow.runtimes.config import EngineConfig
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 
@@ -114,7 +114,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     cache_dir: str | None = None
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
-    _executor: Any = field(default=None, init=False, repr=False)  # EngineExecutor once loaded
+    _executor: Any = field(default=None, init=False, repr=False)  # PlanRunner once loaded
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -129,7 +129,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
     def engine_config(self, layout: KVLayout) -> EngineConfig:
         """The compiled runtime's settings: these fields plus the layout."""
-        from inferflow.engines.config import EngineConfig
+        from inferflow.runtimes.config import EngineConfig
 
         return EngineConfig(
             backend=self.runtime_package,  # the compiled runtime (a subclass may rename backend)
@@ -148,16 +148,16 @@ class OnnxRuntimeExecutor(ExecutorStage):
         )
 
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
-        from inferflow.engines.executor import EngineExecutor
-        from inferflow.engines.factory import create_model_engine
+        from inferflow.runtimes.factory import create_runner
+        from inferflow.runtimes.plan_runner import PlanRunner
         from inferflow.sampling.sampler import Sampler
 
-        runner = create_model_engine(checkpoint, self.engine_config(layout))
-        self._executor = EngineExecutor(runner, Sampler(checkpoint.eos_token_ids))
+        runner = create_runner(checkpoint, self.engine_config(layout))
+        self._executor = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
 
     @property
     def runner(self) -> Any:
-        """The compiled model runtime (``OnnxRuntimeEngine`` / ``TensorRTEngine``)."""
+        """The compiled model runtime (``OnnxRuntimeRunner`` / ``TensorRTRunner``)."""
         if self._executor is None:
             raise RuntimeError(f"executor={self.backend}: load() was not called")
         return self._executor.engine

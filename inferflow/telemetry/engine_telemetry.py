@@ -231,12 +231,6 @@ class EngineTelemetry:
         )
 
     @isolated(None)
-    def on_request_preempted(self, request_id: str) -> None:
-        rt = self.request_trace(request_id)
-        if rt is not None:
-            rt.mark_preempted()
-
-    @isolated(None)
     def on_request_finished(
         self,
         request_id: str,

@@ -42,18 +42,8 @@ def _convert_ids(request: dict[str, Any], convert: Callable[[str], str]) -> dict
     return request
 
 
-def _b64_to_hex(value: str) -> str:
-    return base64.b64decode(value).hex()
-
-
 def _hex_to_b64(value: str) -> str:
     return base64.b64encode(bytes.fromhex(value)).decode("ascii")
-
-
-def request_to_otlp_dict(request: ExportTraceServiceRequest) -> dict[str, Any]:
-    """Protobuf message -> OTLP/JSON dict (hex ids, integer enums)."""
-    data = json_format.MessageToDict(request, use_integers_for_enums=True)
-    return _convert_ids(data, _b64_to_hex)
 
 
 def otlp_dict_to_request(data: dict[str, Any]) -> ExportTraceServiceRequest:

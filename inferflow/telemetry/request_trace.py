@@ -127,9 +127,6 @@ class RequestTrace:
         if self.prefill_end_time is None:
             self.prefill_end_time = t
 
-    def mark_preempted(self) -> None:
-        self.num_preemptions += 1
-
     def set_cached_tokens(self, num_cached_tokens: int) -> None:
         """Prompt tokens served by the prefix cache (``gen_ai.usage.cache_read.input_tokens``)."""
         self.num_cached_tokens = num_cached_tokens

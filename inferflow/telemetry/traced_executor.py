@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
+from inferflow.engine.step import Executor
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 from inferflow.telemetry.engine_telemetry import EngineTelemetry, SchedulerSnapshot
 from inferflow.telemetry.isolation import log_telemetry_error
-
-
-class Executor(Protocol):
-    def execute(self, plan: SchedulerOutput) -> ExecutorOutput: ...
 
 
 class TracedExecutor:

@@ -11,13 +11,13 @@ import pytest
 
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.graph import build_graph
-from inferflow.llm_engine import LLMEngine
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.errors import ErrorInfo
+from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.messages import RequestUpdate
-from inferflow.server.response_pipeline import ResponsePipeline
-from inferflow.server.worker_api import describe_engine
+from inferflow.server.worker.api import describe_engine
 from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.executor import OnnxRuntimeExecutor
 from inferflow.stages.response import ResponseDelta, ResponseStage
@@ -88,7 +88,7 @@ def test_version_reports_the_executor_that_runs(tiny_checkpoint: Any) -> None:
 
 
 def test_the_trace_resource_names_the_configured_backend() -> None:
-    from inferflow.server.runtime import telemetry_settings
+    from inferflow.server.process.runtime import telemetry_settings
 
     graph = build_graph(compose_config(["executor=tensorrt"]))
     settings = telemetry_settings(graph, graph.to_container())  # TensorRT is never imported

@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from embedding_cases import SENTENCES, SETTINGS, write_tiny_bert
 
-from inferflow.engines.encoder_engine import EncoderEngine
+from inferflow.embeddings.encoder_runner import EncoderRunner
 from inferflow.models.bert import minilm_path
 
 
@@ -35,8 +35,8 @@ def minilm() -> Path:
 
 
 @pytest.fixture(scope="session")
-def minilm_engine(minilm: Path, engine_cache: Path) -> EncoderEngine:
-    return EncoderEngine.from_path(minilm, cache_dir=engine_cache, settings=SETTINGS)
+def minilm_engine(minilm: Path, engine_cache: Path) -> EncoderRunner:
+    return EncoderRunner.from_path(minilm, cache_dir=engine_cache, settings=SETTINGS)
 
 
 @pytest.fixture(scope="session")

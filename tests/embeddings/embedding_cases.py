@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from inferflow.engines.encoder_engine import EncoderSettings
+from inferflow.embeddings.encoder_runner import EncoderSettings
 
 SETTINGS = EncoderSettings(intra_op_threads=1)  # 2 shared cores: stay polite
 

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from inferflow.scheduling.dynamic_batcher import (
+from inferflow.embeddings.dynamic_batcher import (
     BatcherClosed,
     DynamicBatcher,
     DynamicBatchingConfig,

@@ -12,15 +12,21 @@ import numpy as np
 import pytest
 from embedding_cases import SENTENCES, cosine_rows
 
-from inferflow.embeddings import Embedder, EmbeddingInputError, EmbeddingService, _gather, _Item
-from inferflow.engines.encoder_engine import EncoderEngine
-from inferflow.scheduling.dynamic_batcher import BatcherClosed, DynamicBatchingConfig
+from inferflow.embeddings.dynamic_batcher import BatcherClosed, DynamicBatchingConfig
+from inferflow.embeddings.encoder_runner import EncoderRunner
+from inferflow.embeddings.service import (
+    Embedder,
+    EmbeddingInputError,
+    EmbeddingService,
+    _gather,
+    _Item,
+)
 
 COSINE = 0.9999
 
 
 @pytest.fixture
-def service(minilm_engine: EncoderEngine) -> Iterator[EmbeddingService]:
+def service(minilm_engine: EncoderRunner) -> Iterator[EmbeddingService]:
     tokenizer = minilm_engine.checkpoint.tokenizer()
     config = DynamicBatchingConfig(max_batch_size=8, max_delay_ms=10.0, max_queue_size=64)
     svc = EmbeddingService(minilm_engine, tokenizer, config, model_name="all-MiniLM-L6-v2")

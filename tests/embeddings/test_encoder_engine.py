@@ -12,9 +12,9 @@ import onnxruntime as ort
 import pytest
 from embedding_cases import SENTENCES, SETTINGS, cosine_rows
 
-from inferflow.engines.encoder_engine import (
-    EncoderEngine,
+from inferflow.embeddings.encoder_runner import (
     EncoderInputError,
+    EncoderRunner,
     cached_encoder_model,
     make_encoder_inputs,
 )
@@ -24,7 +24,7 @@ COSINE = 0.9999
 
 
 def test_minilm_single_inputs_match_sentence_transformers(
-    minilm_engine: EncoderEngine, minilm_reference: np.ndarray
+    minilm_engine: EncoderRunner, minilm_reference: np.ndarray
 ) -> None:
     tok = minilm_engine.checkpoint.tokenizer()
     ours = np.concatenate([minilm_engine.encode([tok.encode(s)]) for s in SENTENCES])
@@ -34,7 +34,7 @@ def test_minilm_single_inputs_match_sentence_transformers(
 
 
 def test_minilm_padded_batch_matches_sentence_transformers(
-    minilm_engine: EncoderEngine, minilm_reference: np.ndarray
+    minilm_engine: EncoderRunner, minilm_reference: np.ndarray
 ) -> None:
     ids = minilm_engine.checkpoint.tokenizer().encode_batch(SENTENCES)
     assert len({len(r) for r in ids}) > 5  # a real padded batch: lengths 2..256
@@ -42,7 +42,7 @@ def test_minilm_padded_batch_matches_sentence_transformers(
     assert cosine_rows(ours, minilm_reference).min() >= COSINE
 
 
-def test_long_input_is_truncated_to_max_seq_length(minilm_engine: EncoderEngine) -> None:
+def test_long_input_is_truncated_to_max_seq_length(minilm_engine: EncoderRunner) -> None:
     tok = minilm_engine.checkpoint.tokenizer()
     long_ids = tok.encode(SENTENCES[3])
     assert minilm_engine.max_length == 256  # sentence_bert_config.json, not tokenizer.json's 128
@@ -56,7 +56,7 @@ def test_long_input_is_truncated_to_max_seq_length(minilm_engine: EncoderEngine)
     )
 
 
-def test_padding_does_not_change_a_row(minilm_engine: EncoderEngine) -> None:
+def test_padding_does_not_change_a_row(minilm_engine: EncoderRunner) -> None:
     short = [101, 7592, 2088, 102]
     alone = minilm_engine.encode([short])
     padded = minilm_engine.encode([short, list(range(1000, 1200))])[:1]
@@ -70,7 +70,7 @@ def test_make_encoder_inputs_right_pads() -> None:
     np.testing.assert_array_equal(inputs["token_type_ids"], np.zeros((2, 3)))
 
 
-def test_invalid_rows_are_rejected_with_their_index(minilm_engine: EncoderEngine) -> None:
+def test_invalid_rows_are_rejected_with_their_index(minilm_engine: EncoderRunner) -> None:
     with pytest.raises(EncoderInputError, match="input 1 has no tokens") as err:
         minilm_engine.encode([[101, 102], []])
     assert err.value.index == 1
@@ -96,7 +96,7 @@ def test_tiny_berts_match_sentence_transformers(
     engine_cache: Path,
 ) -> None:
     path = make_bert(name, **kwargs)
-    engine = EncoderEngine.from_path(path, cache_dir=engine_cache, settings=SETTINGS)
+    engine = EncoderRunner.from_path(path, cache_dir=engine_cache, settings=SETTINGS)
     oracle = st_oracle(path)
     if kwargs.get("dtype") == "bfloat16":
         oracle = oracle.float()  # same bf16-rounded weights, computed in fp32 like our engine

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferflow.engines.config import EngineConfig
-from inferflow.engines.onnxruntime_engine import OnnxRuntimeEngine
-from inferflow.engines.step_inputs import EngineRow
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
+from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
+from inferflow.runtimes.step_inputs import EngineRow
 
 PROMPTS = ["Hello, world! The moon", "def add(a, b):", "Once upon a time there was a robot",
            "What is the capital of France?"]
@@ -36,13 +36,13 @@ def make_named_checkpoint(root: Path, name: str) -> Path:
     return path
 
 
-def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeEngine:
+def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeRunner:
     settings: dict[str, object] = {"max_slots": 4, "max_model_len": 256}
     settings.update(kwargs)
-    return OnnxRuntimeEngine(load_checkpoint(path), EngineConfig(**settings))  # type: ignore[arg-type]
+    return OnnxRuntimeRunner(load_checkpoint(path), EngineConfig(**settings))  # type: ignore[arg-type]
 
 
-def greedy(engine: OnnxRuntimeEngine, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
+def greedy(engine: OnnxRuntimeRunner, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
     """Greedy decode with one prefill call then one decode call per token; returns tokens, logits."""
     logits = engine.forward([EngineRow(slot, tuple(prompt), 0, True)])[0]
     tokens, all_logits, pos = [], [logits], len(prompt)

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from engine_factories import make_engine
 
-from inferflow.engines.step_inputs import EngineRow
 from inferflow.models.tiny import make_checkpoint
+from inferflow.runtimes.step_inputs import EngineRow
 
 
 @pytest.fixture()

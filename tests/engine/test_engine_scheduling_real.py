@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from engine_factories import PROMPTS, make_named_checkpoint
 
-from inferflow.engines.config import EngineConfig
-from inferflow.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
+from inferflow.runtimes.config import EngineConfig
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
 

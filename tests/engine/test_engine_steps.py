@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from engine_factories import PROMPTS, greedy, make_engine, make_named_checkpoint
 
-from inferflow.engines.step_inputs import EngineRow, build_step_arrays, split_calls
 from inferflow.models.checkpoint import load_checkpoint
+from inferflow.runtimes.step_inputs import EngineRow, build_step_arrays, split_calls
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from engine_factories import make_engine
 
-from inferflow.engines.step_inputs import EngineRow
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.tiny import TinySpec, make_checkpoint
+from inferflow.runtimes.step_inputs import EngineRow
 
 # a wider model than the other tests: quantization error depends on the matmul widths
 SPEC = TinySpec(hidden_size=256, intermediate_size=768, num_layers=2, num_heads=8, num_kv_heads=2)

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from engine_factories import make_named_checkpoint
 
-from inferflow.engines import tensorrt_engine as trt_engine
-from inferflow.engines.step_inputs import EngineRow, build_step_arrays
 from inferflow.models.checkpoint import load_checkpoint
+from inferflow.runtimes import tensorrt_runner as trt_engine
+from inferflow.runtimes.step_inputs import EngineRow, build_step_arrays
 
 
 def test_module_imports_without_tensorrt() -> None:
@@ -46,8 +46,8 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
     pytest.importorskip("cuda")
     from engine_factories import greedy, make_engine
 
-    from inferflow.engines.engine_cache import get_or_build
     from inferflow.models.llama_graph import GraphSpec, build_llama_graph
+    from inferflow.runtimes.engine_cache import get_or_build
 
     path = make_named_checkpoint(tmp_path, "gqa8x2")
     ck = load_checkpoint(path)
@@ -63,9 +63,9 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
 def test_tensorrt_backend_without_tensorrt_is_one_clear_error(tmp_path: Path) -> None:
     if trt_engine.tensorrt_available():
         pytest.skip("TensorRT is installed here")
-    from inferflow.engines.config import EngineConfig
-    from inferflow.engines.factory import create_model_engine
+    from inferflow.runtimes.config import EngineConfig
+    from inferflow.runtimes.factory import create_runner
 
     ck = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2"))
     with pytest.raises(RuntimeError, match=r"pip install 'inferflow\[tensorrt\]'"):
-        create_model_engine(ck, EngineConfig(backend="tensorrt", graph_form="canonical"))
+        create_runner(ck, EngineConfig(backend="tensorrt", graph_form="canonical"))

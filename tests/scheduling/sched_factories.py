@@ -8,10 +8,11 @@ from dataclasses import dataclass, field
 
 from fake_executor import FakeExecutor, reference_output
 
+from inferflow.engine.step import step
 from inferflow.sampling_params import SamplingParams
-from inferflow.scheduling import Request, RequestStatus, Scheduler, SchedulerConfig, step
+from inferflow.scheduling import Request, RequestStatus, Scheduler, SchedulerConfig
 from inferflow.scheduling.plan import SchedulerOutput
-from inferflow.scheduling.updates import RequestUpdate
+from inferflow.scheduling.updates import StepUpdate
 
 VOCAB = 64
 EOS = 0
@@ -78,7 +79,7 @@ class Harness:
     scheduler: Scheduler = field(init=False)
     executor: FakeExecutor = field(init=False)
     finished: dict[str, Request] = field(default_factory=dict)
-    updates: list[list[RequestUpdate]] = field(default_factory=list)
+    updates: list[list[StepUpdate]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -91,7 +92,7 @@ class Harness:
         for r in requests:
             self.scheduler.add_request(r)
 
-    def step(self) -> list[RequestUpdate]:
+    def step(self) -> list[StepUpdate]:
         updates = step(self.scheduler, self.executor)
         self.scheduler.check_integrity()
         for u in updates:

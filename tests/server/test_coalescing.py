@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from inferflow.server.channels import RequestChannel
-from inferflow.server.errors import ErrorInfo
+from inferflow.server.http.channels import RequestChannel
+from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import LogprobEntry, RequestUpdate, UpdateBatch
-from inferflow.server.worker_queues import Outbox
+from inferflow.server.worker.queues import Outbox
 
 WAIT_S = 30.0
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from inferflow.server.model_routing import (
+from inferflow.embeddings.routing import (
     ModelRouter,
     ModelVersion,
     choose_version,

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import inferflow.server.limits as limits
+import inferflow.server.http.limits as limits
 from inferflow.config import ServerConfig
-from inferflow.server.errors import OpenAIError
-from inferflow.server.limits import ApiKeyAuth, RateLimiter, TokenBucket
-from inferflow.server.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from inferflow.server.settings import ServerSettings
+from inferflow.server.http.errors import OpenAIError
+from inferflow.server.http.limits import ApiKeyAuth, RateLimiter, TokenBucket
+from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from inferflow.server.http.settings import ServerSettings
 
 
 def param_of(schema: type, body: dict) -> tuple[int, str | None]:

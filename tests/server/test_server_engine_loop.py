@@ -14,10 +14,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from inferflow.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.errors import ErrorInfo
+from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
     RequestUpdate,
@@ -25,8 +25,8 @@ from inferflow.server.messages import (
     SubmitRequest,
     UpdateBatch,
 )
-from inferflow.server.shared_state import SharedState
-from inferflow.server.worker_api import EngineAPI
+from inferflow.server.process.shared_state import SharedState
+from inferflow.server.worker.api import EngineAPI
 
 WAIT_S = 60.0
 

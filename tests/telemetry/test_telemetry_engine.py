@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from inferflow.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import TinySpec, make_checkpoint
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import SamplingParams

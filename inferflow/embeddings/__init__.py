@@ -1,0 +1,26 @@
+"""Embedding models, all in one package.
+
+- ``service``: the offline ``Embedder`` and the ``EmbeddingService`` the server calls;
+- ``encoder_runner``: the compiled BERT-family encoder (ONNX Runtime);
+- ``dynamic_batcher``: the batching window that groups one-shot requests;
+- ``models``, ``routing``, ``http_api``, ``trace``, ``server``: serving them (``/v1/embeddings``,
+  versions and canary routing, spans, the embedding-only server).
+
+``from inferflow.embeddings import Embedder, EmbeddingService, EmbeddingInputError,
+EmbeddingResult`` keeps working (loaded on first use: importing the package stays cheap).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_SERVICE_NAMES = ("Embedder", "EmbeddingInputError", "EmbeddingResult", "EmbeddingService")
+__all__ = list(_SERVICE_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SERVICE_NAMES:
+        from inferflow.embeddings import service
+
+        return getattr(service, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

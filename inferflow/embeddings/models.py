@@ -1,0 +1,80 @@
+"""Which embedding models a serving graph hosts: ``model`` itself when ``model.task=embed``,
+plus every ``extra_models`` entry (all ``task=embed`` in this version)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from inferflow.config import (
+    ConfigError,
+    ModelConfig,
+    ModelTask,
+    describe_omegaconf_error,
+)
+from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
+from inferflow.embeddings.http_api import EmbeddingModelSpec
+from inferflow.model_lookup import resolve_model
+from inferflow.server.http.errors import OpenAIError
+
+
+def is_embedding_model(model: ModelConfig) -> bool:
+    return ModelTask(model.task) is ModelTask.embed
+
+
+def batching_config(graph: Any) -> DynamicBatchingConfig:
+    """``batching=dynamic``'s window when chosen, else the dynamic batcher's defaults."""
+    slot = graph.engine_slots.get("batching")
+    if slot is not None and hasattr(slot, "dynamic_batching_config"):
+        return slot.dynamic_batching_config()
+    return DynamicBatchingConfig()
+
+
+def _entry(key: str, node: Any) -> ModelConfig:
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), node)
+        entry = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as exc:
+        raise describe_omegaconf_error(exc, f"extra_models.{key}.") from None
+    assert isinstance(entry, ModelConfig)
+    if not is_embedding_model(entry):
+        raise ConfigError(
+            f"extra_models.{key}.task: only embed models can be served beside the main model "
+            f"(got {ModelTask(entry.task).value})",
+            f"extra_models.{key}.task",
+        )
+    return entry
+
+
+def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
+    """The graph's embedding model versions, main model first; ``ConfigError`` for a bad entry
+    or two entries with the same ``name@version``."""
+    batching = batching_config(graph)
+    entries: list[ModelConfig] = [graph.model] if is_embedding_model(graph.model) else []
+    extra = graph.config.get("extra_models") or {}
+    if isinstance(extra, DictConfig):
+        entries += [_entry(str(k), v) for k, v in extra.items()]
+    specs: list[EmbeddingModelSpec] = []
+    seen: set[str] = set()
+    for entry in entries:
+        path, name = resolve_model(entry)
+        spec = EmbeddingModelSpec(name, str(entry.version), str(path), entry.weight, batching)
+        model_id = spec.model_version.model_id
+        if model_id in seen:
+            raise ConfigError(f"extra_models: {model_id} is served twice", "extra_models")
+        seen.add(model_id)
+        specs.append(spec)
+    return specs
+
+
+def unsupported_route(model: str, route: str) -> OpenAIError:
+    """An embedding model asked for completions/chat."""
+    return OpenAIError.of(
+        400,
+        f"The model `{model}` is an embedding model and does not support {route}; "
+        "use /v1/embeddings.",
+        param="model",
+        code="model_not_supported",
+    )

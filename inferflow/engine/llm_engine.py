@@ -1,0 +1,231 @@
+"""LLMEngine: scheduler + executor + detokenizer, stepped by its owner.
+
+The step is DESIGN §1's three calls (``inferflow.engine.step.step``); around it the
+engine only turns scheduler updates into :class:`RequestOutput` deltas (detokenization, stop
+strings, ``stream_interval``). It does no I/O and starts no threads: the offline ``LLM`` and the
+server's loop drive it. Thread safety: every public method takes one lock, so a server may
+add/abort from request threads while another thread steps.
+
+Two ways to build one: :meth:`LLMEngine.from_components` takes the serving graph's engine-side
+stages (what ``ServingGraph.create_engine`` does); ``LLMEngine(checkpoint, EngineConfig,
+SchedulerConfig)`` and :meth:`LLMEngine.from_path` are the offline shorthand for the built-in
+components.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from inferflow.engine.step import Executor
+from inferflow.engine.step import step as engine_step
+from inferflow.models.checkpoint import Checkpoint, load_checkpoint
+from inferflow.outputs import CompletionOutput, RequestOutput
+from inferflow.runtimes.config import EngineConfig
+from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.layout import KVLayout
+from inferflow.scheduling.request import Request, RequestStatus
+from inferflow.scheduling.scheduler import Scheduler
+from inferflow.scheduling.updates import SchedulerStats, StepUpdate
+from inferflow.stages.detokenizer import (
+    DetokenizerStage,
+    RequestDetokenizer,
+    StreamingDetokenizer,
+)
+from inferflow.stages.executor import ExecutorStage, executor_for
+
+
+class RequestRejected(ValueError):
+    """A request the engine can never run; ``field`` names the offending request field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field_name
+
+
+DetokenizerFactory = Callable[[SamplingParams], RequestDetokenizer]
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Output held back by ``stream_interval``: tokens since the request's last emitted delta."""
+
+    text: str = ""
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+
+
+class LLMEngine:
+    def __init__(self, checkpoint: Checkpoint, engine_config: EngineConfig | None = None,
+                 scheduler_config: SchedulerConfig | None = None,
+                 detokenizer_factory: DetokenizerFactory | None = None) -> None:
+        """The built-in components for ``engine_config`` (offline use and tests)."""
+        engine_config = engine_config or EngineConfig()
+        layout = KVLayout.plan(
+            engine_config.max_slots,
+            min(engine_config.max_model_len, checkpoint.config.max_position_embeddings),
+            engine_config.block_size, engine_config.num_blocks)
+        executor = executor_for(engine_config)
+        executor.load(checkpoint, layout)
+        budgets = scheduler_config or SchedulerConfig()
+        scheduler = Scheduler(dataclasses.replace(
+            budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
+            block_size=layout.block_size, num_blocks=layout.num_blocks))
+        self._init(checkpoint, executor, scheduler, StreamingDetokenizer(), detokenizer_factory)
+
+    @classmethod
+    def from_components(cls, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
+                        detokenizer: DetokenizerStage) -> LLMEngine:
+        """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout."""
+        engine = cls.__new__(cls)
+        engine._init(checkpoint, executor, scheduler, detokenizer, None)
+        return engine
+
+    def _init(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
+              detokenizer: DetokenizerStage, detokenizer_factory: DetokenizerFactory | None) -> None:
+        self.checkpoint = checkpoint
+        self.model_config = checkpoint.config
+        self.tokenizer = checkpoint.tokenizer
+        self.model_executor = executor  # the executor stage: backend, versions, settings
+        self.scheduler = scheduler
+        self.scheduler_config = scheduler.config
+        self.layout = scheduler.config.layout
+        # what the step calls: the executor stage, or a wrapper around it (telemetry)
+        self.executor: Executor = executor
+        self.detokenizer = detokenizer
+        self._detokenizer_factory = detokenizer_factory or (
+            lambda p: detokenizer.start(self.tokenizer, p))
+        self._detok: dict[str, RequestDetokenizer] = {}
+        self._pending: dict[str, _Pending] = {}
+        self._prompts: dict[str, str | None] = {}
+        self._aborted: list[Request] = []  # reported by the next step()
+        self._lock = threading.RLock()
+
+    @classmethod
+    def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
+        # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
+        physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
+        sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
+        sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
+        eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
+        return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched))
+
+    @property
+    def engine(self) -> Any:
+        """The compiled model runtime of a built-in executor (e.g. ``OnnxRuntimeRunner``)."""
+        return getattr(self.model_executor, "runner", None)
+
+    @property
+    def max_model_len(self) -> int:
+        return self.layout.max_model_len
+
+    def describe(self) -> dict[str, Any]:
+        """What runs and with which settings, read back from the live components."""
+        cfg = self.scheduler.config
+        return {
+            **self.model_executor.describe(),
+            "layout": dataclasses.asdict(self.layout),
+            "scheduler": {
+                "max_num_seqs": cfg.max_num_seqs,
+                "max_num_batched_tokens": cfg.max_num_batched_tokens,
+                "max_running": cfg.max_running,
+                "enable_prefix_caching": self.scheduler.kv.enable_prefix_caching,
+                "enable_chunked_prefill": cfg.enable_chunked_prefill,
+                "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
+                "mode": cfg.mode,
+                "policy": cfg.policy,
+                "policy_class": type(self.scheduler.policy).__name__,
+            },
+            "executor": self.model_executor.settings(),
+            "detokenizer": {"class": type(self.detokenizer).__name__,
+                            **self.detokenizer.settings()},
+        }
+
+    def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
+                    arrival_time: float | None = None, priority: int = 0, prompt: str | None = None) -> None:
+        """Queue a request. Raises :class:`RequestRejected` if it can never run here."""
+        if not prompt_token_ids:
+            raise RequestRejected("prompt", "the prompt is empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise RequestRejected("prompt", f"the prompt has {len(prompt_token_ids)} tokens; this model's "
+                                  f"maximum context length is {self.max_model_len} tokens")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise RequestRejected("prompt", f"token ids must be in [0, {vocab})")
+        request = Request(request_id, list(prompt_token_ids), params,
+                          eos_token_ids=self.checkpoint.eos_token_ids,
+                          arrival_time=arrival_time if arrival_time is not None else time.time(),
+                          priority=priority)
+        with self._lock:
+            try:
+                self.scheduler.add_request(request)
+            except ValueError as exc:
+                raise RequestRejected("prompt", str(exc)) from None
+            self._detok[request_id] = self._detokenizer_factory(params)
+            self._pending[request_id] = _Pending()
+            self._prompts[request_id] = prompt
+
+    def abort_request(self, request_id: str) -> bool:
+        """Cancel a request: its slot and KV blocks are freed now; the next step() reports it."""
+        with self._lock:
+            done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+            self._aborted.extend(done)
+            return bool(done)
+
+    def has_unfinished_requests(self) -> bool:
+        with self._lock:
+            return self.scheduler.has_unfinished_requests() or bool(self._aborted)
+
+    def stats(self) -> SchedulerStats:
+        with self._lock:
+            return self.scheduler.stats
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; a delta for every request that finished or, every
+        ``stream_interval`` tokens, progressed."""
+        with self._lock:
+            updates = engine_step(self.scheduler, self.executor)
+            outputs = [out for u in updates if (out := self._output(u)) is not None]
+            for request in self._aborted:
+                out = self._output(StepUpdate(request, (), finish_reason="abort"))
+                assert out is not None  # a finished request always reports
+                outputs.append(out)
+            self._aborted.clear()
+            return outputs
+
+    def _output(self, update: StepUpdate) -> RequestOutput | None:
+        request = update.request
+        rid = request.request_id
+        detok = self._detok[rid]
+        finish, stop_reason = update.finish_reason, update.stop_reason
+        delta = detok.add(update.new_token_ids, final=finish is not None)
+        if detok.stop_reason is not None and finish is None:
+            # a stop string matched: end the request now (frees its slot and blocks)
+            self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
+            finish, stop_reason = "stop", detok.stop_reason
+        elif detok.stop_reason is not None:
+            finish, stop_reason = "stop", detok.stop_reason
+        pending = self._pending[rid]
+        pending.text += delta
+        pending.token_ids.extend(update.new_token_ids)
+        if finish is None and len(pending.token_ids) < self.detokenizer.stream_interval:
+            return None  # held back: the next delta carries these tokens too
+        self._pending[rid] = _Pending()
+        completion = CompletionOutput(
+            index=0, text=detok.output_text, token_ids=list(request.output_token_ids),
+            finish_reason=finish, stop_reason=stop_reason,
+            logprobs=list(request.logprobs) if request.sampling_params.logprobs is not None else None,
+            delta_text=pending.text, delta_token_ids=pending.token_ids)
+        if finish is not None:
+            request.metrics.finished_time = request.metrics.finished_time or time.time()
+            self._detok.pop(rid, None)
+            self._pending.pop(rid, None)
+            prompt = self._prompts.pop(rid, None)
+        else:
+            prompt = self._prompts.get(rid)
+        return RequestOutput(rid, prompt, list(request.prompt_token_ids), [completion],
+                             finished=finish is not None, metrics=request.metrics)

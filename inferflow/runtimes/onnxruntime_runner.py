@@ -1,0 +1,170 @@
+"""ONNX Runtime engine: the compiled graph plus slot KV buffers, updated in place.
+
+Memory, per layer: K and V slot buffers (max_slots, Hkv, C, D) where C = max_model_len, and a
+block pool (num_blocks, Hkv, block_size, D) backing the prefix cache. The in-place (gqa) form
+binds the first B slots of each buffer as both past and present through IOBinding, so a step
+writes only its new K/V; the canonical form (the reference) gathers and scatters slots.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from inferflow.models.checkpoint import Checkpoint
+from inferflow.models.errors import CheckpointError
+from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec, build_llama_graph
+from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
+from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arrays, split_calls
+from inferflow.scheduling.plan import KVBlockCopy
+
+log = logging.getLogger(__name__)
+
+
+def _build(checkpoint: Checkpoint, spec: GraphSpec) -> onnx.ModelProto:
+    from tqdm import tqdm
+
+    cfg = checkpoint.config
+    with tqdm(total=cfg.num_layers + 1, desc=f"building {spec.form}/{spec.precision} engine",
+              unit="layer", file=sys.stderr, disable=None) as bar:
+        weights = checkpoint.load_weights()
+        bar.update(1)
+        return build_llama_graph(cfg, weights, spec, on_layer=lambda _: bar.update(1))
+
+
+class OnnxRuntimeRunner:
+    """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
+
+    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+        cfg = checkpoint.config
+        if cfg.sliding_window is not None and cfg.sliding_window < config.max_model_len:
+            raise CheckpointError(checkpoint.path / "config.json",
+                                  f"sliding_window={cfg.sliding_window} attention is not supported")
+        self.model_config, self.config = cfg, config
+        self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
+        self.spec = GraphSpec(config.graph_form, config.precision, self.capacity,  # type: ignore[arg-type]
+                              config.quant_block_size, config.quant_accuracy_level)
+        self.cache_entry: CacheEntry = get_or_build(config.engine_dir, self.cache_fields(checkpoint),
+                                                    lambda: _build(checkpoint, self.spec))
+        self.session = ort.InferenceSession(str(self.cache_entry.model_path), self._session_options(),
+                                            providers=["CPUExecutionProvider"])
+        dtype = self.spec.act_dtype
+        shape = (config.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        pool = (config.resolved_num_blocks, cfg.num_kv_heads, config.block_size, cfg.head_dim)
+        # kv[layer][0] is K, kv[layer][1] is V.
+        self.kv = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
+        self.pool = [(np.zeros(pool, dtype), np.zeros(pool, dtype)) for _ in range(cfg.num_layers)]
+        self._bindings: dict[int, ort.IOBinding] = {}  # batch size -> binding (KV bound once)
+        self._total_seq_len = np.array(self.capacity, np.int32)
+
+    def cache_fields(self, checkpoint: Checkpoint) -> dict[str, object]:
+        return {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
+                "onnx_version": onnx.__version__, "onnxruntime_version": ort.__version__,
+                "graph_form": self.spec.form, "precision": self.spec.precision,
+                "max_model_len": self.capacity, "quant_block_size": self.spec.quant_block_size,
+                "quant_accuracy_level": self.spec.quant_accuracy_level,
+                "architecture": self.model_config.architecture}
+
+    def _session_options(self) -> ort.SessionOptions:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        so.intra_op_num_threads = self.config.intra_op_threads
+        so.inter_op_num_threads = self.config.inter_op_threads
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        spin = "1" if self.config.allow_spinning else "0"
+        so.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(self.spec.quant_accuracy_level))
+        so.log_severity_level = 3
+        return so
+
+    @property
+    def num_slots(self) -> int:
+        return self.config.max_slots
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights in the compiled engine (its external-data file)."""
+        files = self.cache_entry.manifest["files"]
+        return int(sum(meta["size"] for name, meta in files.items() if name.endswith(".data")))
+
+    # --- prefix-cache block copies -------------------------------------------------------------
+    def _block_views(self, c: KVBlockCopy, layer: int, kind: int) -> tuple[np.ndarray, np.ndarray]:
+        bs = self.config.block_size
+        lo = c.block_index * bs
+        return self.kv[layer][kind][c.slot, :, lo:lo + bs], self.pool[layer][kind][c.block_id]
+
+    def load_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
+        """Pool block -> slot positions (prefix-cache hit)."""
+        for c in copies:
+            for layer in range(len(self.kv)):
+                for kind in (0, 1):
+                    slot_view, block = self._block_views(c, layer, kind)
+                    slot_view[...] = block
+
+    def save_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
+        """Slot positions -> pool block (a block became full)."""
+        for c in copies:
+            for layer in range(len(self.kv)):
+                for kind in (0, 1):
+                    slot_view, block = self._block_views(c, layer, kind)
+                    block[...] = slot_view
+
+    # --- forward ---------------------------------------------------------------------------------
+    def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
+        """Compute the rows' KV in their slots; return (R, V) logits of rows with ``sample``."""
+        for r in rows:
+            if not r.token_ids or r.start_pos + len(r.token_ids) > self.capacity or not 0 <= r.slot < self.num_slots:
+                raise ValueError(f"row does not fit the engine: slot {r.slot}, start {r.start_pos}, "
+                                 f"{len(r.token_ids)} tokens, capacity {self.capacity}")
+        out = np.empty((sum(r.sample for r in rows), self.model_config.vocab_size), np.float32)
+        sample_pos = {i: k for k, i in enumerate(i for i, r in enumerate(rows) if r.sample)}
+        for call in split_calls(rows, self.capacity):
+            call_rows = [rows[i] for i in call]
+            arrays = build_step_arrays(call_rows, slot_range=self.spec.form == "gqa")
+            logits = self._run_gqa(arrays) if self.spec.form == "gqa" else self._run_canonical(arrays)
+            for k, j in enumerate(arrays.sampled_rows):
+                out[sample_pos[call[j]]] = logits[k]
+        return out
+
+    def _binding(self, batch: int) -> ort.IOBinding:
+        """IOBinding for calls over slots [0, batch): KV views bound once, as past and present."""
+        binding = self._bindings.get(batch)
+        if binding is None:
+            binding = self._bindings[batch] = self.session.io_binding()
+            for i, (k, v) in enumerate(self.kv):
+                for kind, buf in (("key", k), ("value", v)):
+                    view = buf[:batch]  # (B, Hkv, C, D), contiguous: slots are the leading axis
+                    args = ("cpu", 0, buf.dtype, list(view.shape), view.ctypes.data)
+                    binding.bind_input(f"past_{kind}_{i}", *args)
+                    binding.bind_output(f"present_{kind}_{i}", *args)  # same memory: in place
+        return binding
+
+    def _run_gqa(self, a: StepArrays) -> np.ndarray:
+        binding = self._binding(len(a.slots))
+        feeds = {"input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
+                 "logits_index": a.logits_index, "seqlens_k": a.seqlens_k,
+                 "total_seq_len": self._total_seq_len, "query_seqlens": a.query_seqlens}
+        for name, arr in feeds.items():
+            binding.bind_cpu_input(name, arr)
+        logits = np.empty((len(a.logits_index), self.model_config.vocab_size), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return logits
+
+    def _run_canonical(self, a: StepArrays) -> np.ndarray:
+        feeds: dict[str, np.ndarray] = {
+            "input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
+            "logits_index": a.logits_index, "position_ids": a.position_ids, "write_indices": a.write_indices}
+        for i, (k, v) in enumerate(self.kv):
+            feeds[f"past_key_{i}"], feeds[f"past_value_{i}"] = k[a.slots], v[a.slots]
+        outputs = self.session.run(None, feeds)
+        for i, (k, v) in enumerate(self.kv):
+            k[a.slots], v[a.slots] = outputs[1 + 2 * i], outputs[2 + 2 * i]
+        return outputs[0]

@@ -1,0 +1,101 @@
+"""Operational routes: liveness, readiness, versions and an admin view of the engine.
+
+They run in the API processes, where the engine does not live, so they read the state the
+worker publishes (``SharedState``): ``/ready`` is 200 only after the worker loaded its engine,
+ran a warm-up step and started consuming requests, and turns 503 while draining or restarting.
+"""
+
+from __future__ import annotations
+
+import platform
+from importlib import metadata
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import inferflow
+from inferflow.server.http.frontend import Frontend
+
+_RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
+
+
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def runtime_versions() -> dict[str, Any]:
+    versions: dict[str, Any] = {"python": platform.python_version()}
+    versions.update({name: _version(name) for name in _RUNTIME_PACKAGES})
+    return versions
+
+
+def readiness(frontend: Frontend) -> str:
+    if frontend.draining or frontend.shared.draining:
+        return "draining"
+    embeddings_ready = frontend.embeddings is None or frontend.embeddings.models.ready
+    return "ready" if frontend.shared.ready and embeddings_ready else "not_ready"
+
+
+def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> None:
+    """Add ``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats`` to ``app``."""
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        """Liveness: the API process answers; says nothing about the model."""
+        return JSONResponse({"status": "ok", "ready": readiness(frontend) == "ready"})
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        status = readiness(frontend)
+        return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        info = frontend.shared.info()
+        model = {
+            "name": frontend.pipeline.model_name,
+            "path": model_path,
+            "max_model_len": frontend.pipeline.max_model_len,
+            **info.get("model", {}),
+        }
+        return JSONResponse(
+            {
+                "inferflow": inferflow.__version__,
+                "model": model,
+                "engine": info.get("engine"),  # null until the worker has loaded it
+                "runtime": runtime_versions(),
+            }
+        )
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        """Prometheus text: the engine's and every API process's metrics, merged."""
+        body, content_type = frontend.telemetry.render_metrics()
+        return Response(content=body, media_type=content_type)
+
+    @app.get("/admin/stats")
+    async def admin_stats(request: Request) -> JSONResponse:
+        """Running/waiting requests, free slots and KV blocks, cancellation counters."""
+        frontend.auth.authenticate(request.headers)
+        engine = frontend.shared.stats()
+        return JSONResponse(
+            {
+                "status": readiness(frontend),
+                "in_flight": frontend.shared.in_flight,
+                "api_process": {
+                    "consumer_id": frontend.consumer_id,
+                    "open_requests": len(frontend.registry),
+                },
+                "engine": {
+                    **{k: int(v) if float(v).is_integer() else v for k, v in engine.items()},
+                    "executor": frontend.shared.executor_stats(),
+                },
+                "embeddings": (
+                    frontend.embeddings.models.stats() if frontend.embeddings is not None else {}
+                ),
+            }
+        )

@@ -1,0 +1,152 @@
+"""Runs the serving graph's request stages (validator, tokenizer, plugins) in an API process.
+
+The stages are set up once in the main process (the tokenizer is loaded there) and inherited by
+the forked API processes. ``prepare`` turns a parsed OpenAI body into a ``StageRequest``, runs it
+through every stage on a worker thread (stages may be called from several threads at once, per
+their contract) and returns what the engine needs. ``StageError`` becomes a 4xx naming the field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from inferflow.sampling_params import SamplingParams, SamplingParamsError
+from inferflow.server.http.errors import ErrorInfo, OpenAIError, bad_request
+from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
+from inferflow.stages.base import (
+    ATTR_API_KEY_ID,
+    ATTR_PRIORITY,
+    ATTR_USER,
+    RequestStage,
+    StageError,
+    StageRequest,
+)
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+ATTR_TRACE_CONTEXT = "trace_context"  # StageRequest.attributes: the root span's W3C carrier
+
+# Wraps one stage call (telemetry puts a span around it): (stage name, request) -> context.
+StageWrapper = Callable[[str, StageRequest], AbstractContextManager[Any]]
+
+
+def _no_wrap(name: str, request: StageRequest) -> AbstractContextManager[Any]:
+    return nullcontext()
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A request ready for the engine."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    priority: int
+    arrival_time: float
+    trace_context: dict[str, str] = field(default_factory=dict)
+    request: StageRequest | None = None  # as the request stages left it (for response stages)
+
+    @property
+    def reserved_tokens(self) -> int:
+        """Tokens this request may use: what the tokens-per-minute limit charges."""
+        return len(self.prompt_token_ids) + self.params.max_tokens
+
+
+class RequestPipeline:
+    """The graph's request stages plus what the frontend must know about the model."""
+
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        stages: Sequence[RequestStage],
+        wrap_stage: StageWrapper = _no_wrap,
+    ) -> None:
+        self.model_name = model_name
+        self.max_model_len = max_model_len
+        self.stages = list(stages)
+        self.wrap_stage = wrap_stage
+
+    @classmethod
+    def from_graph(cls, graph: Any, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
+        """Set up the graph's stages (loads the tokenizer) and wrap them."""
+        graph.setup_stages()
+        return cls(graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage)
+
+    async def prepare(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        key_id: str,
+        trace_context: Mapping[str, str],
+    ) -> PreparedRequest:
+        """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
+        arrival = time.time()
+        request, fill_context = self._stage_request(body, key_id)
+        if trace_context:
+            request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
+        request = await asyncio.to_thread(self._run_stages, request)
+        ids = request.prompt_token_ids
+        if not ids:
+            raise OpenAIError.of(
+                500, "the request stages produced no prompt tokens", code="pipeline_error"
+            )
+        params = request.sampling_params
+        if fill_context:  # chat without max_tokens: the rest of the context window
+            params = replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
+        priority = int(request.attributes.get(ATTR_PRIORITY, 0) or 0)
+        return PreparedRequest(
+            list(ids), params, priority, arrival, dict(trace_context), request=request
+        )
+
+    def _stage_request(
+        self, body: CompletionRequest | ChatCompletionRequest, key_id: str
+    ) -> tuple[StageRequest, bool]:
+        """The StageRequest for ``body``; True when max_tokens must fill the context window."""
+        attributes = {ATTR_PRIORITY: body.priority, ATTR_API_KEY_ID: key_id}
+        if body.user is not None:
+            attributes[ATTR_USER] = body.user
+        if isinstance(body, ChatCompletionRequest):
+            max_tokens = body.requested_max_tokens
+            fill = max_tokens is None
+            # placeholder until the prompt length is known (the tokenizer checks the context)
+            params = body.sampling_params(max_tokens or max(1, body.min_tokens), body.num_logprobs)
+            return StageRequest(
+                request_id="",
+                messages=body.message_dicts(),
+                sampling_params=params,
+                attributes=attributes,
+            ), fill
+        prompt = body.single_prompt()
+        params = body.sampling_params(
+            body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs
+        )
+        if isinstance(prompt, str):
+            return StageRequest(
+                request_id="", prompt=prompt, sampling_params=params, attributes=attributes
+            ), False
+        return StageRequest(
+            request_id="",
+            prompt_token_ids=list(prompt),
+            sampling_params=params,
+            attributes=attributes,
+        ), False
+
+    def _run_stages(self, request: StageRequest) -> StageRequest:
+        for stage in self.stages:
+            request = self._run_stage(stage, request)
+        return request
+
+    def _run_stage(self, stage: RequestStage, request: StageRequest) -> StageRequest:
+        """The one place a stage is called: telemetry's wrapper sits here."""
+        try:
+            with self.wrap_stage(stage.name, request):
+                return stage.process(request)
+        except StageError as exc:
+            raise OpenAIError(
+                ErrorInfo(exc.status_code, exc.message, param=exc.field, code=exc.code)
+            ) from None
+        except SamplingParamsError as exc:
+            raise bad_request(str(exc), exc.field) from None

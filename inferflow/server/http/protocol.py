@@ -1,0 +1,206 @@
+"""OpenAI request bodies for ``/v1/completions`` and ``/v1/chat/completions``.
+
+Parsing turns any schema problem into a 400 naming the field (``param``), the way OpenAI does.
+Unknown fields are ignored (clients send ``extra_body``); parameters we cannot honour (``n > 1``,
+``echo``, ``best_of``, penalties) are rejected with a 400 instead of being silently dropped.
+vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
+``priority``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inferflow.sampling_params import SamplingParams, SamplingParamsError
+from inferflow.server.http.errors import OpenAIError, bad_request
+
+MAX_STOP_SEQUENCES = 4
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields both endpoints share."""
+
+    model: str
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = 1
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    user: str | None = None
+    # vLLM extensions
+    top_k: int | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None
+    priority: int = 0
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def check_supported(self) -> None:
+        if self.n != 1:
+            raise bad_request("only n=1 is supported", "n")
+        if self.presence_penalty or self.frequency_penalty:
+            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
+            raise bad_request(f"{param} is not supported (must be 0)", param)
+        if self.stream_options is not None and not self.stream:
+            raise bad_request(
+                "stream_options is only allowed when stream is true", "stream_options"
+            )
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if len(stops) > MAX_STOP_SEQUENCES:
+            raise bad_request(f"at most {MAX_STOP_SEQUENCES} stop sequences are allowed", "stop")
+        if any(s == "" for s in stops):
+            raise bad_request("stop sequences must be non-empty strings", "stop")
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        """SamplingParams for this request; range errors become a 400 naming the field."""
+        try:
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=0 if self.top_k is None else self.top_k,
+                seed=self.seed,
+                stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
+                stop_token_ids=list(self.stop_token_ids or []),
+                ignore_eos=self.ignore_eos,
+                logprobs=logprobs,
+                min_tokens=self.min_tokens,
+            )
+        except SamplingParamsError as exc:
+            raise bad_request(str(exc), self._param_name(exc.field)) from None
+
+    def _param_name(self, sampling_field: str) -> str:
+        return sampling_field
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: one prompt (text or token ids)."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise bad_request("echo is not supported", "echo")
+        if self.suffix:
+            raise bad_request("suffix is not supported", "suffix")
+        if self.best_of not in (None, 1):
+            raise bad_request("only best_of=1 is supported", "best_of")
+        self.single_prompt()
+
+    def single_prompt(self) -> str | list[int]:
+        """The prompt as text or token ids; a batch of several prompts is a 400."""
+        p = self.prompt
+        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
+            if len(p) != 1:
+                raise bad_request("only one prompt per request is supported", "prompt")
+            p = p[0]
+        if isinstance(p, list) and not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        return p  # type: ignore[return-value]
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+    def text(self, index: int) -> str:
+        """Plain-text content; only ``{"type": "text"}`` parts are accepted."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad_request(
+                    "only text content parts are supported", f"messages.{index}.content"
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    @property
+    def num_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+
+    def _param_name(self, sampling_field: str) -> str:
+        return "top_logprobs" if sampling_field == "logprobs" else sampling_field
+
+
+def parse_body(model: type[_SamplingFields], body: Any) -> Any:
+    """Validate a decoded JSON body; the first schema error becomes a 400 naming its field."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", None)
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        raise _first_error(exc) from None
+    request.check_supported()
+    return request
+
+
+def _first_error(exc: ValidationError) -> OpenAIError:
+    err = exc.errors()[0]
+    loc = [str(p) for p in err["loc"]]
+    # Union members add their type name to the location (e.g. prompt.str); keep the field path.
+    path = [p for p in loc if not _is_type_tag(p)]
+    param = ".".join(path) or None
+    message = err["msg"] if param is None else f"{param}: {err['msg']}"
+    if err["type"] == "missing":
+        message = f"{param} is required"
+    return bad_request(message, param)
+
+
+def _is_type_tag(part: str) -> bool:
+    return part in {
+        "str",
+        "int",
+        "list[str]",
+        "list[int]",
+        "list[list[int]]",
+        "function-after",
+    } or (part.startswith(("list[", "dict[", "literal[")))

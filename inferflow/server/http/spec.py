@@ -1,0 +1,58 @@
+"""inferflow's LitSpec: the OpenAI routes, registered through LitServe's spec mechanism.
+
+LitServe's ``OpenAISpec`` serves only chat, gives every chunk a new id and always reports
+``finish_reason="stop"``; this spec registers our own handlers (``Frontend``) instead. LitServe
+calls ``setup(server)`` in the main process before the API processes fork; that is where the
+frontend gets the request queue it submits to.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from litserve.specs.base import LitSpec
+
+from inferflow.embeddings.http_api import EMBEDDINGS_PATH
+from inferflow.server.http.frontend import Frontend
+
+if TYPE_CHECKING:
+    from litserve import LitAPI, LitServer
+
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
+
+class OpenAICompatibleSpec(LitSpec):
+    """Routes ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` to ``frontend``."""
+
+    def __init__(self, frontend: Frontend) -> None:
+        super().__init__()
+        self.api_path = COMPLETIONS_PATH
+        self.frontend = frontend
+
+    @property
+    def stream(self) -> bool:
+        return True
+
+    def pre_setup(self, lit_api: LitAPI) -> None:
+        self.add_endpoint(COMPLETIONS_PATH, self.frontend.completions, ["POST"])
+        self.add_endpoint(CHAT_PATH, self.frontend.chat_completions, ["POST"])
+        self.add_endpoint(MODELS_PATH, self.frontend.models, ["GET"])
+        if self.frontend.embeddings is not None:
+            self.add_endpoint(EMBEDDINGS_PATH, self.frontend.embeddings.embeddings, ["POST"])
+
+    def setup(self, server: LitServer) -> None:
+        super().setup(server)
+        self.frontend.request_queue = self.request_queue
+
+    def decode_request(self, request: Any, context_kwargs: Any = None) -> Any:
+        return request
+
+    def encode_response(self, output: Any, context_kwargs: Any = None) -> Any:
+        return output
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["frontend"] = None  # API-process state never travels to the engine worker
+        return state

@@ -1,0 +1,1 @@
+"""The main process: serve(), the LitServer subclass, the supervisor, shared state."""

@@ -1,0 +1,78 @@
+"""One API process: a uvicorn server that drains instead of dropping requests.
+
+Shutdown, driven by the supervisor (main process) with SIGTERM:
+
+1. stop accepting: close the listening socket; requests on open keep-alive connections get 503;
+2. let in-flight requests finish for up to ``grace_s`` seconds (a second SIGTERM skips the rest);
+3. fail whatever is left explicitly — an SSE error event, or a 503 JSON body — never a silently
+   truncated 200;
+4. uvicorn's own shutdown (close connections, run the lifespan exit).
+
+SIGINT is ignored here: Ctrl+C reaches the whole process group and the supervisor turns it into
+the SIGTERM above, so every process follows one shutdown order.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from types import FrameType
+
+import uvicorn
+
+from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.http.frontend import Frontend
+from inferflow.server.process.process_utils import die_with_parent
+
+logger = logging.getLogger(__name__)
+
+FAIL_FLUSH_S = 5.0  # after failing in-flight requests, how long their error responses may take
+
+
+class DrainingServer(uvicorn.Server):
+    """``uvicorn.Server`` whose shutdown drains ``frontend``'s in-flight requests first."""
+
+    def __init__(self, config: uvicorn.Config, frontend: Frontend, grace_s: float) -> None:
+        super().__init__(config)
+        self.frontend = frontend
+        self.grace_s = grace_s
+        self.hurry = False  # second SIGTERM: stop waiting for in-flight requests
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGINT:
+            return
+        if self.should_exit:
+            self.hurry = True
+        self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        frontend = self.frontend
+        frontend.draining = True
+        for server in self.servers:
+            server.close()  # stop accepting connections
+        remaining = self.grace_s
+        while len(frontend.registry) and not self.hurry and remaining > 0:
+            step = min(0.1, remaining)
+            await frontend.registry.wait_idle(step)
+            remaining -= step
+        if len(frontend.registry):
+            failed = frontend.fail_all(
+                ErrorInfo(
+                    503, "The server shut down before this request finished.", code="shutting_down"
+                )
+            )
+            logger.warning(
+                "shutdown: failed %d in-flight request(s) after the grace period", failed
+            )
+            await frontend.registry.wait_idle(FAIL_FLUSH_S)
+        self._captured_signals.clear()  # exit normally instead of re-raising SIGTERM
+        await super().shutdown(sockets)
+
+
+def run_api_process(server: DrainingServer, sockets: list[socket.socket]) -> None:
+    """Entry point of a forked API process."""
+    die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # uvicorn installs its handler in serve()
+    server.run(sockets=sockets)

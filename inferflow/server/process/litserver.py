@@ -1,0 +1,232 @@
+"""``InferflowServer``: LitServer with our process lifecycle.
+
+What stays LitServe's: the FastAPI app and route registration (spec endpoints, middleware), the
+Manager-backed request/response queues, and the spawning of the inference worker
+(``launch_inference_worker`` -> ``inference_worker`` -> ``EngineAPI.setup`` -> ``EngineLoop``).
+
+What we replace, and why (LitServe 0.2.19):
+
+- ``run``: the API processes start before the engine is loaded, so ``/health`` answers and
+  ``/ready`` says 503 while the model loads; the main process then supervises (``Supervisor``)
+  instead of waiting on a Manager event that a signal handler cannot safely touch.
+- ``_init_manager``: the Manager dies with us (PR_SET_PDEATHSIG) — no orphan on SIGKILL.
+- ``_start_server``: API processes run ``DrainingServer`` (graceful drain, explicit failure of
+  what is left) and bind only the configured host.
+- ``lifespan``: our dispatcher routes typed ``UpdateBatch``/``WorkerLost`` messages to request
+  channels, instead of LitServe's tuple protocol.
+- ``_register_internal_endpoints``: ``/health`` is liveness, ``/ready`` readiness, plus
+  ``/version``, ``/metrics`` and ``/admin/stats`` (LitServe's ``/health`` runs in the API
+  process, where ``setup()`` never ran).
+- ``setup_auth``: API keys are checked by the frontend (OpenAI-shaped 401), not by LitServe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import logging
+import multiprocessing as mp
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from multiprocessing.managers import SyncManager
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import litserve as ls
+import uvicorn
+from fastapi import FastAPI
+from litserve.transport.factory import create_transport_from_config
+from litserve.utils import configure_logging
+
+from inferflow.server.http.errors import install_error_handlers
+from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.limits import PayloadLimitMiddleware
+from inferflow.server.http.ops import register_ops_routes
+from inferflow.server.http.settings import ServerSettings
+from inferflow.server.process.api_process import DrainingServer, run_api_process
+from inferflow.server.process.process_utils import die_with_parent
+from inferflow.server.process.supervisor import Supervisor
+from inferflow.server.worker.api import EngineAPI
+from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
+
+logger = logging.getLogger(__name__)
+
+
+def _no_auth() -> None:
+    return None
+
+
+class InferflowServer(ls.LitServer):
+    """One model behind the OpenAI routes; ``run()`` blocks until shutdown."""
+
+    def __init__(
+        self, api: EngineAPI, frontend: Frontend, settings: ServerSettings, model_path: str
+    ) -> None:
+        # read by the hooks LitServer.__init__ calls (_register_internal_endpoints)
+        self.frontend = frontend
+        self.settings = settings
+        self.shared = api.shared
+        self.model_path = model_path
+        self.exit_code = 0
+        self.inference_workers: list[BaseProcess] = []
+        super().__init__(
+            api,
+            accelerator="cpu",
+            devices=1,
+            workers_per_device=1,
+            timeout=False,
+            middlewares=[(PayloadLimitMiddleware, {"max_bytes": settings.max_payload_bytes})],
+        )
+        install_error_handlers(self.app)
+
+    def _register_internal_endpoints(self) -> None:
+        register_ops_routes(self.app, self.frontend, self.model_path)
+
+    def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable[[], None]:
+        """No LitServe auth dependency (``LIT_SERVER_API_KEY``): the frontend checks API keys,
+        so a 401 has OpenAI's shape and the keys come from ``server.api_keys``."""
+        return _no_auth
+
+    @property
+    def transport(self) -> Any:
+        return self._transport
+
+    @property
+    def request_queue(self) -> Any:
+        return self._get_request_queue(self.lit_api.api_path)
+
+    @asynccontextmanager
+    async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
+        """Per API process: telemetry, and request channels fed from this process's queue."""
+        self.frontend.telemetry.start()
+        embeddings = self.frontend.embeddings
+        loading = None
+        if embeddings is not None:  # encoders live in each API process; /ready waits for them
+            loading = asyncio.get_running_loop().run_in_executor(None, embeddings.models.start)
+        pump = asyncio.create_task(
+            self.frontend.registry.pump(self._transport, self.frontend.consumer_id)
+        )
+        try:
+            yield
+        finally:
+            pump.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(pump, timeout=2.0)
+            if loading is not None:
+                with contextlib.suppress(BaseException):
+                    await loading
+                embeddings.models.close()
+            self.frontend.telemetry.stop()
+
+    def _init_manager(self, num_api_servers: int) -> SyncManager:
+        manager = SyncManager(ctx=mp.get_context("fork"))
+        manager.start(die_with_parent, (signal.SIGKILL,))
+        self._manager = manager
+        self.transport_config.manager = manager
+        self.transport_config.num_consumers = num_api_servers
+        self.workers_setup_status = manager.dict()
+        self._shutdown_event = manager.Event()
+        for lit_api in self.litapi_connector:
+            self.litapi_request_queues[lit_api.api_path] = manager.Queue()
+        self._transport = create_transport_from_config(self.transport_config)
+        return manager
+
+    def run(
+        self,
+        host: str | None = None,
+        port: int | None = None,  # type: ignore[override]
+        num_api_servers: int | None = None,
+        log_level: str | None = None,
+        generate_client_file: bool = False,
+        api_server_worker_type: str = "process",
+        pretty_logs: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        """Serve until SIGTERM/SIGINT; ``self.exit_code`` is 0 after a clean shutdown.
+
+        Defaults come from ``self.settings``; a client file is never written (no littering).
+        """
+        s = self.settings
+        host = host or s.host
+        port = s.port if port is None else int(port)
+        num_api_servers = num_api_servers or s.num_api_servers
+        log_level = log_level or s.log_level
+        configure_logging(log_level, use_rich=pretty_logs)
+        sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
+        manager = self._init_manager(num_api_servers)
+        supervisor = Supervisor(self, {}, s.shutdown_grace_s)
+        supervisor.install_signal_handlers()
+        try:
+            self.inference_workers = self.launch_inference_worker(self.lit_api)
+            supervisor.api_processes.update(
+                self._start_server(
+                    port,
+                    num_api_servers,
+                    log_level,
+                    [sock],
+                    api_server_worker_type,
+                    host=host,
+                    **kwargs,
+                )
+            )
+            self.exit_code = supervisor.run()
+        finally:
+            supervisor.cleanup()
+            self._perform_graceful_shutdown(manager, supervisor.api_processes)
+            sock.close()
+
+    def _start_server(
+        self,
+        port: int,
+        num_uvicorn_servers: int,
+        log_level: str,  # type: ignore[override]
+        sockets: list[socket.socket],
+        uvicorn_worker_type: str,
+        host: str = "127.0.0.1",
+        **kwargs: Any,
+    ) -> dict[int, BaseProcess]:
+        """Fork one ``DrainingServer`` process per response queue."""
+        processes: dict[int, BaseProcess] = {}
+        for consumer_id in range(num_uvicorn_servers):
+            self.frontend.consumer_id = consumer_id  # the fork below keeps this value
+            app = copy.copy(self.app)
+            config = uvicorn.Config(
+                app=app,
+                host=host,
+                port=port,
+                log_level=log_level,
+                timeout_graceful_shutdown=5,
+                **kwargs,
+            )
+            server = DrainingServer(config, self.frontend, self.settings.shutdown_grace_s)
+            process = mp.get_context("fork").Process(
+                target=run_api_process, args=(server, sockets), name=f"inferflow-api-{consumer_id}"
+            )
+            process.start()
+            processes[consumer_id] = process
+        return processes
+
+    def restart_worker(self, index: int) -> Any:
+        """Start a replacement worker on a fresh request queue (returned; see ``WorkerLost``)."""
+        dead = self.inference_workers[index]
+        if dead.pid is not None and multiprocess_active():
+            mark_process_dead(dead.pid)  # its running/waiting gauges are stale
+        queue = self._manager.Queue()
+        self.litapi_request_queues[self.lit_api.api_path] = queue
+        self.inference_workers[index] = self.launch_single_inference_worker(self.lit_api, index)
+        return queue
+
+    def _perform_graceful_shutdown(
+        self,
+        manager: Any,
+        uvicorn_workers: Any,  # type: ignore[override]
+        shutdown_reason: str = "normal",
+    ) -> None:
+        """Last step: every child is gone already (``Supervisor``); close the queues."""
+        with contextlib.suppress(Exception):
+            self._transport.close(send_sentinel=False)
+        with contextlib.suppress(Exception):
+            manager.shutdown()

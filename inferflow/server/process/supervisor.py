@@ -1,0 +1,209 @@
+"""The main process after start-up: watch the children, restart a crashed worker, shut down.
+
+It blocks in ``multiprocessing.connection.wait`` on the children's sentinels and a self-pipe
+written by the signal handler, so it uses no CPU while nothing happens and reacts at once.
+
+- SIGTERM/SIGINT: mark the server draining (``/ready`` 503, new requests 503), send SIGTERM to
+  the API processes (they drain, see ``api_process``), and once they are gone stop the engine
+  worker and the Manager. A second signal cuts the grace period short; past a hard deadline
+  stragglers are killed. Every child is also bound to us with PR_SET_PDEATHSIG.
+- Engine worker died after it was ready: readiness drops, a new worker is started on a fresh
+  request queue, and every API process switches to that queue and fails its in-flight requests
+  (``WorkerLost`` -> 500). Died before it was ever ready
+  (setup failed): the server shuts down with exit code 1.
+- An API process died on its own: the server shuts down with exit code 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import time
+from multiprocessing.connection import wait
+from multiprocessing.process import BaseProcess
+from types import FrameType
+from typing import Any
+
+from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.messages import StopWorker, WorkerLost
+
+logger = logging.getLogger(__name__)
+
+HARD_DEADLINE_MARGIN_S = 15.0  # beyond the grace period, before API processes are killed
+WORKER_STOP_TIMEOUT_S = 10.0
+
+
+class Supervisor:
+    """Owns the child processes of one server (``server`` is the ``InferflowServer``)."""
+
+    def __init__(self, server: Any, api_processes: dict[int, BaseProcess], grace_s: float) -> None:
+        self.server = server
+        self.api_processes = api_processes
+        self.grace_s = grace_s
+        self.exit_code = 0
+        self.stopping = False
+        self._hard_deadline = float("inf")
+        self._signals: list[int] = []
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._main_pid = os.getpid()
+        self._dead: set[BaseProcess] = set()  # children whose exit has been handled
+
+    # --- signals ------------------------------------------------------------------------------
+    def install_signal_handlers(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, sig: int, frame: FrameType | None) -> None:
+        if os.getpid() != self._main_pid:  # a forked child before it installed its own handlers
+            return
+        self._signals.append(sig)
+        with contextlib.suppress(BlockingIOError):
+            os.write(self._wake_w, b"\0")
+
+    def _take_signals(self) -> list[int]:
+        with contextlib.suppress(BlockingIOError):
+            os.read(self._wake_r, 4096)
+        taken, self._signals = self._signals, []
+        return taken
+
+    # --- main loop ----------------------------------------------------------------------------
+    def run(self) -> int:
+        """Block until the server has shut down; returns the process exit code."""
+        os.set_blocking(self._wake_r, False)
+        while True:
+            for sig in self._take_signals():
+                self._on_shutdown_signal(sig)
+            for process in self._newly_dead():
+                self._on_death(process)
+            if self.stopping and all(p in self._dead for p in self.api_processes.values()):
+                break
+            if self.stopping and time.monotonic() >= self._hard_deadline:
+                self._kill_api_processes()
+                continue
+            timeout = None
+            if self.stopping:
+                timeout = max(0.0, self._hard_deadline - time.monotonic())
+            # Watch every child whose death is not handled yet. (Filtering on is_alive() here
+            # would race: a sentinel turns readable slightly before the child can be reaped.)
+            watched = {p.sentinel: p for p in self._children() if p not in self._dead}
+            for fd in wait([self._wake_r, *watched], timeout):
+                if fd in watched:
+                    watched[fd].join(2.0)  # it is exiting: reap it before the next check
+        self.stop_workers()
+        return self.exit_code
+
+    def _children(self) -> list[BaseProcess]:
+        return [*self._workers(), *self.api_processes.values()]
+
+    def _newly_dead(self) -> list[BaseProcess]:
+        dead = [p for p in self._children() if p not in self._dead and not p.is_alive()]
+        self._dead.update(dead)
+        return dead
+
+    def _on_death(self, process: BaseProcess) -> None:
+        if process in self.api_processes.values():
+            if not self.stopping:
+                logger.error(
+                    "API process %s exited unexpectedly (exit code %s); shutting down",
+                    process.pid,
+                    process.exitcode,
+                )
+                self.begin_shutdown(exit_code=1)
+        elif not self.stopping:
+            self._on_worker_death(self._workers().index(process), process)
+
+    def _workers(self) -> list[BaseProcess]:
+        return list(self.server.inference_workers)
+
+    def _on_shutdown_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if not self.stopping:
+            logger.info("%s received: draining (grace %.1f s)", name, self.grace_s)
+            self.begin_shutdown()
+        else:
+            logger.info("%s received again: failing in-flight requests now", name)
+            self._signal_api_processes()
+            self._hard_deadline = min(self._hard_deadline, time.monotonic() + 5.0)
+
+    def begin_shutdown(self, exit_code: int = 0) -> None:
+        self.exit_code = self.exit_code or exit_code
+        if self.stopping:
+            return
+        self.stopping = True
+        self.server.shared.set_draining()
+        self._hard_deadline = time.monotonic() + self.grace_s + HARD_DEADLINE_MARGIN_S
+        self._signal_api_processes()
+
+    def _signal_api_processes(self) -> None:
+        for process in self.api_processes.values():
+            if process.is_alive() and process.pid is not None:
+                os.kill(process.pid, signal.SIGTERM)
+
+    def _kill_api_processes(self) -> None:
+        for process in self.api_processes.values():
+            if process.is_alive():
+                logger.warning("API process %s did not stop in time; killing it", process.pid)
+                process.kill()
+                process.join(2.0)
+
+    # --- children dying -----------------------------------------------------------------------
+    def _on_worker_death(self, index: int, process: BaseProcess) -> None:
+        was_ready = self.server.shared.ready
+        self.server.shared.set_ready(False)
+        if not was_ready:
+            logger.error(
+                "the engine worker exited during setup (exit code %s); see the error "
+                "above. Shutting down.",
+                process.exitcode,
+            )
+            self.begin_shutdown(exit_code=1)
+            return
+        logger.error(
+            "the engine worker died (exit code %s); failing its requests and restarting it",
+            process.exitcode,
+        )
+        self._notify_worker_lost(self.server.restart_worker(index))
+
+    def _notify_worker_lost(self, request_queue: Any) -> None:
+        error = ErrorInfo(
+            500,
+            "The engine worker crashed while this request was running; it is being restarted.",
+            code="worker_crashed",
+        )
+        for consumer_id in self.api_processes:
+            try:
+                self.server.transport.send(
+                    WorkerLost(error, request_queue), consumer_id=consumer_id
+                )
+            except Exception as exc:
+                logger.warning("cannot notify API process %d: %s", consumer_id, exc)
+
+    def cleanup(self) -> None:
+        """Make sure no child outlives ``run`` (also after a start-up failure)."""
+        self.begin_shutdown()
+        for process in self.api_processes.values():
+            process.join(2.0)
+        self._kill_api_processes()
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """Ask each worker to stop (it fails what is left), then make sure it is gone."""
+        stop = StopWorker(ErrorInfo(503, "The server is shutting down.", code="shutting_down"))
+        workers = [p for p in self._workers() if p.is_alive()]
+        for _ in workers:
+            try:
+                self.server.request_queue.put(stop)
+            except Exception as exc:
+                logger.debug("cannot send StopWorker: %s", exc)
+        for process in workers:
+            process.join(WORKER_STOP_TIMEOUT_S)
+            if process.is_alive():
+                logger.warning("engine worker %s did not stop; terminating it", process.pid)
+                process.terminate()
+                process.join(2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(2.0)

@@ -1,0 +1,296 @@
+"""The engine worker's continuous-batching loop: LitServe's ``ContinuousBatchingLoop``, fixed.
+
+LitServe 0.2.19's loop adds requests from an asyncio task while ``step`` runs in a thread (a
+race), drops the payload of the final ``FINISH_STREAMING`` output, spins a core when idle, and
+never cancels or times out a sequence. This subclass replaces its worker entry (``__call__``)
+with three threads (see :mod:`inferflow.server.worker.queues`):
+
+- the engine thread is the only one that calls the engine: it applies queued submits/cancels,
+  aborts requests past their deadline, runs one ``engine.step()`` and posts the deltas;
+- it blocks on the inbox when the engine has no unfinished request (~0% CPU when idle);
+- a cancel or an expired deadline calls ``engine.abort_request`` before the next step, so the
+  slot and KV blocks are free within one step; a request's last delta travels together with
+  its ``finish_reason`` and is never dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from litserve import LitAPI
+from litserve.callbacks import CallbackRunner
+from litserve.loops import ContinuousBatchingLoop
+from litserve.specs.base import LitSpec
+from litserve.transport.base import MessageTransport
+
+from inferflow.outputs import RequestOutput
+from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.messages import (
+    CancelRequest,
+    LogprobEntry,
+    RequestUpdate,
+    StopWorker,
+    SubmitRequest,
+    WorkerInbound,
+)
+from inferflow.server.worker.queues import Inbox, Outbox, pump_requests
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Active:
+    """Bookkeeping for one request the engine is running."""
+
+    consumer_id: int
+    deadline: float | None
+    timeout_s: float | None
+    logprobs_sent: int = 0  # CompletionOutput.logprobs is cumulative; we send the new tail
+
+
+class EngineLoop(ContinuousBatchingLoop):
+    """Drives one ``LLMEngine`` for one LitServe worker. ``lit_api`` must be an ``EngineAPI``.
+
+    The base class's asyncio machinery (``schedule_task``, ``prefill``, async ``step``) is not
+    used; ``__call__`` and ``run`` keep LitServe's signatures so ``inference_worker`` runs us.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(max_sequence_length=0, no_pending_requests=False, sleep_delay=0.0)
+        self._active: dict[str, _Active] = {}
+        self._counters = {"finished_requests": 0, "aborted_requests": 0, "timed_out_requests": 0}
+        self._inbox: Inbox | None = None  # created in the worker process (locks do not pickle)
+        self._outbox: Outbox | None = None
+
+    def pre_setup(self, lit_api: LitAPI, spec: LitSpec | None = None) -> None:
+        if not lit_api.stream:
+            raise ValueError("EngineLoop streams its outputs: the LitAPI needs stream=True")
+        if not hasattr(lit_api, "engine_factory"):
+            raise TypeError("EngineLoop runs an inferflow.server.worker.api.EngineAPI")
+
+    def __call__(
+        self,
+        lit_api: LitAPI,
+        device: str,
+        worker_id: int,
+        request_queue: Any,
+        transport: MessageTransport,
+        workers_setup_status: dict[int, str],
+        callback_runner: CallbackRunner,
+    ) -> None:
+        self._inbox = Inbox()
+        self._outbox = Outbox(transport)
+        self._outbox.start()
+        intake = threading.Thread(
+            target=pump_requests,
+            args=(request_queue, self._inbox),
+            name="inferflow-intake",
+            daemon=True,
+        )
+        intake.start()
+        try:
+            self.run(
+                lit_api,
+                device,
+                worker_id,
+                request_queue,
+                transport,
+                workers_setup_status,
+                callback_runner,
+            )
+        finally:
+            self._outbox.close()
+            lit_api.close()  # type: ignore[attr-defined]
+
+    def run(
+        self,
+        lit_api: LitAPI,
+        device: str,
+        worker_id: int,
+        request_queue: Any,
+        transport: MessageTransport,
+        workers_setup_status: dict[int, str],
+        callback_runner: CallbackRunner,
+    ) -> None:  # type: ignore[override]
+        """The engine thread: apply inbound messages, expire deadlines, step, publish."""
+        engine, inbox = lit_api.engine, self._inbox  # type: ignore[attr-defined]
+        assert inbox is not None, "run() is entered through __call__"
+        self._publish_stats(lit_api)
+        lit_api.mark_ready()  # type: ignore[attr-defined]
+        while True:
+            messages = inbox.take_all(wait=not engine.has_unfinished_requests())
+            stop = self._apply(messages, lit_api)
+            if stop is not None:
+                self._fail_all(lit_api, stop.error)
+                self._publish_stats(lit_api)
+                return
+            self._expire(lit_api, time.time())
+            if engine.has_unfinished_requests():
+                self._step(lit_api)
+            self._publish_stats(lit_api)
+
+    # --- inbound ------------------------------------------------------------------------------
+    def _apply(self, messages: list[WorkerInbound], lit_api: LitAPI) -> StopWorker | None:
+        for message in messages:
+            if isinstance(message, SubmitRequest):
+                self.add_request(message.request_id, message, lit_api, None)
+            elif isinstance(message, CancelRequest):
+                self._cancel(lit_api, message.request_id)
+            elif isinstance(message, StopWorker):
+                return message
+        return None
+
+    def add_request(
+        self,
+        uid: str,
+        request: SubmitRequest,
+        lit_api: LitAPI,  # type: ignore[override]
+        lit_spec: LitSpec | None,
+        transport: MessageTransport | None = None,
+    ) -> None:
+        """Hand ``request`` to the engine; a request it refuses gets its 400 right away."""
+        engine = lit_api.engine  # type: ignore[attr-defined]
+        now = time.time()
+        if request.deadline is not None and now >= request.deadline:
+            self._post(request.consumer_id, _error_update(uid, _timeout_error(request)))
+            self._counters["timed_out_requests"] += 1
+            return
+        try:
+            engine.add_request(
+                uid,
+                request.prompt_token_ids,
+                request.params,
+                arrival_time=request.arrival_time,
+                priority=request.priority,
+            )
+        except ValueError as exc:
+            param = getattr(exc, "field", None)
+            self._post(
+                request.consumer_id, _error_update(uid, ErrorInfo(400, str(exc), param=param))
+            )
+            return
+        timeout = None if request.deadline is None else request.deadline - request.arrival_time
+        self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
+        lit_api.request_added(request)  # type: ignore[attr-defined]
+
+    def mark_completed(self, uid: str) -> None:
+        self._active.pop(uid, None)
+
+    def has_capacity(self, lit_api: LitAPI) -> bool:
+        """Admission is the engine scheduler's job; the frontend bounds the waiting queue."""
+        return True
+
+    def _cancel(self, lit_api: LitAPI, uid: str) -> None:
+        if uid in self._active:
+            self._abort(lit_api, uid, "cancelled")
+            self._counters["aborted_requests"] += 1
+
+    def _expire(self, lit_api: LitAPI, now: float) -> None:
+        expired = [
+            uid for uid, a in self._active.items() if a.deadline is not None and now >= a.deadline
+        ]
+        for uid in expired:
+            record = self._abort(lit_api, uid, "timeout")
+            self._counters["timed_out_requests"] += 1
+            message = f"the request did not finish within {record.timeout_s:.3g} s"
+            self._post(
+                record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
+            )
+
+    def _fail_all(self, lit_api: LitAPI, error: ErrorInfo) -> None:
+        for uid in list(self._active):
+            record = self._abort(lit_api, uid, error.code or "error")
+            self._post(record.consumer_id, _error_update(uid, error))
+
+    def _abort(self, lit_api: LitAPI, uid: str, why: str) -> _Active:
+        """Free the request's slot and KV blocks now and close its telemetry."""
+        record = self._active.pop(uid)
+        lit_api.engine.abort_request(uid)  # type: ignore[attr-defined]
+        lit_api.request_done(uid, "abort", None, None, error=why)  # type: ignore[attr-defined]
+        return record
+
+    # --- outbound -----------------------------------------------------------------------------
+    def _step(self, lit_api: LitAPI) -> None:
+        try:
+            outputs = lit_api.engine.step()  # type: ignore[attr-defined]
+        except Exception:
+            logger.exception("engine step failed; failing the running requests and restarting")
+            error = ErrorInfo(
+                500, "the engine failed while running this request", code="engine_error"
+            )
+            self._fail_all(lit_api, error)
+            raise
+        for output in outputs:
+            record = self._active.get(output.request_id)
+            if record is None:  # cancelled or timed out earlier: nobody is listening
+                continue
+            update = _update_from(output, record, lit_api.token_text)  # type: ignore[attr-defined]
+            if update.final:
+                self.mark_completed(output.request_id)
+                self._counters["finished_requests"] += 1
+                timings = lit_api.request_done(  # type: ignore[attr-defined]
+                    output.request_id,
+                    update.finish_reason or "abort",
+                    output.metrics,
+                    update.completion_tokens,
+                    error=update.error.code if update.error else None,
+                )
+                update = replace(update, timings=timings)
+            self._post(record.consumer_id, update)
+
+    def _post(self, consumer_id: int, update: RequestUpdate) -> None:
+        assert self._outbox is not None
+        self._outbox.post(consumer_id, update)
+
+    def _publish_stats(self, lit_api: LitAPI) -> None:
+        lit_api.publish_stats(dict(self._counters, worker_pid=os.getpid()))  # type: ignore[attr-defined]
+
+
+def _timeout_error(request: SubmitRequest) -> ErrorInfo:
+    timeout = (request.deadline or 0.0) - request.arrival_time
+    return ErrorInfo(504, f"the request did not finish within {timeout:.3g} s", code="timeout")
+
+
+def _error_update(uid: str, error: ErrorInfo) -> RequestUpdate:
+    return RequestUpdate(request_id=uid, error=error)
+
+
+def _update_from(
+    output: RequestOutput, record: _Active, token_text: Callable[[int], str]
+) -> RequestUpdate:
+    """The delta of one ``RequestOutput`` as a ``RequestUpdate`` for the frontend."""
+    completion = output.outputs[0]
+    logprobs = None
+    if completion.logprobs is not None:
+        new = completion.logprobs[record.logprobs_sent :]
+        record.logprobs_sent = len(completion.logprobs)
+        logprobs = tuple(
+            LogprobEntry(
+                token_text(lp.token_id),
+                lp.token_id,
+                lp.logprob,
+                tuple((token_text(t), t, p) for t, p in lp.top),
+            )
+            for lp in new
+        )
+    error = None
+    if completion.finish_reason == "abort":  # aborted by the engine itself, not by us
+        error = ErrorInfo(500, "the engine aborted this request", code="aborted")
+    cached = output.metrics.num_cached_prompt_tokens if output.metrics is not None else 0
+    return RequestUpdate(
+        request_id=output.request_id,
+        text=completion.delta_text,
+        logprobs=logprobs,
+        finish_reason=None if error else completion.finish_reason,
+        stop_reason=completion.stop_reason,
+        prompt_tokens=len(output.prompt_token_ids),
+        completion_tokens=len(completion.token_ids),
+        cached_tokens=cached,
+        error=error,
+    )
