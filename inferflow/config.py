@@ -40,6 +40,9 @@ from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.validator import RequestValidator
+from inferflow.telemetry.config import OtlpProtocol, TracingConfig, TracingExporter
+
+__all__ = ["OtlpProtocol", "TracingConfig", "TracingExporter"]  # the schema of `tracing`
 
 CONF_PACKAGE = "inferflow.conf"
 CONF_SOURCE = f"pkg://{CONF_PACKAGE}"
@@ -148,39 +151,6 @@ class ServerConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}: must be >= 0 or null, got {value}")
-
-
-class TracingExporter(ConfigEnum):
-    off = "off"
-    file = "file"
-    console = "console"
-    otlp = "otlp"
-    jaeger = "jaeger"
-
-
-class OtlpProtocol(ConfigEnum):
-    grpc = "grpc"
-    http = "http"
-
-
-@dataclass
-class TracingConfig:
-    """The ``tracing`` group; same fields as ``inferflow.telemetry.setup.TracingConfig``
-    (build it with ``TracingConfig.from_mapping(dataclasses.asdict(graph.tracing))``).
-    ``file_path=None``: ``$INFERFLOW_HOME/traces/traces.jsonl``."""
-
-    exporter: TracingExporter = TracingExporter.file
-    endpoint: str | None = None
-    protocol: OtlpProtocol = OtlpProtocol.grpc
-    headers: dict[str, str] = field(default_factory=dict)
-    sample_ratio: float = 1.0
-    file_path: str | None = None
-    service_name: str = "inferflow"
-    export_timeout_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not 0.0 <= self.sample_ratio <= 1.0:
-            raise ValueError(f"sample_ratio: must be in [0, 1], got {self.sample_ratio}")
 
 
 class Task(ConfigEnum):

@@ -300,6 +300,8 @@ def instantiate_stage(
 def _keyed_error(where: str, exc: Exception, names: set[str]) -> ConfigError:
     """``ValueError("max_batch_size: must be >= 1")`` -> ``batching.max_batch_size: must be >= 1``."""
     message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    if message.startswith(f"{where}."):  # already names the full key
+        return ConfigError(message, message.partition(": ")[0])
     head, sep, rest = message.partition(": ")
     if sep and head in names:
         return ConfigError(f"{where}.{head}: {rest}", f"{where}.{head}")

@@ -19,42 +19,53 @@ Worker process (engine)::
     telemetry.on_request_arrived(...); telemetry.on_request_finished(...)
 """
 
-from inferflow.telemetry.engine_telemetry import EngineTelemetry, SchedulerSnapshot
-from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
-from inferflow.telemetry.metrics_export import (
-    ServerMetrics,
-    cleanup_multiprocess_dir,
-    mark_process_dead,
-    prepare_multiprocess_dir,
-    render_metrics,
-)
-from inferflow.telemetry.request_trace import RequestTrace
-from inferflow.telemetry.setup import (
-    TracingConfig,
-    TracingConfigError,
-    flush_tracing,
-    get_tracer,
-    resource_attributes,
-    setup_tracing,
-    shutdown_tracing,
-)
-from inferflow.telemetry.spans import (
-    RequestSpan,
-    emit_span,
-    extract_context,
-    make_stage_wrapper,
-    record_step_span,
-    stage_span,
-    start_request_span,
-    traceparent_of,
-)
-from inferflow.telemetry.timings import RequestTimings, phase_timing_headers, timing_headers
-from inferflow.telemetry.traced_executor import TracedExecutor
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> module: loaded on first use, so ``inferflow.telemetry.config`` (the ``tracing``
+# schema, imported by every CLI run) does not pull OpenTelemetry in.
+_EXPORTS = {
+    "EngineMetrics": "inferflow.telemetry.metrics",
+    "EngineTelemetry": "inferflow.telemetry.engine_telemetry",
+    "FinishedRequestStats": "inferflow.telemetry.metrics",
+    "RequestSpan": "inferflow.telemetry.spans",
+    "RequestTimings": "inferflow.telemetry.timings",
+    "RequestTrace": "inferflow.telemetry.request_trace",
+    "SchedulerSnapshot": "inferflow.telemetry.engine_telemetry",
+    "ServerMetrics": "inferflow.telemetry.metrics_export",
+    "StepStats": "inferflow.telemetry.metrics",
+    "TracedExecutor": "inferflow.telemetry.traced_executor",
+    "OtlpProtocol": "inferflow.telemetry.config",
+    "TracingConfig": "inferflow.telemetry.config",
+    "TracingConfigError": "inferflow.telemetry.config",
+    "TracingExporter": "inferflow.telemetry.config",
+    "cleanup_multiprocess_dir": "inferflow.telemetry.metrics_export",
+    "emit_span": "inferflow.telemetry.spans",
+    "extract_context": "inferflow.telemetry.spans",
+    "flush_tracing": "inferflow.telemetry.setup",
+    "get_tracer": "inferflow.telemetry.setup",
+    "make_stage_wrapper": "inferflow.telemetry.spans",
+    "mark_process_dead": "inferflow.telemetry.metrics_export",
+    "phase_timing_headers": "inferflow.telemetry.timings",
+    "prepare_multiprocess_dir": "inferflow.telemetry.metrics_export",
+    "record_step_span": "inferflow.telemetry.spans",
+    "render_metrics": "inferflow.telemetry.metrics_export",
+    "resource_attributes": "inferflow.telemetry.setup",
+    "setup_tracing": "inferflow.telemetry.setup",
+    "shutdown_tracing": "inferflow.telemetry.setup",
+    "stage_span": "inferflow.telemetry.spans",
+    "start_request_span": "inferflow.telemetry.spans",
+    "timing_headers": "inferflow.telemetry.timings",
+    "traceparent_of": "inferflow.telemetry.spans",
+}
 
 __all__ = [
     "EngineMetrics",
     "EngineTelemetry",
     "FinishedRequestStats",
+    "OtlpProtocol",
     "RequestSpan",
     "RequestTimings",
     "RequestTrace",
@@ -64,6 +75,7 @@ __all__ = [
     "TracedExecutor",
     "TracingConfig",
     "TracingConfigError",
+    "TracingExporter",
     "cleanup_multiprocess_dir",
     "emit_span",
     "extract_context",
@@ -83,3 +95,10 @@ __all__ = [
     "timing_headers",
     "traceparent_of",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -19,9 +19,10 @@ from opentelemetry import trace
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
 from inferflow.scheduling.updates import SchedulerStats
+from inferflow.telemetry.config import TracingConfig, TracingExporter
 from inferflow.telemetry.engine_telemetry import EngineTelemetry
 from inferflow.telemetry.metrics import EngineMetrics
-from inferflow.telemetry.setup import TracingConfig, get_tracer, setup_tracing, shutdown_tracing
+from inferflow.telemetry.setup import get_tracer, setup_tracing, shutdown_tracing
 from inferflow.telemetry.spans import RequestSpan, emit_span, start_request_span
 from inferflow.telemetry.timings import RequestTimings
 
@@ -178,7 +179,7 @@ def simulate(tracer: trace.Tracer, telemetry: EngineTelemetry, cfg: SimConfig) -
 def write_demo_trace(path: str | Path, cfg: SimConfig | None = None) -> list[SimRequest]:
     """Simulate ``cfg`` (default: 8 requests) with the ``file`` exporter writing to ``path``."""
     provider = setup_tracing(
-        TracingConfig(exporter="file", file_path=str(path)), {"service.version": "demo"}
+        TracingConfig(exporter=TracingExporter.file, file_path=str(path)), {"service.version": "demo"}
     )
     try:
         telemetry = EngineTelemetry(get_tracer(provider), EngineMetrics((cfg or SimConfig()).model))

@@ -16,6 +16,7 @@ from otlp_receiver import GrpcOtlpReceiver
 from inferflow.telemetry import (
     TracingConfig,
     TracingConfigError,
+    TracingExporter,
     flush_tracing,
     get_tracer,
     setup_tracing,
@@ -66,7 +67,9 @@ def test_from_mapping_and_defaults() -> None:
     )
 
 
-def test_typed_config_enums_become_plain_strings() -> None:
+def test_strings_and_other_enums_become_the_config_enums() -> None:
+    """One TracingConfig is both the Hydra schema and the runtime settings."""
+
     class Exporter(str, enum.Enum):
         otlp = "otlp"
 
@@ -74,7 +77,11 @@ def test_typed_config_enums_become_plain_strings() -> None:
         http = "http"
 
     cfg = TracingConfig.from_mapping({"exporter": Exporter.otlp, "protocol": Protocol.http})
-    assert type(cfg.exporter) is str and cfg.exporter == "otlp" and cfg.protocol == "http"
+    assert cfg.exporter is TracingExporter.otlp and cfg.exporter == "otlp" and cfg.protocol == "http"
+    assert TracingConfig(exporter="file").exporter is TracingExporter.file
+    from inferflow import config
+
+    assert config.TracingConfig is TracingConfig  # the schema of the `tracing` group
     assert cfg.resolved_endpoint() == "http://localhost:4318/v1/traces"
 
 
