@@ -8,10 +8,11 @@ ran a warm-up step and started consuming requests, and turns 503 while draining 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from importlib import metadata
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 import inferflow
@@ -40,20 +41,21 @@ def readiness(frontend: Frontend) -> str:
     return "ready" if frontend.shared.ready and embeddings_ready else "not_ready"
 
 
-def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> None:
-    """Add ``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats`` to ``app``."""
+Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint
 
-    @app.get("/health")
+
+def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
+    """``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats``, registered as
+    spec routes (``LitSpec.add_endpoint``)."""
+
     async def health() -> JSONResponse:
         """Liveness: the API process answers; says nothing about the model."""
         return JSONResponse({"status": "ok", "ready": readiness(frontend) == "ready"})
 
-    @app.get("/ready")
     async def ready() -> JSONResponse:
         status = readiness(frontend)
         return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
 
-    @app.get("/version")
     async def version() -> JSONResponse:
         info = frontend.shared.info()
         model = {
@@ -71,13 +73,11 @@ def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> No
             }
         )
 
-    @app.get("/metrics")
     async def metrics() -> Response:
         """Prometheus text: the engine's and every API process's metrics, merged."""
         body, content_type = frontend.telemetry.render_metrics()
         return Response(content=body, media_type=content_type)
 
-    @app.get("/admin/stats")
     async def admin_stats(request: Request) -> JSONResponse:
         """Running/waiting requests, free slots and KV blocks, cancellation counters."""
         frontend.auth.authenticate(request.headers)
@@ -99,3 +99,11 @@ def register_ops_routes(app: FastAPI, frontend: Frontend, model_path: str) -> No
                 ),
             }
         )
+
+    return [
+        ("/health", health, ["GET"]),
+        ("/ready", ready, ["GET"]),
+        ("/version", version, ["GET"]),
+        ("/metrics", metrics, ["GET"]),
+        ("/admin/stats", admin_stats, ["GET"]),
+    ]

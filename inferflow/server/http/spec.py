@@ -14,6 +14,7 @@ from litserve.specs.base import LitSpec
 
 from inferflow.embeddings.http_api import EMBEDDINGS_PATH
 from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.ops import ops_routes
 
 if TYPE_CHECKING:
     from litserve import LitAPI, LitServer
@@ -24,12 +25,15 @@ MODELS_PATH = "/v1/models"
 
 
 class OpenAICompatibleSpec(LitSpec):
-    """Routes ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models`` to ``frontend``."""
+    """Routes ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (and
+    ``/v1/embeddings``) to ``frontend``, plus the operational routes (``ops_routes``): all of
+    them LitServe spec endpoints."""
 
-    def __init__(self, frontend: Frontend) -> None:
+    def __init__(self, frontend: Frontend, model_path: str = "") -> None:
         super().__init__()
         self.api_path = COMPLETIONS_PATH
         self.frontend = frontend
+        self.model_path = model_path
 
     @property
     def stream(self) -> bool:
@@ -41,6 +45,8 @@ class OpenAICompatibleSpec(LitSpec):
         self.add_endpoint(MODELS_PATH, self.frontend.models, ["GET"])
         if self.frontend.embeddings is not None:
             self.add_endpoint(EMBEDDINGS_PATH, self.frontend.embeddings.embeddings, ["POST"])
+        for path, endpoint, methods in ops_routes(self.frontend, self.model_path):
+            self.add_endpoint(path, endpoint, methods)
 
     def setup(self, server: LitServer) -> None:
         super().setup(server)

@@ -1,23 +1,26 @@
 """``InferflowServer``: LitServer with our process lifecycle.
 
-What stays LitServe's: the FastAPI app and route registration (spec endpoints, middleware), the
-Manager-backed request/response queues, and the spawning of the inference worker
-(``launch_inference_worker`` -> ``inference_worker`` -> ``EngineAPI.setup`` -> ``EngineLoop``).
+On LitServe's public surface: the FastAPI app and route registration (the OpenAI and
+operational routes are spec endpoints, ``OpenAICompatibleSpec``), middleware
+(``LitServer(middlewares=...)``: the payload limit and the per-process startup
+``ApiProcessStartup``), the ``authorize``/``health`` hooks of ``EngineAPI``, the custom loop
+(``LitAPI(loop=EngineLoop())``, a ``LitLoop``), the Manager-backed queues and the spawning of
+the inference worker (``launch_inference_worker`` -> ``inference_worker`` -> ``EngineAPI.setup``
+-> ``EngineLoop``). LitServe's own ``/health`` and ``/info`` move to ``/_litserve/...``.
 
-What we replace, and why (LitServe 0.2.19):
+What still overrides LitServe's private surface (LitServe 0.2.19; listed with the reasons in
+docs/server.md, pinned by ``tests/server/test_litserve_contract.py``):
 
 - ``run``: the API processes start before the engine is loaded, so ``/health`` answers and
   ``/ready`` says 503 while the model loads; the main process then supervises (``Supervisor``)
-  instead of waiting on a Manager event that a signal handler cannot safely touch.
-- ``_init_manager``: the Manager dies with us (PR_SET_PDEATHSIG) — no orphan on SIGKILL.
-- ``_start_server``: API processes run ``DrainingServer`` (graceful drain, explicit failure of
-  what is left) and bind only the configured host.
+  instead of waiting on a Manager event that a signal handler cannot safely touch. It uses its
+  own ``_start_manager`` (the Manager dies with us: PR_SET_PDEATHSIG), ``_fork_api_processes``
+  (``DrainingServer``: graceful drain, explicit failure of what is left; only the configured
+  host) and ``_close_queues``, and LitServe's private queue attributes.
 - ``lifespan``: our dispatcher routes typed ``UpdateBatch``/``WorkerLost`` messages to request
-  channels, instead of LitServe's tuple protocol.
-- ``_register_internal_endpoints``: ``/health`` is liveness, ``/ready`` readiness, plus
-  ``/version``, ``/metrics`` and ``/admin/stats`` (LitServe's ``/health`` runs in the API
-  process, where ``setup()`` never ran).
-- ``setup_auth``: API keys are checked by the frontend (OpenAI-shaped 401), not by LitServe.
+  channels, instead of LitServe's tuple reader (the two cannot share a response queue).
+- ``restart_worker``: a restarted worker gets a fresh request queue (LitServe reuses the old
+  one, where a Manager thread of the dead worker would swallow the next message).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import logging
 import multiprocessing as mp
 import signal
 import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from multiprocessing.managers import SyncManager
 from multiprocessing.process import BaseProcess
@@ -44,19 +47,18 @@ from litserve.utils import configure_logging
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import PayloadLimitMiddleware
-from inferflow.server.http.ops import register_ops_routes
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.process_utils import die_with_parent
+from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.worker.api import EngineAPI
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)
 
-
-def _no_auth() -> None:
-    return None
+LITSERVE_HEALTH_PATH = "/_litserve/health"  # LitServe's own routes, out of the OpenAI namespace
+LITSERVE_INFO_PATH = "/_litserve/info"
 
 
 class InferflowServer(ls.LitServer):
@@ -65,7 +67,6 @@ class InferflowServer(ls.LitServer):
     def __init__(
         self, api: EngineAPI, frontend: Frontend, settings: ServerSettings, model_path: str
     ) -> None:
-        # read by the hooks LitServer.__init__ calls (_register_internal_endpoints)
         self.frontend = frontend
         self.settings = settings
         self.shared = api.shared
@@ -78,17 +79,14 @@ class InferflowServer(ls.LitServer):
             devices=1,
             workers_per_device=1,
             timeout=False,
-            middlewares=[(PayloadLimitMiddleware, {"max_bytes": settings.max_payload_bytes})],
+            healthcheck_path=LITSERVE_HEALTH_PATH,  # ours: /health (liveness), /ready
+            info_path=LITSERVE_INFO_PATH,
+            middlewares=[
+                (PayloadLimitMiddleware, {"max_bytes": settings.max_payload_bytes}),
+                (ApiProcessStartup, {"frontend": frontend}),
+            ],
         )
         install_error_handlers(self.app)
-
-    def _register_internal_endpoints(self) -> None:
-        register_ops_routes(self.app, self.frontend, self.model_path)
-
-    def setup_auth(self, lit_api: ls.LitAPI | None = None) -> Callable[[], None]:
-        """No LitServe auth dependency (``LIT_SERVER_API_KEY``): the frontend checks API keys,
-        so a 401 has OpenAI's shape and the keys come from ``server.api_keys``."""
-        return _no_auth
 
     @property
     def transport(self) -> Any:
@@ -100,12 +98,7 @@ class InferflowServer(ls.LitServer):
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
-        """Per API process: telemetry, and request channels fed from this process's queue."""
-        self.frontend.telemetry.start()
-        embeddings = self.frontend.embeddings
-        loading = None
-        if embeddings is not None:  # encoders live in each API process; /ready waits for them
-            loading = asyncio.get_running_loop().run_in_executor(None, embeddings.models.start)
+        """Per API process: request channels fed from this process's response queue."""
         pump = asyncio.create_task(
             self.frontend.registry.pump(self._transport, self.frontend.consumer_id)
         )
@@ -115,13 +108,8 @@ class InferflowServer(ls.LitServer):
             pump.cancel()
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(pump, timeout=2.0)
-            if loading is not None:
-                with contextlib.suppress(BaseException):
-                    await loading
-                embeddings.models.close()
-            self.frontend.telemetry.stop()
 
-    def _init_manager(self, num_api_servers: int) -> SyncManager:
+    def _start_manager(self, num_api_servers: int) -> SyncManager:
         manager = SyncManager(ctx=mp.get_context("fork"))
         manager.start(die_with_parent, (signal.SIGKILL,))
         self._manager = manager
@@ -156,35 +144,26 @@ class InferflowServer(ls.LitServer):
         log_level = log_level or s.log_level
         configure_logging(log_level, use_rich=pretty_logs)
         sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
-        manager = self._init_manager(num_api_servers)
+        manager = self._start_manager(num_api_servers)
         supervisor = Supervisor(self, {}, s.shutdown_grace_s)
         supervisor.install_signal_handlers()
         try:
             self.inference_workers = self.launch_inference_worker(self.lit_api)
             supervisor.api_processes.update(
-                self._start_server(
-                    port,
-                    num_api_servers,
-                    log_level,
-                    [sock],
-                    api_server_worker_type,
-                    host=host,
-                    **kwargs,
-                )
+                self._fork_api_processes(port, num_api_servers, log_level, [sock], host, **kwargs)
             )
             self.exit_code = supervisor.run()
         finally:
             supervisor.cleanup()
-            self._perform_graceful_shutdown(manager, supervisor.api_processes)
+            self._close_queues(manager)
             sock.close()
 
-    def _start_server(
+    def _fork_api_processes(
         self,
         port: int,
         num_uvicorn_servers: int,
-        log_level: str,  # type: ignore[override]
+        log_level: str,
         sockets: list[socket.socket],
-        uvicorn_worker_type: str,
         host: str = "127.0.0.1",
         **kwargs: Any,
     ) -> dict[int, BaseProcess]:
@@ -219,12 +198,7 @@ class InferflowServer(ls.LitServer):
         self.inference_workers[index] = self.launch_single_inference_worker(self.lit_api, index)
         return queue
 
-    def _perform_graceful_shutdown(
-        self,
-        manager: Any,
-        uvicorn_workers: Any,  # type: ignore[override]
-        shutdown_reason: str = "normal",
-    ) -> None:
+    def _close_queues(self, manager: Any) -> None:
         """Last step: every child is gone already (``Supervisor``); close the queues."""
         with contextlib.suppress(Exception):
             self._transport.close(send_sentinel=False)

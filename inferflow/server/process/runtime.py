@@ -82,7 +82,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
     api = EngineAPI(
         GraphEngineFactory(config),
         shared,
-        spec=OpenAICompatibleSpec(frontend),
+        spec=OpenAICompatibleSpec(frontend, str(graph.model_path)),
         log_level=settings.log_level,
         telemetry=telemetry,
     )

@@ -85,6 +85,17 @@ class EngineAPI(ls.LitAPI):
             raise RuntimeError("the engine is not loaded: setup() runs in the engine worker")
         return self.engine
 
+    def health(self) -> bool:
+        """LitServe's health hook (``/_litserve/health``): the engine loaded and consuming.
+        inferflow's own ``/health`` (liveness) and ``/ready`` are spec routes (``ops.py``)."""
+        return self.shared.ready
+
+    def authorize(self) -> None:
+        """LitServe's auth hook, a FastAPI dependency of every route: a no-op. API keys are
+        checked by the frontend, so a 401 has OpenAI's shape, the keys come from
+        ``server.api_keys`` and ``/health``, ``/ready``, ``/metrics`` stay open."""
+        return None
+
     def predict(self, x: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("EngineLoop drives the engine directly")
 

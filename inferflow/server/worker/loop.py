@@ -1,9 +1,10 @@
-"""The engine worker's continuous-batching loop: LitServe's ``ContinuousBatchingLoop``, fixed.
+"""The engine worker's continuous-batching loop: a ``LitLoop`` given to ``LitAPI(loop=...)``.
 
-LitServe 0.2.19's loop adds requests from an asyncio task while ``step`` runs in a thread (a
-race), drops the payload of the final ``FINISH_STREAMING`` output, spins a core when idle, and
-never cancels or times out a sequence. This subclass replaces its worker entry (``__call__``)
-with three threads (see :mod:`inferflow.server.worker.queues`):
+LitServe 0.2.19's own ``ContinuousBatchingLoop`` adds requests from an asyncio task while
+``step`` runs in a thread (a race), drops the payload of the final ``FINISH_STREAMING`` output,
+spins a core when idle, and never cancels or times out a sequence. This loop implements the
+public loop entry (``__call__``, what ``inference_worker`` calls) with three threads (see
+:mod:`inferflow.server.worker.queues`):
 
 - the engine thread is the only one that calls the engine: it applies queued submits/cancels,
   aborts requests past their deadline, runs one ``engine.step()`` and posts the deltas;
@@ -21,11 +22,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from litserve import LitAPI
 from litserve.callbacks import CallbackRunner
-from litserve.loops import ContinuousBatchingLoop
+from litserve.loops import LitLoop
 from litserve.specs.base import LitSpec
 from litserve.transport.base import MessageTransport
 
@@ -41,6 +42,9 @@ from inferflow.server.messages import (
 )
 from inferflow.server.worker.queues import Inbox, Outbox, pump_requests
 
+if TYPE_CHECKING:
+    from inferflow.server.worker.api import EngineAPI
+
 logger = logging.getLogger(__name__)
 
 
@@ -54,15 +58,14 @@ class _Active:
     logprobs_sent: int = 0  # CompletionOutput.logprobs is cumulative; we send the new tail
 
 
-class EngineLoop(ContinuousBatchingLoop):
+class EngineLoop(LitLoop):
     """Drives one ``LLMEngine`` for one LitServe worker. ``lit_api`` must be an ``EngineAPI``.
 
-    The base class's asyncio machinery (``schedule_task``, ``prefill``, async ``step``) is not
-    used; ``__call__`` and ``run`` keep LitServe's signatures so ``inference_worker`` runs us.
+    ``__call__`` and ``run`` keep LitServe's loop signatures so ``inference_worker`` runs us.
     """
 
     def __init__(self) -> None:
-        super().__init__(max_sequence_length=0, no_pending_requests=False, sleep_delay=0.0)
+        super().__init__()
         self._active: dict[str, _Active] = {}
         self._counters = {"finished_requests": 0, "aborted_requests": 0, "timed_out_requests": 0}
         self._inbox: Inbox | None = None  # created in the worker process (locks do not pickle)
@@ -106,7 +109,7 @@ class EngineLoop(ContinuousBatchingLoop):
             )
         finally:
             self._outbox.close()
-            lit_api.close()  # type: ignore[attr-defined]
+            _engine_api(lit_api).close()
 
     def run(
         self,
@@ -117,45 +120,39 @@ class EngineLoop(ContinuousBatchingLoop):
         transport: MessageTransport,
         workers_setup_status: dict[int, str],
         callback_runner: CallbackRunner,
-    ) -> None:  # type: ignore[override]
+    ) -> None:
         """The engine thread: apply inbound messages, expire deadlines, step, publish."""
-        engine, inbox = lit_api.engine, self._inbox  # type: ignore[attr-defined]
+        api = _engine_api(lit_api)
+        engine, inbox = api.live_engine, self._inbox
         assert inbox is not None, "run() is entered through __call__"
-        self._publish_stats(lit_api)
-        lit_api.mark_ready()  # type: ignore[attr-defined]
+        self._publish_stats(api)
+        api.mark_ready()
         while True:
             messages = inbox.take_all(wait=not engine.has_unfinished_requests())
-            stop = self._apply(messages, lit_api)
+            stop = self._apply(messages, api)
             if stop is not None:
-                self._fail_all(lit_api, stop.error)
-                self._publish_stats(lit_api)
+                self._fail_all(api, stop.error)
+                self._publish_stats(api)
                 return
-            self._expire(lit_api, time.time())
+            self._expire(api, time.time())
             if engine.has_unfinished_requests():
-                self._step(lit_api)
-            self._publish_stats(lit_api)
+                self._step(api)
+            self._publish_stats(api)
 
     # --- inbound ------------------------------------------------------------------------------
-    def _apply(self, messages: list[WorkerInbound], lit_api: LitAPI) -> StopWorker | None:
+    def _apply(self, messages: list[WorkerInbound], api: EngineAPI) -> StopWorker | None:
         for message in messages:
             if isinstance(message, SubmitRequest):
-                self.add_request(message.request_id, message, lit_api, None)
+                self._add(message.request_id, message, api)
             elif isinstance(message, CancelRequest):
-                self._cancel(lit_api, message.request_id)
+                self._cancel(api, message.request_id)
             elif isinstance(message, StopWorker):
                 return message
         return None
 
-    def add_request(
-        self,
-        uid: str,
-        request: SubmitRequest,
-        lit_api: LitAPI,  # type: ignore[override]
-        lit_spec: LitSpec | None,
-        transport: MessageTransport | None = None,
-    ) -> None:
+    def _add(self, uid: str, request: SubmitRequest, api: EngineAPI) -> None:
         """Hand ``request`` to the engine; a request it refuses gets its 400 right away."""
-        engine = lit_api.engine  # type: ignore[attr-defined]
+        engine = api.live_engine
         now = time.time()
         if request.deadline is not None and now >= request.deadline:
             self._post(request.consumer_id, _error_update(uid, _timeout_error(request)))
@@ -177,64 +174,57 @@ class EngineLoop(ContinuousBatchingLoop):
             return
         timeout = None if request.deadline is None else request.deadline - request.arrival_time
         self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
-        lit_api.request_added(request)  # type: ignore[attr-defined]
+        api.request_added(request)
 
-    def mark_completed(self, uid: str) -> None:
-        self._active.pop(uid, None)
-
-    def has_capacity(self, lit_api: LitAPI) -> bool:
-        """Admission is the engine scheduler's job; the frontend bounds the waiting queue."""
-        return True
-
-    def _cancel(self, lit_api: LitAPI, uid: str) -> None:
+    def _cancel(self, api: EngineAPI, uid: str) -> None:
         if uid in self._active:
-            self._abort(lit_api, uid, "cancelled")
+            self._abort(api, uid, "cancelled")
             self._counters["aborted_requests"] += 1
 
-    def _expire(self, lit_api: LitAPI, now: float) -> None:
+    def _expire(self, api: EngineAPI, now: float) -> None:
         expired = [
             uid for uid, a in self._active.items() if a.deadline is not None and now >= a.deadline
         ]
         for uid in expired:
-            record = self._abort(lit_api, uid, "timeout")
+            record = self._abort(api, uid, "timeout")
             self._counters["timed_out_requests"] += 1
             message = f"the request did not finish within {record.timeout_s:.3g} s"
             self._post(
                 record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
             )
 
-    def _fail_all(self, lit_api: LitAPI, error: ErrorInfo) -> None:
+    def _fail_all(self, api: EngineAPI, error: ErrorInfo) -> None:
         for uid in list(self._active):
-            record = self._abort(lit_api, uid, error.code or "error")
+            record = self._abort(api, uid, error.code or "error")
             self._post(record.consumer_id, _error_update(uid, error))
 
-    def _abort(self, lit_api: LitAPI, uid: str, why: str) -> _Active:
+    def _abort(self, api: EngineAPI, uid: str, why: str) -> _Active:
         """Free the request's slot and KV blocks now and close its telemetry."""
         record = self._active.pop(uid)
-        lit_api.engine.abort_request(uid)  # type: ignore[attr-defined]
-        lit_api.request_done(uid, "abort", None, None, error=why)  # type: ignore[attr-defined]
+        api.live_engine.abort_request(uid)
+        api.request_done(uid, "abort", None, None, error=why)
         return record
 
     # --- outbound -----------------------------------------------------------------------------
-    def _step(self, lit_api: LitAPI) -> None:
+    def _step(self, api: EngineAPI) -> None:
         try:
-            outputs = lit_api.engine.step()  # type: ignore[attr-defined]
+            outputs = api.live_engine.step()
         except Exception:
             logger.exception("engine step failed; failing the running requests and restarting")
             error = ErrorInfo(
                 500, "the engine failed while running this request", code="engine_error"
             )
-            self._fail_all(lit_api, error)
+            self._fail_all(api, error)
             raise
         for output in outputs:
             record = self._active.get(output.request_id)
             if record is None:  # cancelled or timed out earlier: nobody is listening
                 continue
-            update = _update_from(output, record, lit_api.token_text)  # type: ignore[attr-defined]
+            update = _update_from(output, record, api.token_text)
             if update.final:
-                self.mark_completed(output.request_id)
+                self._active.pop(output.request_id, None)
                 self._counters["finished_requests"] += 1
-                timings = lit_api.request_done(  # type: ignore[attr-defined]
+                timings = api.request_done(
                     output.request_id,
                     update.finish_reason or "abort",
                     output.metrics,
@@ -248,8 +238,8 @@ class EngineLoop(ContinuousBatchingLoop):
         assert self._outbox is not None
         self._outbox.post(consumer_id, update)
 
-    def _publish_stats(self, lit_api: LitAPI) -> None:
-        lit_api.publish_stats(dict(self._counters, worker_pid=os.getpid()))  # type: ignore[attr-defined]
+    def _publish_stats(self, api: EngineAPI) -> None:
+        api.publish_stats(dict(self._counters, worker_pid=os.getpid()))
 
 
 def _timeout_error(request: SubmitRequest) -> ErrorInfo:
@@ -294,3 +284,8 @@ def _update_from(
         cached_tokens=cached,
         error=error,
     )
+
+
+def _engine_api(lit_api: LitAPI) -> EngineAPI:
+    """``lit_api`` as the ``EngineAPI`` it must be (checked in ``pre_setup``)."""
+    return cast("EngineAPI", lit_api)
