@@ -87,7 +87,7 @@ def run_once(
         telemetry = EngineTelemetry(get_tracer(provider), EngineMetrics("bench"))
         # LLMEngine types .executor as PlanRunner; any Executor-protocol object works
         traced = TracedExecutor(engine.executor, telemetry, snapshot=lambda: engine.scheduler.stats)
-        engine.executor = traced  # type: ignore[assignment]
+        engine.executor = traced
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
     roots: dict[str, RequestSpan] = {}
     start, cpu_start = time.perf_counter(), time.process_time()

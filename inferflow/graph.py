@@ -5,16 +5,15 @@ embedded tiny model is generated on first use): LitServe workers call it again f
 dict (``graph.to_container()``). Expensive work happens later: ``setup_stages()`` loads the
 tokenizer, ``create_engine()`` loads the weights and builds or loads the compiled engine.
 
-``_target_`` is code execution, so only allowlisted modules are imported: ``inferflow.*``,
-installed plugins (entry point group ``inferflow.plugins``), and prefixes the user opted into
-(``allowed_targets=[...]`` or ``$INFERFLOW_ALLOWED_TARGETS``, comma-separated).
+Each stage is built from its node by ``inferflow.targets`` (the ``_target_`` allowlist, typed
+config keys, the slot's contract); this module places the stages on their side of the engine
+and computes the engine's layout.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,8 +32,6 @@ from inferflow.config import (
     ServerConfig,
     TracingConfig,
     describe_omegaconf_error,
-    discover_plugins,
-    stage_schema,
 )
 from inferflow.model_lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
@@ -44,9 +41,10 @@ from inferflow.stages.detokenizer import DetokenizerStage, StreamingDetokenizer
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.response import ResponseStage
+from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
-    from inferflow.engine.llm_engine import LLMEngine
+    from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
     from inferflow.scheduling.layout import KVLayout
 
 # Engine-side slot -> the contract its _target_ must implement.
@@ -57,7 +55,6 @@ ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     "detokenizer": DetokenizerStage,
 }
 
-META_KEYS = ("_target_", "after", "before")  # keys of a stage node that are not its config
 
 
 @dataclass
@@ -165,7 +162,7 @@ class ServingGraph:
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None
 
-    def create_engine(self) -> LLMEngine:
+    def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
         builds (or loads the cached) compiled model, the batching stage is the scheduler's
         policy, the cache stage its prefix cache. Expensive; once per graph."""
@@ -182,136 +179,9 @@ class ServingGraph:
         checkpoint = load_checkpoint(self.model_path)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
-        return LLMEngine.from_components(checkpoint, self.executor, scheduler, self.detokenizer)
-
-
-# ---------------------------------------------------------------------- allowlist
-
-
-def allowed_prefixes(
-    cfg: DictConfig | None = None, environ: Mapping[str, str] | None = None
-) -> list[str]:
-    """Module prefixes a ``_target_`` may come from."""
-    env = (os.environ if environ is None else environ).get("INFERFLOW_ALLOWED_TARGETS", "")
-    user = list(cfg.get("allowed_targets") or []) if cfg is not None else []
-    plugins = [p.target_prefix for p in discover_plugins()]
-    return [
-        "inferflow",
-        *plugins,
-        *filter(None, (s.strip() for s in env.split(","))),
-        *map(str, user),
-    ]
-
-
-def _under(name: str, prefixes: list[str]) -> bool:
-    return any(name == p or name.startswith(p + ".") for p in prefixes)
-
-
-def locate_target(target: Any, where: str, prefixes: list[str]) -> Any:
-    """Import ``target`` only if allowlisted; the object found must live in an allowed module too
-    (so ``inferflow.some_module.os.system`` is refused)."""
-    if not isinstance(target, str) or not target:
-        raise ConfigError(f"{where}._target_: must be a dotted import path, got {target!r}", where)
-    if not _under(target, prefixes):
-        raise ConfigError(
-            f"{where}._target_={target} is not allowed: targets must come from "
-            f"{', '.join(p + '.*' for p in prefixes)}; to trust it, install it as a plugin, pass "
-            f"allowed_targets=[{target.rsplit('.', 1)[0]}] or set INFERFLOW_ALLOWED_TARGETS",
-            f"{where}._target_",
+        return LLMEngine.from_components(
+            checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor
         )
-    from hydra.utils import get_object
-
-    try:
-        obj = get_object(target)
-    except Exception as exc:
-        raise ConfigError(
-            f"{where}._target_={target} cannot be imported: {exc}".splitlines()[0]
-        ) from None
-    module = getattr(obj, "__module__", None) or ""
-    if not _under(module, prefixes):
-        raise ConfigError(
-            f"{where}._target_={target} resolves to {module}, which is not allowed", where
-        )
-    return obj
-
-
-def _check_nested_targets(node: Any, where: str, prefixes: list[str]) -> None:
-    if isinstance(node, dict):
-        if "_target_" in node:
-            locate_target(node["_target_"], where, prefixes)
-        for key, value in node.items():
-            _check_nested_targets(value, f"{where}.{key}", prefixes)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            _check_nested_targets(value, f"{where}[{i}]", prefixes)
-
-
-# ---------------------------------------------------------------------- instantiation
-
-
-def instantiate_stage(
-    node: DictConfig, where: str, kind: type | tuple[type, ...], prefixes: list[str]
-) -> Any:
-    """Build one stage from its node, giving it only its own keys (validated against the
-    class's dataclass fields when it has them)."""
-    if not isinstance(node, DictConfig) or "_target_" not in node:
-        raise ConfigError(f"{where}: needs a _target_ (got {node!r})", where)
-    cls = locate_target(node._target_, where, prefixes)
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if not (isinstance(cls, type) and issubclass(cls, kinds)):
-        wanted = " or ".join(k.__name__ for k in kinds)
-        raise ConfigError(f"{where}._target_={node._target_} is not a {wanted} subclass", where)
-    slot_kind = getattr(cls, "kind", "")
-    if issubclass(cls, EngineStage) and slot_kind and slot_kind != where:
-        raise ConfigError(
-            f"{where}._target_={node._target_} fills the {slot_kind} slot, not {where}", where
-        )
-    if issubclass(cls, EngineStage) and hasattr(cls, "contribute"):
-        raise ConfigError(
-            f"{where}._target_={node._target_} implements contribute(), which inferflow no "
-            f"longer calls: implement the {kinds[0].__name__} contract (docs/writing_a_plugin.md)",
-            where,
-        )
-    params = {k: v for k, v in node.items() if k not in META_KEYS}
-    try:
-        if dataclasses.is_dataclass(cls):
-            typed = OmegaConf.merge(OmegaConf.structured(stage_schema(cls)), params)
-            assert isinstance(typed, DictConfig)
-            params = {k: typed[k] for k in params}
-        container = OmegaConf.to_container(OmegaConf.create(params), resolve=True)
-    except OmegaConfBaseException as exc:
-        raise describe_omegaconf_error(exc, prefix=f"{where}.") from None
-    assert isinstance(container, dict)
-    kwargs: dict[str, Any] = {str(k): v for k, v in container.items()}
-    _check_nested_targets(kwargs, where, prefixes)
-    try:
-        if any(_has_target(v) for v in kwargs.values()):
-            from hydra.utils import instantiate
-
-            kwargs = {k: instantiate(v, _convert_="all") for k, v in kwargs.items()}
-        stage = cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise _keyed_error(where, exc, set(kwargs)) from None
-    if isinstance(stage, RequestStage | ResponseStage):
-        stage.name = where.rsplit(".", 1)[-1]
-    return stage
-
-
-def _keyed_error(where: str, exc: Exception, names: set[str]) -> ConfigError:
-    """``ValueError("max_batch_size: must be >= 1")`` -> ``batching.max_batch_size: must be >= 1``."""
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if message.startswith(f"{where}."):  # already names the full key
-        return ConfigError(message, message.partition(": ")[0])
-    head, sep, rest = message.partition(": ")
-    if sep and head in names:
-        return ConfigError(f"{where}.{head}: {rest}", f"{where}.{head}")
-    return ConfigError(f"{where}: {message}", where)
-
-
-def _has_target(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "_target_" in value or any(_has_target(v) for v in value.values())
-    return isinstance(value, list) and any(_has_target(v) for v in value)
 
 
 # ---------------------------------------------------------------------- pipeline order
@@ -397,7 +267,7 @@ def _typed(schema: type, node: Any, key: str) -> Any:
     except OmegaConfBaseException as exc:
         raise describe_omegaconf_error(exc, prefix=f"{key}.") from None
     except ValueError as exc:  # a schema's __post_init__ range check
-        raise _keyed_error(key, exc, {f.name for f in dataclasses.fields(schema)}) from None
+        raise keyed_error(key, exc, {f.name for f in dataclasses.fields(schema)}) from None
 
 
 def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:

@@ -49,6 +49,8 @@ class RequestRejected(ValueError):
 
 
 DetokenizerFactory = Callable[[SamplingParams], RequestDetokenizer]
+# Wraps the executor the step calls (telemetry's TracedExecutor): (executor, stats) -> executor.
+ExecutorWrapper = Callable[[Executor, Callable[[], SchedulerStats]], Executor]
 
 
 @dataclasses.dataclass
@@ -79,10 +81,14 @@ class LLMEngine:
 
     @classmethod
     def from_components(cls, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
-                        detokenizer: DetokenizerStage) -> LLMEngine:
-        """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout."""
+                        detokenizer: DetokenizerStage,
+                        wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
+        """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout;
+        ``wrap_executor`` wraps what the step calls (telemetry), once, here."""
         engine = cls.__new__(cls)
         engine._init(checkpoint, executor, scheduler, detokenizer, None)
+        if wrap_executor is not None:
+            engine.executor = wrap_executor(executor, lambda: scheduler.stats)
         return engine
 
     def _init(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,

@@ -20,11 +20,12 @@ Telemetry calls are failure-isolated: they never fail a request.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferflow.engine.step import Executor
 from inferflow.outputs import RequestMetrics
 from inferflow.server.http.pipeline import ATTR_TRACE_CONTEXT
 from inferflow.server.messages import SubmitRequest
@@ -124,17 +125,26 @@ class FrontendTelemetry:
 
 
 class WorkerTelemetry:
-    """The engine side: ``EngineTelemetry`` plus a ``TracedExecutor`` around the executor."""
+    """The engine side: ``EngineTelemetry`` plus a ``TracedExecutor`` around the executor,
+    attached when the engine is built (``wrap_executor``) and recording once
+    ``start_recording()`` is called (after the warm-up)."""
 
-    def __init__(self, settings: TelemetrySettings, engine: Any, worker_id: int = 0) -> None:
-        from inferflow.telemetry import EngineMetrics, EngineTelemetry, TracedExecutor
+    def __init__(self, settings: TelemetrySettings, worker_id: int = 0) -> None:
+        from inferflow.telemetry import EngineMetrics, EngineTelemetry
 
         self._provider, tracer = settings.tracer()
         self.telemetry = EngineTelemetry(tracer, EngineMetrics(settings.model_name, worker_id))
-        scheduler = engine.scheduler
-        engine.executor = TracedExecutor(
-            engine.executor, self.telemetry, snapshot=lambda: scheduler.stats
+        self._recording = False
+
+    def wrap_executor(self, executor: Executor, stats: Callable[[], Any]) -> Executor:
+        from inferflow.telemetry import TracedExecutor
+
+        return TracedExecutor(
+            executor, self.telemetry, snapshot=stats, active=lambda: self._recording
         )
+
+    def start_recording(self) -> None:
+        self._recording = True
 
     def request_added(self, request: SubmitRequest) -> None:
         self.telemetry.on_request_arrived(

@@ -21,7 +21,8 @@ class TracedExecutor:
     """``execute`` = the inner executor's, timed and reported to ``telemetry.on_step``.
 
     ``snapshot`` returns the scheduler's stats (``lambda: scheduler.stats``); it is read after
-    the forward pass, before ``scheduler.update``. Other attributes pass through to ``inner``.
+    the forward pass, before ``scheduler.update``. While ``active()`` is False (e.g. the
+    warm-up request) steps are run but not recorded. Other attributes pass through to ``inner``.
     """
 
     def __init__(
@@ -29,12 +30,16 @@ class TracedExecutor:
         inner: Executor,
         telemetry: EngineTelemetry,
         snapshot: Callable[[], SchedulerSnapshot] | None = None,
+        active: Callable[[], bool] = lambda: True,
     ) -> None:
         self.inner = inner
         self.telemetry = telemetry
         self._snapshot = snapshot
+        self._active = active
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        if not self._active():
+            return self.inner.execute(plan)
         start = time.time()
         output = self.inner.execute(plan)  # errors here are the engine's: they propagate
         end = time.time()

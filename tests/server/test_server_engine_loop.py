@@ -85,7 +85,7 @@ class Running:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.shared = SharedState()
-        self.api = EngineAPI(engine_factory=lambda: engine, shared=self.shared)
+        self.api = EngineAPI(engine_factory=lambda wrap=None: engine, shared=self.shared)
         self.api.engine = engine
         self.requests: queue.Queue = queue.Queue()
         self.transport = RecordingTransport()

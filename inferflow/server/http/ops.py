@@ -56,6 +56,21 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
         status = readiness(frontend)
         return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
 
+    async def metrics() -> Response:
+        """Prometheus text: the engine's and every API process's metrics, merged."""
+        body, content_type = frontend.telemetry.render_metrics()
+        return Response(content=body, media_type=content_type)
+
+    return [
+        ("/health", health, ["GET"]),
+        ("/ready", ready, ["GET"]),
+        ("/version", _version_route(frontend, model_path), ["GET"]),
+        ("/metrics", metrics, ["GET"]),
+        ("/admin/stats", _admin_stats_route(frontend), ["GET"]),
+    ]
+
+
+def _version_route(frontend: Frontend, model_path: str) -> Callable[[], Any]:
     async def version() -> JSONResponse:
         info = frontend.shared.info()
         model = {
@@ -73,11 +88,10 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
             }
         )
 
-    async def metrics() -> Response:
-        """Prometheus text: the engine's and every API process's metrics, merged."""
-        body, content_type = frontend.telemetry.render_metrics()
-        return Response(content=body, media_type=content_type)
+    return version
 
+
+def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     async def admin_stats(request: Request) -> JSONResponse:
         """Running/waiting requests, free slots and KV blocks, cancellation counters."""
         frontend.auth.authenticate(request.headers)
@@ -100,10 +114,4 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
             }
         )
 
-    return [
-        ("/health", health, ["GET"]),
-        ("/ready", ready, ["GET"]),
-        ("/version", version, ["GET"]),
-        ("/metrics", metrics, ["GET"]),
-        ("/admin/stats", admin_stats, ["GET"]),
-    ]
+    return admin_stats

@@ -28,7 +28,7 @@ from inferflow.server.worker.api import EngineAPI
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
 if TYPE_CHECKING:
-    from inferflow.engine.llm_engine import LLMEngine
+    from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -43,10 +43,10 @@ class GraphEngineFactory:
 
     config: dict[str, Any]
 
-    def __call__(self) -> LLMEngine:
+    def __call__(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         from inferflow.graph import build_graph
 
-        return build_graph(self.config).create_engine()
+        return build_graph(self.config).create_engine(wrap_executor)
 
 
 def telemetry_settings(graph: Any, config: dict[str, Any]) -> TelemetrySettings:

@@ -20,7 +20,7 @@ from typing import Any
 
 import litserve as ls
 
-from inferflow.engine.llm_engine import LLMEngine
+from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
@@ -41,7 +41,7 @@ class EngineAPI(ls.LitAPI):
 
     def __init__(
         self,
-        engine_factory: Callable[[], LLMEngine],
+        engine_factory: Callable[[ExecutorWrapper | None], LLMEngine],
         shared: SharedState,
         spec: ls.specs.base.LitSpec | None = None,
         log_level: str = "info",
@@ -71,10 +71,15 @@ class EngineAPI(ls.LitAPI):
         _configure_worker_logging(self.log_level)
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
-        engine = self.engine = self.engine_factory()
-        warm_up(engine)  # before telemetry: the warm-up is not a request
+        telemetry = None
         if self.telemetry_settings is not None:
-            self.telemetry = WorkerTelemetry(self.telemetry_settings, engine)
+            telemetry = WorkerTelemetry(self.telemetry_settings)
+        # telemetry wraps the executor as the engine is built, and records from after warm-up
+        engine = self.engine = self.engine_factory(telemetry.wrap_executor if telemetry else None)
+        warm_up(engine)  # the warm-up is not a request: nothing of it is recorded
+        if telemetry is not None:
+            telemetry.start_recording()
+        self.telemetry = telemetry
         self.shared.publish_info(describe_engine(engine, load_time_s=time.time() - started))
         logger.info("engine ready in %.2f s", time.time() - started)
 
