@@ -66,3 +66,10 @@ def test_chat_applies_the_template(llm: LLM) -> None:
     assert out.prompt_token_ids == llm.tokenizer.encode_chat(messages)
     assert llm.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False).startswith(
         "<|begin_of_text|><|start_header_id|>user")
+
+
+def test_use_tqdm_shows_progress_on_stderr(llm: LLM, capsys: pytest.CaptureFixture[str]) -> None:
+    llm.generate(PROMPTS, greedy(2), use_tqdm=True)
+    assert f"{len(PROMPTS)}/{len(PROMPTS)}" in capsys.readouterr().err
+    llm.generate(PROMPTS, greedy(2))  # the default: silent
+    assert capsys.readouterr().err == ""
