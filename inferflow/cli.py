@@ -52,6 +52,7 @@ class ComponentUnavailable(RuntimeError):
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of both ``python -m inferflow`` and the ``inferflow`` script."""
     args = list(sys.argv[1:] if argv is None else argv)
+    warnings.formatwarning = _one_line_warning
     try:
         if args and args[0] in SUBCOMMANDS:
             return _subcommand(args[0], args[1:])
@@ -62,6 +63,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ComponentUnavailable as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
+
+
+def _one_line_warning(
+    message: Warning | str, category: type[Warning], *args: object, **kwargs: object
+) -> str:
+    """``inferflow: FutureWarning: ...`` instead of a file, a line number and a source line."""
+    return f"{PROG}: {category.__name__}: {message}\n"
 
 
 def _subcommand(name: str, argv: list[str]) -> int:
@@ -222,7 +230,11 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
 
 
 def _task(cfg: DictConfig) -> None:
+    from inferflow.embeddings.models import is_embedding_model
+
     graph = build_graph(cfg)
+    if not is_embedding_model(graph.model):
+        graph.check_engine_settings()  # what the worker would refuse, refused here in one line
     out_dir = Path(HydraConfig.get().runtime.output_dir) if _multirun() else None
     if out_dir is not None:  # every sweep run records exactly what it ran
         (out_dir / "resolved_config.yaml").write_text(

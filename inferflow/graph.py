@@ -47,6 +47,16 @@ if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
     from inferflow.scheduling.layout import KVLayout
 
+# What to change when the scheduler refuses a budget (appended to its one-line error).
+_ADVICE = {
+    "max_num_batched_tokens": (
+        " (raise batching.max_num_batched_tokens, lower batching.max_num_seqs, or keep"
+        " batching.enable_chunked_prefill=true)"
+    ),
+    "max_num_seqs": " (batching.max_num_seqs)",
+    "long_prefill_token_threshold": " (batching.long_prefill_token_threshold)",
+}
+
 # Engine-side slot -> the contract its _target_ must implement.
 ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     "cache": CacheStage,
@@ -162,20 +172,36 @@ class ServingGraph:
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None
 
+    def check_engine_settings(self) -> None:
+        """Refuse, in one line naming the keys, every engine setting the worker would refuse:
+        the layout, the scheduler's budgets against it, the executor's settings. Loads nothing.
+        """
+        from inferflow.scheduling.config import SchedulerConfigError
+
+        layout = self.kv_layout()
+        try:
+            self.batching.scheduler_config(layout, self.cache.enabled)
+        except SchedulerConfigError as exc:
+            raise ConfigError(
+                f"batching.{exc}{_ADVICE.get(exc.field, '')}", f"batching.{exc.field}"
+            ) from None
+        try:
+            self.executor.check(layout)
+        except ValueError as exc:
+            message = str(exc).removeprefix("executor.")
+            raise ConfigError(f"executor.{message}", "executor") from None
+
     def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
         builds (or loads the cached) compiled model, the batching stage is the scheduler's
         policy, the cache stage its prefix cache. Expensive; once per graph."""
         from inferflow.engine.llm_engine import LLMEngine
         from inferflow.models.checkpoint import load_checkpoint
-        from inferflow.scheduling.config import SchedulerConfigError
         from inferflow.scheduling.scheduler import Scheduler
 
+        self.check_engine_settings()
         layout = self.kv_layout()
-        try:
-            scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
-        except SchedulerConfigError as exc:
-            raise ConfigError(f"batching.{exc}", f"batching.{exc.field}") from None
+        scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
         checkpoint = load_checkpoint(self.model_path)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))

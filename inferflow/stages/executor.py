@@ -64,6 +64,10 @@ class ExecutorStage(EngineStage):
         if self.max_slots is not None and self.max_slots < 1:
             raise ValueError(f"max_slots: must be >= 1, got {self.max_slots}")
 
+    def check(self, layout: KVLayout) -> None:
+        """Raise ``ValueError`` ("field: message") for settings ``load`` would refuse, without
+        loading anything (``task=check`` and server start call it in the main process)."""
+
     @abstractmethod
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
         """Build or load the compiled model and allocate its KV (expensive, once)."""
@@ -207,6 +211,13 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
 
     def engine_config(self, layout: KVLayout) -> EngineConfig:
         return dataclasses.replace(super().engine_config(layout), device_id=self.device_id)
+
+    def check(self, layout: KVLayout) -> None:
+        super().check(layout)
+        from inferflow.runtimes.tensorrt_runner import INSTALL_HINT, tensorrt_available
+
+        if not tensorrt_available():
+            raise ValueError(f"backend: {INSTALL_HINT}")
 
     @property
     def runtime_version(self) -> str:

@@ -130,3 +130,35 @@ def test_a_response_stage_transforms_or_rejects_updates() -> None:
     failed = again.apply(RequestUpdate("r", text="x", error=engine_error))
     assert failed.error is engine_error and failed.text == ""  # the engine's error wins
     assert ResponsePipeline([]).open(StageRequest("r")) is None  # no stages: no cost
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["batching.max_num_seqs=1024"],  # 1024 running rows > the 512-token step budget
+            r"^batching\.max_num_batched_tokens: 512 < 1024 running sequences.*"
+            r"raise batching\.max_num_batched_tokens",
+        ),
+        (
+            ["batching.enable_chunked_prefill=false"],
+            r"^batching\.max_num_batched_tokens: must be >= max_model_len \(2048\) without chunked",
+        ),
+        (["batching=static", "batching.max_num_batched_tokens=4"], r"^batching\.max_num_batched"),
+        (["executor=tensorrt"], r"^executor\.backend: TensorRT is not installed"),
+        (["executor.max_slots=0"], r"^executor\.max_slots: must be >= 1"),
+    ],
+)
+def test_engine_settings_the_worker_would_refuse_are_refused_up_front(
+    overrides: list[str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        build_graph(compose_config(overrides)).check_engine_settings()
+
+
+def test_task_check_refuses_them_in_one_line(cli_env: dict[str, str], workdir: Any) -> None:
+    from cfg_helpers import run_cli
+
+    proc = run_cli(["batching.max_num_seqs=1024", "task=check"], cli_env, workdir)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and "batching.max_num_batched_tokens" in proc.stderr
