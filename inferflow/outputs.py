@@ -15,6 +15,22 @@ class TokenLogprob:
 
 
 @dataclass
+class StageTime:
+    """A per-request stage that runs many times (e.g. detokenization after every step): its
+    first start, last end (``time.time()``), number of runs and the seconds actually spent."""
+
+    start: float
+    end: float
+    calls: int = 1
+    busy_s: float = 0.0
+
+    def add(self, start: float, end: float) -> None:
+        self.end = max(self.end, end)
+        self.calls += 1
+        self.busy_s += end - start
+
+
+@dataclass
 class RequestMetrics:
     """Wall-clock timestamps (``time.time()``) and counters of one request's life."""
 
@@ -25,6 +41,7 @@ class RequestMetrics:
     finished_time: float | None = None
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
+    detokenize: StageTime | None = None  # the detokenizer stage's runs for this request
 
 
 @dataclass

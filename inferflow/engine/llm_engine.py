@@ -24,7 +24,7 @@ from typing import Any
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint
-from inferflow.outputs import CompletionOutput, RequestOutput
+from inferflow.outputs import CompletionOutput, RequestOutput, StageTime
 from inferflow.runtimes.config import EngineConfig
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
@@ -208,7 +208,13 @@ class LLMEngine:
         rid = request.request_id
         detok = self._detok[rid]
         finish, stop_reason = update.finish_reason, update.stop_reason
+        started = time.time()
         delta = detok.add(update.new_token_ids, final=finish is not None)
+        ended = time.time()
+        if request.metrics.detokenize is None:
+            request.metrics.detokenize = StageTime(started, ended, 1, ended - started)
+        else:
+            request.metrics.detokenize.add(started, ended)
         if detok.stop_reason is not None and finish is None:
             # a stop string matched: end the request now (frees its slot and blocks)
             self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)

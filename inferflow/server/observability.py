@@ -30,6 +30,7 @@ from inferflow.outputs import RequestMetrics
 from inferflow.server.http.pipeline import ATTR_TRACE_CONTEXT
 from inferflow.server.messages import SubmitRequest
 from inferflow.stages.base import StageRequest
+from inferflow.telemetry import attributes as A
 
 logger = logging.getLogger(__name__)
 
@@ -146,14 +147,17 @@ class WorkerTelemetry:
     def start_recording(self) -> None:
         self._recording = True
 
-    def request_added(self, request: SubmitRequest) -> None:
+    def request_added(self, request: SubmitRequest, accepted_time: float) -> None:
+        """The engine's side of the request starts at ``accepted_time``; the hop from the API
+        process (submitted after the request stages) is an attribute of its span."""
         self.telemetry.on_request_arrived(
             request.request_id,
             num_prompt_tokens=len(request.prompt_token_ids),
             trace_context=request.trace_context or None,
-            arrival_time=request.arrival_time,
+            arrival_time=accepted_time,
             max_tokens=request.params.max_tokens,
             operation=request.operation,
+            attributes={A.SUBMIT_DELAY: max(0.0, accepted_time - request.arrival_time)},
         )
 
     def request_done(

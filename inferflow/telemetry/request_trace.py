@@ -24,6 +24,8 @@ from inferflow.telemetry.isolation import isolated
 from inferflow.telemetry.spans import ParentLike, emit_span, parent_context, start_span, to_ns
 from inferflow.telemetry.timings import RequestTimings
 
+STAGE_DETOKENIZER = "detokenizer"  # the engine-side stage span recorded per request
+
 
 @dataclass
 class _StageRecord:
@@ -132,8 +134,14 @@ class RequestTrace:
         self.num_cached_tokens = num_cached_tokens
 
     def update_from_metrics(self, metrics: RequestMetrics) -> None:
-        """Adopt the timestamps an engine already keeps in :class:`RequestMetrics`."""
+        """Adopt the timestamps an engine already keeps in :class:`RequestMetrics` (and its
+        detokenizer runs, which become the ``detokenizer`` stage span)."""
         self.arrival_time = metrics.arrival_time
+        detok = metrics.detokenize
+        if detok is not None:
+            self._stages[STAGE_DETOKENIZER] = _StageRecord(
+                detok.start, detok.end, detok.calls, detok.busy_s
+            )
         self.first_scheduled_time = metrics.first_scheduled_time or self.first_scheduled_time
         if metrics.first_token_time is not None:  # prefill ends with the first token
             self.first_token_time = self.prefill_end_time = metrics.first_token_time

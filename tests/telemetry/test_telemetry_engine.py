@@ -92,8 +92,13 @@ def test_engine_spans_and_metrics_agree_with_the_engine(checkpoint: Path) -> Non
     for rid, out in finals.items():
         trace_spans = traces[llm[rid].trace_id]
         kids = {s.name for s in children_index(trace_spans)[llm[rid].span_id]}
-        assert kids == {"queue", "compute"}
+        assert kids == {"queue", "compute", "detokenizer"}
         by_name = {s.name: s for s in trace_spans}
+        # the detokenizer stage: one span from its first to its last run, one run per token
+        detok = by_name["detokenizer"]
+        assert detok.attributes["inferflow.stage.calls"] == out.metrics.detokenize.calls
+        assert out.metrics.detokenize.calls == len(out.outputs[0].token_ids)
+        assert 0 < detok.attributes["inferflow.stage.busy_time"] <= detok.duration_s + 1e-6
         # span times are the engine's own RequestMetrics timestamps
         expected = RequestTimings.from_metrics(out.metrics, len(out.outputs[0].token_ids))
         assert by_name["queue"].duration_s == pytest.approx(expected.queue_time, abs=2e-6)

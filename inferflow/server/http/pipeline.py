@@ -83,11 +83,11 @@ class RequestPipeline:
         trace_context: Mapping[str, str],
     ) -> PreparedRequest:
         """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
-        arrival = time.time()
         request, fill_context = self._stage_request(body, key_id)
         if trace_context:
             request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
-        request = await asyncio.to_thread(self._run_stages, request)
+        request = await asyncio.to_thread(self._run_stages, request)  # each stage: its own span
+        arrival = time.time()  # submitted now: stage time is not queue time
         ids = request.prompt_token_ids
         if not ids:
             raise OpenAIError.of(

@@ -112,10 +112,11 @@ class EngineAPI(ls.LitAPI):
         if self.telemetry is not None:
             self.telemetry.shutdown()
 
-    def request_added(self, request: SubmitRequest) -> None:
-        """The engine accepted ``request`` (telemetry: its queue time starts)."""
+    def request_added(self, request: SubmitRequest, accepted_time: float) -> None:
+        """The engine accepted ``request`` at ``accepted_time`` (telemetry: its queue time
+        starts)."""
         if self.telemetry is not None:
-            self.telemetry.request_added(request)
+            self.telemetry.request_added(request, accepted_time)
 
     def request_done(
         self,

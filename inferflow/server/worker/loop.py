@@ -159,11 +159,13 @@ class EngineLoop(LitLoop):
             self._counters["timed_out_requests"] += 1
             return
         try:
+            # the engine's clock starts here: queue time is waiting in the scheduler's queue,
+            # not the request stages or the hop from the API process (the root span has those)
             engine.add_request(
                 uid,
                 request.prompt_token_ids,
                 request.params,
-                arrival_time=request.arrival_time,
+                arrival_time=now,
                 priority=request.priority,
             )
         except ValueError as exc:
@@ -174,7 +176,7 @@ class EngineLoop(LitLoop):
             return
         timeout = None if request.deadline is None else request.deadline - request.arrival_time
         self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
-        api.request_added(request)
+        api.request_added(request, accepted_time=now)
 
     def _cancel(self, api: EngineAPI, uid: str) -> None:
         if uid in self._active:
