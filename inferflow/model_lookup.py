@@ -49,7 +49,12 @@ def resolve_model(model: ModelConfig) -> tuple[Path, str]:
             )
         from hydra.utils import get_method
 
-        path = Path(get_method(BUILTIN_MODELS[model.builtin])())
+        from inferflow.models.errors import CheckpointError
+
+        try:
+            path = Path(get_method(BUILTIN_MODELS[model.builtin])())
+        except CheckpointError as exc:  # e.g. the package that ships it is not installed
+            raise ConfigError(f"model.builtin={model.builtin}: {exc}", "model.builtin") from None
         return path, model.name or path.name
     if not model.dirname and not model.hf_repo:
         raise ConfigError(

