@@ -82,7 +82,12 @@ def _subcommand(name: str, argv: list[str]) -> int:
                 f"'{PROG} {name}' needs {module_name}, which is not available"
             ) from None
         raise
-    return int(module.main(argv) or 0)
+    try:
+        return int(module.main(argv) or 0)
+    except BrokenPipeError:  # `inferflow traces FILE | head`: the reader left, end quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:

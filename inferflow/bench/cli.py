@@ -17,6 +17,7 @@ import httpx
 
 from inferflow.bench.client import EndpointSpec
 from inferflow.bench.datasets import DATASET_NAMES, DatasetConfig, build_dataset
+from inferflow.bench.fit import WORD_TOKENS, fit_to_context, served_max_model_len
 from inferflow.bench.metrics import GOODPUT_NAMES, METRIC_NAMES, compute_metrics, detailed_fields
 from inferflow.bench.report import default_filename, format_table, run_header, save_result
 from inferflow.bench.runner import LoadConfig, run_load_sync
@@ -166,8 +167,19 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
     metric_names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     goodput = parse_goodput(args.goodput)
-    samples = build_dataset(dataset, make_text_source(args.tokenizer))
     spec, model = endpoint_from_args(args, dataset.name)
+    base_url = spec.api_url[: -len(args.endpoint)]
+    context = served_max_model_len(base_url, model, spec.extra_headers)
+    fitted = fit_to_context(dataset, context, 1 if args.tokenizer else WORD_TOKENS)
+    if fitted.input_len != dataset.input_len:
+        print(
+            f"inferflow bench: the server's max_model_len is {context}: prompts of "
+            f"{fitted.input_len} {'tokens' if args.tokenizer else 'words'} (pass --input-len "
+            "to choose)",
+            file=sys.stderr,
+        )
+    dataset = fitted
+    samples = build_dataset(dataset, make_text_source(args.tokenizer))
     load = LoadConfig(
         request_rate=args.request_rate,
         burstiness=args.burstiness,
