@@ -29,6 +29,23 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
+def test_one_start_line_once_ready_and_no_poll_access_logs(server: ServerProcess) -> None:
+    server.get("/ready")
+    server.get("/metrics")
+    deadline = time.monotonic() + 10
+    while "inferflow: ready:" not in server.log():
+        assert time.monotonic() < deadline, server.log()[-2000:]
+        time.sleep(0.1)  # the supervisor prints it within a poll of readiness
+    log = server.log()
+    lines = [line for line in log.splitlines() if line.startswith("inferflow: ready:")]
+    assert len(lines) == 1
+    line = lines[0]
+    assert f"{MODEL} (version 1) at http://127.0.0.1:{server.port}/v1" in line
+    assert "executor onnxruntime fp32" in line and "batching continuous (max_num_seqs 16)" in line
+    assert "cache prefix" in line and "tracing file " in line
+    assert '"GET /ready' not in log and '"GET /metrics' not in log  # polls are not logged
+
+
 def test_idle_server_uses_almost_no_cpu(server: ServerProcess) -> None:
     server.client().completions.create(model=MODEL, prompt="Hi", max_tokens=4)
     server.wait_until(

@@ -70,8 +70,21 @@ class DrainingServer(uvicorn.Server):
         await super().shutdown(sockets)
 
 
+QUIET_PATHS = ("/health", "/ready", "/metrics")  # polled by orchestrators: no access log lines
+
+
+class _QuietPolls(logging.Filter):
+    """Drops uvicorn access-log lines of health, readiness and metrics polls."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        path = args[2] if isinstance(args, tuple) and len(args) > 2 else None
+        return not (isinstance(path, str) and path.split("?", 1)[0] in QUIET_PATHS)
+
+
 def run_api_process(server: DrainingServer, sockets: list[socket.socket]) -> None:
     """Entry point of a forked API process."""
+    logging.getLogger("uvicorn.access").addFilter(_QuietPolls())
     die_with_parent(signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # uvicorn installs its handler in serve()

@@ -65,9 +65,15 @@ class InferflowServer(ls.LitServer):
     """One model behind the OpenAI routes; ``run()`` blocks until shutdown."""
 
     def __init__(
-        self, api: EngineAPI, frontend: Frontend, settings: ServerSettings, model_path: str
+        self,
+        api: EngineAPI,
+        frontend: Frontend,
+        settings: ServerSettings,
+        model_path: str,
+        start_line: str = "",
     ) -> None:
         self.frontend = frontend
+        self.start_line = start_line  # printed by the supervisor once /ready turns 200
         self.settings = settings
         self.shared = api.shared
         self.model_path = model_path

@@ -86,7 +86,28 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
         log_level=settings.log_level,
         telemetry=telemetry,
     )
-    return InferflowServer(api, frontend, settings, str(graph.model_path))
+    return InferflowServer(
+        api, frontend, settings, str(graph.model_path), start_line(graph, settings)
+    )
+
+
+def start_line(graph: Any, settings: ServerSettings) -> str:
+    """What is served, where, and where its traces go (printed once the server is ready)."""
+    b, ex, tr = graph.batching, graph.executor, graph.tracing
+    precision = getattr(ex, "precision", None)
+    if tr.exporter == "file":
+        target = f"file {tr.resolved_file_path()}"
+    elif tr.exporter in ("otlp", "jaeger"):
+        target = f"{tr.exporter} {tr.resolved_endpoint()}"
+    else:
+        target = str(tr.exporter)
+    return (
+        f"inferflow: ready: {graph.model_name} (version {graph.model.version}) at "
+        f"http://{settings.host}:{settings.port}/v1 | executor {ex.backend}"
+        f"{f' {precision}' if precision is not None else ''} | batching {b.mode} "
+        f"(max_num_seqs {b.max_num_seqs}) | cache {'prefix' if graph.cache.enabled else 'off'}"
+        f" | tracing {target}"
+    )
 
 
 def serve(graph: Any) -> None:

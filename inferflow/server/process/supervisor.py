@@ -35,6 +35,9 @@ HARD_DEADLINE_MARGIN_S = 15.0  # beyond the grace period, before API processes a
 WORKER_STOP_TIMEOUT_S = 10.0
 
 
+READY_POLL_S = 0.25  # while the engine loads: how often to look for readiness (then: no polling)
+
+
 class Supervisor:
     """Owns the child processes of one server (``server`` is the ``InferflowServer``)."""
 
@@ -50,6 +53,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
         self._main_pid = os.getpid()
         self._dead: set[BaseProcess] = set()  # children whose exit has been handled
+        self._announced = False  # the start line is printed once, when /ready first turns 200
 
     # --- signals ------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -83,7 +87,8 @@ class Supervisor:
             if self.stopping and time.monotonic() >= self._hard_deadline:
                 self._kill_api_processes()
                 continue
-            timeout = None
+            self._announce_when_ready()
+            timeout = None if self._announced else READY_POLL_S  # blocks once announced
             if self.stopping:
                 timeout = max(0.0, self._hard_deadline - time.monotonic())
             # Watch every child whose death is not handled yet. (Filtering on is_alive() here
@@ -94,6 +99,14 @@ class Supervisor:
                     watched[fd].join(2.0)  # it is exiting: reap it before the next check
         self.stop_workers()
         return self.exit_code
+
+    def _announce_when_ready(self) -> None:
+        if self._announced or self.stopping or not self.server.shared.ready:
+            return
+        self._announced = True
+        line = getattr(self.server, "start_line", "")
+        if line:
+            print(line, flush=True)
 
     def _children(self) -> list[BaseProcess]:
         return [*self._workers(), *self.api_processes.values()]
