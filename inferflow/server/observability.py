@@ -147,6 +147,15 @@ class WorkerTelemetry:
     def start_recording(self) -> None:
         self._recording = True
 
+    def engine_state(self, running: int, waiting: int, kv_used: int, kv_total: int) -> None:
+        """The engine's state after a loop iteration (gauges return to idle without a step)."""
+        metrics = self.telemetry.metrics
+        if metrics is not None and self._recording:
+            try:
+                metrics.set_state(running, waiting, kv_used, kv_total)
+            except Exception as exc:  # telemetry never fails the engine
+                logger.debug("metrics: %s", exc)
+
     def request_added(self, request: SubmitRequest, accepted_time: float) -> None:
         """The engine's side of the request starts at ``accepted_time``; the hop from the API
         process (submitted after the request stages) is an attribute of its span."""

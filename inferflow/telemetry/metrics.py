@@ -244,14 +244,24 @@ class EngineMetrics:
         )
 
     # --- recording ----------------------------------------------------------------------------
+    def set_state(
+        self, num_running: int, num_waiting: int, kv_blocks_used: int, kv_blocks_total: int
+    ) -> None:
+        """The scheduler's state now: the gauges. Called after every step and whenever the
+        engine's state changes without a step (a finished, cancelled or timed-out request), so
+        an idle server's gauges read idle."""
+        self.num_running.set(num_running)
+        self.num_waiting.set(num_waiting)
+        if kv_blocks_total > 0:
+            self.kv_used.set(kv_blocks_used)
+            self.kv_free.set(kv_blocks_total - kv_blocks_used)
+            self.kv_usage.set(kv_blocks_used / kv_blocks_total)
+
     def on_step(self, stats: StepStats) -> None:
         """Record one engine step (gauges set, counters incremented, histograms observed)."""
-        self.num_running.set(stats.num_running)
-        self.num_waiting.set(stats.num_waiting)
-        if stats.kv_blocks_total > 0:
-            self.kv_used.set(stats.kv_blocks_used)
-            self.kv_free.set(stats.kv_blocks_total - stats.kv_blocks_used)
-            self.kv_usage.set(stats.kv_blocks_used / stats.kv_blocks_total)
+        self.set_state(
+            stats.num_running, stats.num_waiting, stats.kv_blocks_used, stats.kv_blocks_total
+        )
         if stats.prefix_cache_queries:  # (zero increments skipped: this runs every step)
             self.prefix_queries.inc(stats.prefix_cache_queries)
             self.prefix_hits.inc(stats.prefix_cache_hits)

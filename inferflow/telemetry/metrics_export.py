@@ -30,6 +30,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+DIR_PREFIX = "inferflow-metrics-"  # + the launching pid: a later start removes dead servers' ones
 
 
 def prepare_multiprocess_dir(path: str | os.PathLike[str] | None = None) -> Path:
@@ -41,7 +42,11 @@ def prepare_multiprocess_dir(path: str | os.PathLike[str] | None = None) -> Path
     one is emptied of ``*.db`` files (stale samples of an earlier run would be summed in). The
     caller owns the directory: remove it with :func:`cleanup_multiprocess_dir`.
     """
-    directory = Path(tempfile.mkdtemp(prefix="inferflow-metrics-") if path is None else path)
+    if path is None:
+        remove_stale_multiprocess_dirs()
+    directory = Path(
+        tempfile.mkdtemp(prefix=f"{DIR_PREFIX}{os.getpid()}-") if path is None else path
+    )
     directory.mkdir(parents=True, exist_ok=True)
     for stale in directory.glob("*.db"):
         stale.unlink()
@@ -50,6 +55,29 @@ def prepare_multiprocess_dir(path: str | os.PathLike[str] | None = None) -> Path
     # variable is set, so metrics created from here on write to the directory
     values.ValueClass = values.get_value_class()
     return directory
+
+
+def remove_stale_multiprocess_dirs(root: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Remove the metrics folders of servers that died without cleaning up (``kill -9``): a
+    folder is ``inferflow-metrics-<pid>-*`` and stale once no process has that pid."""
+    removed = []
+    for folder in Path(root or tempfile.gettempdir()).glob(f"{DIR_PREFIX}*"):
+        pid_text = folder.name[len(DIR_PREFIX) :].split("-", 1)[0]
+        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        removed.append(folder)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def multiprocess_active() -> bool:

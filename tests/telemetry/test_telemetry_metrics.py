@@ -136,3 +136,25 @@ def test_multiprocess_mode_merges_launcher_and_two_workers(tmp_path: Path) -> No
     remaining = parse(body.decode())
     assert not [s for s in remaining if s[0] == "vllm:num_requests_running"]
     assert value(remaining, "vllm:prompt_tokens_total") == 24
+
+
+def test_a_new_server_removes_metrics_folders_of_dead_ones(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from inferflow.telemetry.metrics_export import DIR_PREFIX, remove_stale_multiprocess_dirs
+
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    stale = tmp_path / f"{DIR_PREFIX}{int(dead.stdout)}-abc"  # a kill -9'd server's folder
+    live = tmp_path / f"{DIR_PREFIX}{os.getpid()}-def"
+    other = tmp_path / f"{DIR_PREFIX}notapid"
+    for folder in (stale, live, other):
+        folder.mkdir()
+        (folder / "gauge_mostrecent_1.db").write_bytes(b"x")
+    assert remove_stale_multiprocess_dirs(tmp_path) == [stale]
+    assert not stale.exists() and live.exists() and other.exists()

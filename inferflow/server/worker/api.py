@@ -157,6 +157,13 @@ class EngineAPI(ls.LitAPI):
             },
             executor=engine.model_executor.stats(),
         )
+        if self.telemetry is not None:
+            self.telemetry.engine_state(
+                stats.num_running,
+                stats.num_waiting,
+                stats.num_kv_blocks_used,
+                stats.num_kv_blocks_total,
+            )
 
     def token_text(self, token_id: int) -> str:
         return _token_text(self.live_engine.tokenizer, token_id)
