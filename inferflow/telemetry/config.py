@@ -64,7 +64,8 @@ class TracingConfig:
     ``endpoint`` with ``headers``), ``jaeger`` (OTLP gRPC to a local Jaeger, default
     ``http://localhost:4317``). ``sample_ratio`` is the share of new traces kept
     (``ParentBased(TraceIdRatioBased)``: an incoming sampled/unsampled traceparent is obeyed).
-    ``file_path=None`` means ``$INFERFLOW_HOME/traces/traces.jsonl`` (``~/.cache/inferflow``).
+    ``file_path=None`` means ``$INFERFLOW_HOME/traces/traces.jsonl`` (``~/.cache/inferflow``);
+    past ``max_file_mb`` it is rotated to ``traces.jsonl.1`` (``backup_count`` files kept).
     """
 
     exporter: TracingExporter = TracingExporter.file
@@ -75,6 +76,8 @@ class TracingConfig:
     file_path: str | None = None
     service_name: str = "inferflow"
     export_timeout_s: float = 10.0
+    max_file_mb: float = 64.0  # file exporter: rotate past this size (0 = never)
+    backup_count: int = 3  # file exporter: rotated files kept (traces.jsonl.1 ... .N)
 
     def __post_init__(self) -> None:
         # plain strings (Python callers) become the enums (what Hydra hands over)
@@ -108,6 +111,10 @@ class TracingConfig:
             raise TracingConfigError("service_name", "must not be empty")
         if self.export_timeout_s <= 0:
             raise TracingConfigError("export_timeout_s", "must be > 0")
+        if self.max_file_mb < 0:
+            raise TracingConfigError("max_file_mb", "must be >= 0 (0 = never rotate)")
+        if self.backup_count < 0:
+            raise TracingConfigError("backup_count", "must be >= 0")
 
     @classmethod
     def from_mapping(cls, data: Mapping[str, object]) -> TracingConfig:

@@ -210,14 +210,25 @@ def read_otlp_json_lines(path: str | os.PathLike[str]) -> Iterator[ExportTraceSe
 class OtlpJsonFileSpanExporter(SpanExporter):
     """Appends each exported batch as one OTLP/JSON line to ``path`` (created with its parents).
 
-    Meant to sit behind a ``BatchSpanProcessor``; ``export`` is thread-safe.
+    Meant to sit behind a ``BatchSpanProcessor``; ``export`` is thread-safe. Past ``max_bytes``
+    (0 = never) the file is rotated: ``path`` -> ``path.1`` -> ... -> ``path.<backups>``. Several
+    processes may append to one path (a server's API processes and engine worker): rotation
+    takes an ``flock`` on ``path.lock``, and a writer whose file was rotated away reopens
+    ``path`` before its next batch.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], max_bytes: int = 0, backups: int = 3
+    ) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.max_bytes = max_bytes
+        self.backups = backups
         self._lock = threading.Lock()
-        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd: int | None = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
@@ -226,11 +237,46 @@ class OtlpJsonFileSpanExporter(SpanExporter):
         with self._lock:
             if self._fd is None:
                 return SpanExportResult.FAILURE
+            if self.max_bytes:
+                self._follow_rotation()
             view = memoryview(payload)
             while view:  # regular files write everything at once; loop for the contract's sake
                 written = os.write(self._fd, view)
                 view = view[written:]
+            if self.max_bytes and os.fstat(self._fd).st_size >= self.max_bytes:
+                self._rotate()
         return SpanExportResult.SUCCESS
+
+    def _follow_rotation(self) -> None:
+        """Reopen ``path`` if another process rotated our file away (caller holds the lock)."""
+        assert self._fd is not None
+        try:
+            current = os.stat(self.path).st_ino
+        except FileNotFoundError:
+            current = -1
+        if current != os.fstat(self._fd).st_ino:
+            os.close(self._fd)
+            self._fd = self._open()
+
+    def _rotate(self) -> None:
+        """Shift ``path`` to ``path.1`` (and older ones up), under a cross-process lock."""
+        import fcntl
+
+        with open(f"{self.path}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                if os.stat(self.path).st_size >= self.max_bytes:  # nobody rotated it meanwhile
+                    for i in range(self.backups - 1, 0, -1):
+                        older = Path(f"{self.path}.{i}")
+                        if older.exists():
+                            os.replace(older, f"{self.path}.{i + 1}")
+                    if self.backups:
+                        os.replace(self.path, f"{self.path}.1")
+                    else:
+                        os.unlink(self.path)
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+        self._follow_rotation()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         return True  # every export is already an os.write: visible to readers, nothing buffered

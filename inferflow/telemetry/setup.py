@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import platform
 import sys
+import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from urllib.parse import urlsplit
@@ -37,10 +39,15 @@ from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
 from inferflow.telemetry import attributes as A
+from inferflow.telemetry import export_log
 from inferflow.telemetry.config import TracingConfig
 from inferflow.telemetry.otlp_json import OtlpJsonFileSpanExporter
 
 TRACER_NAME = "inferflow"
+SHUTDOWN_FLUSH_S = 1.5  # how long a shutting-down process waits for its last spans to export
+_EXPORTERS: weakref.WeakKeyDictionary[trace.TracerProvider, SpanExporter] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class LinkAwareRatioSampler(Sampler):
@@ -116,7 +123,9 @@ def make_exporter(cfg: TracingConfig) -> SpanExporter | None:
     if cfg.exporter == "off":
         return None
     if cfg.exporter == "file":
-        return OtlpJsonFileSpanExporter(cfg.resolved_file_path())
+        return OtlpJsonFileSpanExporter(
+            cfg.resolved_file_path(), int(cfg.max_file_mb * 1024 * 1024), cfg.backup_count
+        )
     if cfg.exporter == "console":
         # sys.stdout as of setup time (the SDK's default is bound at its import)
         return ConsoleSpanExporter(
@@ -167,6 +176,9 @@ def setup_tracing(
         provider.add_span_processor(
             BatchSpanProcessor(exporter, export_timeout_millis=int(cfg.export_timeout_s * 1000))
         )
+        _EXPORTERS[provider] = exporter
+        if cfg.exporter in ("otlp", "jaeger"):
+            export_log.install(cfg.resolved_endpoint())
     if set_global:
         trace.set_tracer_provider(provider)
     return provider
@@ -186,8 +198,23 @@ def flush_tracing(provider: trace.TracerProvider, timeout_s: float = 10.0) -> bo
     return bool(flush(int(timeout_s * 1000))) if flush is not None else True
 
 
-def shutdown_tracing(provider: trace.TracerProvider) -> None:
-    """Flush and stop the exporters (idempotent)."""
+def shutdown_tracing(
+    provider: trace.TracerProvider, flush_timeout_s: float = SHUTDOWN_FLUSH_S
+) -> None:
+    """Flush for at most ``flush_timeout_s``, then stop the exporters (idempotent): an
+    unreachable collector never holds a shutdown for the exporter's whole retry budget."""
+    exporter = _EXPORTERS.pop(provider, None)
+    # the SDK's force_flush waits for a running export whatever its timeout: bound it here
+    flusher = threading.Thread(
+        target=flush_tracing,
+        args=(provider, flush_timeout_s),
+        name="inferflow-trace-flush",
+        daemon=True,
+    )
+    flusher.start()
+    flusher.join(flush_timeout_s)
+    if exporter is not None:
+        exporter.shutdown()  # interrupts the retries of a batch still being exported
     shutdown = getattr(provider, "shutdown", None)
     if shutdown is not None:
         shutdown()

@@ -117,6 +117,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trace-id", help="only this trace (hex id)")
     p.add_argument("--request-id", help="only the request with this inferflow.request.id")
+    p.add_argument(
+        "--model",
+        help="only requests served by this model (the inferflow.model.name resource attribute):"
+        " one trace file holds every model a server serves",
+    )
     p.add_argument("--summary-only", action="store_true", help="skip the waterfalls")
     p.add_argument("--width", type=int, default=40, help="waterfall bar width in characters")
     p.add_argument("--ascii", action="store_true", help="draw bars with '#'")
@@ -138,7 +143,23 @@ def _select(traces: list[list[SpanRecord]], args: argparse.Namespace) -> list[li
         traces = [
             t for t in traces if any(s.attributes.get(A.REQUEST_ID) == args.request_id for s in t)
         ]
+    if args.model:
+        traces = [t for t in traces if _model_of(t) == args.model]
     return traces
+
+
+def _model_of(trace: list[SpanRecord]) -> str | None:
+    """The model a request trace served: its root's ``gen_ai.request.model`` (an embedding
+    request in a multi-model server), else the process resource's model name."""
+    for span in trace:
+        model = span.attributes.get(A.GEN_AI_REQUEST_MODEL)
+        if isinstance(model, str):
+            return model
+    for span in trace:
+        model = span.resource.get(A.RESOURCE_MODEL_NAME)
+        if isinstance(model, str):
+            return model
+    return None
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
