@@ -143,12 +143,22 @@ def _multirun() -> bool:
     return HydraConfig.get().mode == RunMode.MULTIRUN
 
 
+def _plugin_hint(group: str, option: str) -> str:
+    """How to get ``group=option`` when a plugin bundled in this checkout's ``plugins/`` has it."""
+    plugins = Path(__file__).resolve().parents[1] / "plugins"
+    for found in sorted(plugins.glob(f"*/*/conf/{group}/{option}.yaml")):
+        folder = found.relative_to(plugins.parent).parts[:2]
+        return f" (it comes with the plugin in {'/'.join(folder)}: pip install -e {'/'.join(folder)})"
+    return ""
+
+
 def describe_hydra_error(exc: Exception) -> str:
     """One line for a composition error: the key or group, and what is allowed."""
     if isinstance(exc, MissingConfigException) and exc.missing_cfg_file:
         group, _, option = exc.missing_cfg_file.rpartition("/")
         if exc.options:
-            return f"{group}={option}: unknown option; available: {', '.join(exc.options)}"
+            hint = _plugin_hint(group, option)
+            return f"{group}={option}: unknown option; available: {', '.join(exc.options)}{hint}"
         return (
             f"{group}={option}: no config '{exc.missing_cfg_file}' in the config search path "
             "(is the plugin installed, or its conf folder listed in INFERFLOW_CONFIG_PATH?)"
@@ -253,6 +263,8 @@ def _task(cfg: DictConfig) -> None:
     else:
         output = cfg.offline.output or (str(out_dir / "results.json") if out_dir else None)
         results = run_offline(graph, dict(cfg.offline))
+        if out_dir is not None:  # a sweep's results say which point they measured
+            results["overrides"] = list(HydraConfig.get().overrides.task)
         text = json.dumps(results, indent=2)
         if output:
             Path(output).write_text(text + "\n")

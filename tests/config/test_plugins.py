@@ -128,6 +128,10 @@ def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: P
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("inferflow: stages=pii_redactr: unknown option; available: ")
     assert "pii_redactor" in unknown.stderr
+    # a plugin bundled in plugins/ but not installed: the error says how to get it
+    bare = run_cli(["task=check", "+stages=pii_redactor"], cli_env, workdir)
+    assert bare.returncode == 2
+    assert "pip install -e plugins/pii_redactor" in bare.stderr and bare.stderr.count("\n") == 1
 
 
 def test_installed_plugin_is_found_through_its_entry_point(

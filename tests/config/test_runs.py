@@ -62,6 +62,10 @@ def test_sweep_measures_each_batching_policy_offline(
     results = [json.loads((job / "results.json").read_text()) for job in job_dirs(sweep)]
     assert [r["batching"] for r in results] == ["StaticBatching", "ContinuousBatching"]
     assert all(r["num_requests"] == 3 and r["output_throughput_tok_s"] > 0 for r in results)
+    # each result records the point it measured (the swept values)
+    assert [r["overrides"][:2] for r in results] == [
+        [f"batching={kind}", "batching.max_num_seqs=2"] for kind in ("static", "continuous")
+    ]
     assert list(workdir.iterdir()) == []
 
 
