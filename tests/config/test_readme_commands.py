@@ -148,3 +148,28 @@ def test_readme_client_bench_and_traces_commands_work_verbatim(
             break
         assert time.monotonic() < deadline, shown.stderr
         time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_offline_api_and_checkpoint_helper_commands_work_verbatim(
+    newcomer_env: dict[str, str], tmp_path: Path
+) -> None:
+    offline = _section_blocks("Offline API", "python")[0]
+    proc = subprocess.run(
+        [sys.executable, "-c", offline],
+        env=newcomer_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    make, serve = _section_blocks("Offline API", "bash")[0].strip().splitlines()
+    target = tmp_path / "llama-small"  # README writes /tmp/llama-small: same command, our folder
+    assert (
+        _run(make.replace("/tmp/llama-small", str(target)), newcomer_env, tmp_path).returncode == 0
+    )
+    checked = _run(
+        serve.replace("/tmp/llama-small", str(target)) + " task=check", newcomer_env, tmp_path
+    )
+    assert checked.returncode == 0, checked.stderr[-2000:]
