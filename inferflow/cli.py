@@ -197,7 +197,9 @@ def prepare_overrides(
     1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
        them), so both spellings select another model while the default still applies.
     2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
-       any entries the user passed in ``hydra.searchpath=[...]``).
+       any entries the user passed in ``hydra.searchpath=[...]``). The Hydra plugin
+       ``hydra_plugins.inferflow_searchpath`` adds the same folders at start-up (which is what
+       puts their options in ``--help``); this keeps them when that plugin is not importable.
     3. Old key spellings (:data:`RENAMED_KEYS`) become the new ones, with a FutureWarning, so
        ``--cfg job`` shows the value under the name that is in effect.
     """

@@ -128,6 +128,10 @@ def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: P
     assert unknown.returncode == 2
     assert unknown.stderr.startswith("inferflow: stages=pii_redactr: unknown option; available: ")
     assert "pii_redactor" in unknown.stderr
+    helped = run_cli(["--help"], env, workdir)  # the plugin's options are listed with the others
+    assert helped.returncode == 0 and "stages: passthrough, pii_output_redactor, pii_redactor" in (
+        helped.stdout
+    )
     # a plugin bundled in plugins/ but not installed: the error says how to get it
     bare = run_cli(["task=check", "+stages=pii_redactor"], cli_env, workdir)
     assert bare.returncode == 2
