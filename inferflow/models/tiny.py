@@ -52,8 +52,22 @@ class TinySpec:
     head_dim: int | None = None
 
 
+def _filler_text(num_words: int = 60000, seed: int = 1234) -> str:
+    """Seeded pseudo-words: enough distinct substrings for BPE to learn up to ~100k tokens (the
+    small English corpus alone stops at 869, and ids without a token decode to nothing)."""
+    import random
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join(
+        "".join(rng.choice(letters) for _ in range(rng.randint(2, 9))) for _ in range(num_words)
+    )
+
+
 def train_tokenizer(vocab_size: int, out: Path) -> None:
-    """Byte-level BPE trained on the fixed corpus; writes tokenizer.json + tokenizer_config.json."""
+    """Byte-level BPE trained on the fixed corpus (plus seeded filler words) to exactly
+    ``vocab_size`` tokens; writes tokenizer.json + tokenizer_config.json. Raises ``ValueError``
+    for a vocabulary the corpus cannot train (every model id must have a token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -63,7 +77,12 @@ def train_tokenizer(vocab_size: int, out: Path) -> None:
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator([CORPUS] * 4, trainer=trainer)
+    tok.train_from_iterator([CORPUS] * 4 + [_filler_text()], trainer=trainer)
+    if tok.get_vocab_size() != vocab_size:
+        raise ValueError(
+            f"vocab_size: {vocab_size} tokens cannot be trained from the built-in corpus (it "
+            f"gives {tok.get_vocab_size()}); use a vocab_size of at most {tok.get_vocab_size()}"
+        )
     tok.save(str(out / "tokenizer.json"))
     config = {
         "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": True,
@@ -141,10 +160,10 @@ def make_checkpoint(path: Path | str, spec: TinySpec | None = None, *, seed: int
     head_dim = spec.head_dim or spec.hidden_size // spec.num_heads
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
+    train_tokenizer(spec.vocab_size, out)  # first: a vocabulary it cannot train is refused
     weights = _random_weights(spec, head_dim, seed)
     (out / "config.json").write_text(json.dumps(_config_json(spec, head_dim, dtype), indent=2))
     _write_weights(weights, out, dtype, shards)
-    train_tokenizer(spec.vocab_size, out)
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 4, "do_sample": False}, indent=2))
     return out
@@ -166,7 +185,7 @@ def _write_weights(weights: dict[str, np.ndarray], out: Path, dtype: str, shards
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-TINY_LLAMA_VERSION = "v1"
+TINY_LLAMA_VERSION = "v2"  # v2: the tokenizer has all vocab_size tokens (v1: 869 of 1024)
 
 
 def tiny_llama_path() -> Path:

@@ -95,3 +95,13 @@ def test_tiny_checkpoints_are_deterministic(tmp_path: Path) -> None:
     b = make_checkpoint(tmp_path / "b", **SMALL)
     for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+def test_the_checkpoint_helper_tokenizer_has_every_model_id(tmp_path: Path) -> None:
+    from inferflow.models.tokenizer import Tokenizer
+
+    path = make_checkpoint(tmp_path / "v2048", vocab_size=2048, num_layers=1)
+    assert Tokenizer(path).vocab_size == 2048 == load_checkpoint(path).config.vocab_size
+    with pytest.raises(ValueError, match=r"^vocab_size: 300000 tokens cannot be trained"):
+        make_checkpoint(tmp_path / "huge", vocab_size=300000, num_layers=1)
+    assert not list((tmp_path / "huge").glob("*.safetensors"))  # refused before any weights
