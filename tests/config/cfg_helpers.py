@@ -34,3 +34,30 @@ def run_cli(
         timeout=timeout,
         check=False,
     )
+
+
+def pip_install_copy(plugin: Path, root: Path) -> Path:
+    """``plugin`` really pip-installed (built from a copy under ``root``, so the shared checkout
+    gets no build/ or egg-info) into the private site folder ``root/site``, returned."""
+    import shutil
+
+    src, site = root / "src", root / "site"
+    shutil.copytree(plugin, src)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(site),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    return site

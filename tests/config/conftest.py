@@ -8,14 +8,11 @@ once), an empty models folder and Hugging Face cache, and no plugin variables in
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cfg_helpers import ISOLATED_VARS, PLUGINS, REPO
+from cfg_helpers import ISOLATED_VARS, PLUGINS, REPO, pip_install_copy
 
 
 @pytest.fixture(scope="session")
@@ -68,27 +65,8 @@ def workdir(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def installed_priority_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """plugins/priority_batching really pip-installed (built from a copy, so the shared checkout
-    gets no build/ or egg-info) into a private site folder; yields that folder."""
-    root = tmp_path_factory.mktemp("plugin_install")
-    src = root / "src"
-    shutil.copytree(PLUGINS / "priority_batching", src)
-    site = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(src),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
+    """plugins/priority_batching really pip-installed into a private site folder."""
+    site = pip_install_copy(
+        PLUGINS / "priority_batching", tmp_path_factory.mktemp("plugin_install")
     )
     yield site

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -14,7 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from cfg_helpers import PLUGINS, REPO, run_cli
+from cfg_helpers import PLUGINS, REPO, pip_install_copy, run_cli
 
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
@@ -167,27 +165,8 @@ def test_a_plugin_target_that_is_not_trusted_is_refused_in_one_line(
 
 @pytest.fixture(scope="module")
 def installed_examples(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """plugins/engine_examples pip-installed (from a copy) into a private site folder."""
-    root = tmp_path_factory.mktemp("examples_install")
-    shutil.copytree(EXAMPLES, root / "src")
-    site = root / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(site),
-            str(root / "src"),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    """plugins/engine_examples pip-installed into a private site folder."""
+    site = pip_install_copy(EXAMPLES, tmp_path_factory.mktemp("examples_install"))
     return site
 
 
