@@ -32,6 +32,7 @@ from inferflow.embeddings.routing import ModelRouter, ModelVersion
 from inferflow.embeddings.service import EmbeddingInputError, EmbeddingService
 from inferflow.embeddings.trace import EmbeddingTrace
 from inferflow.server.http.errors import OpenAIError, bad_request
+from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.protocol import _first_error
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
@@ -257,7 +258,7 @@ class EmbeddingsFrontend:
         self.limiter.check_request(key_id)
         if self.draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
-        body = parse_embedding_request(await _read_json(request))
+        body = parse_embedding_request(await read_json_body(request))
         if not self.models.serves(body.model):
             raise model_not_found(body.model)
         if not self.models.ready:
@@ -335,13 +336,3 @@ def _timing_headers(version: str, queue_s: float, compute_s: float) -> Mapping[s
         "x-inferflow-inference-time-ms": f"{compute_s * 1000:.3f}",
         "server-timing": f"queue;dur={queue_s * 1000:.3f}, inference;dur={compute_s * 1000:.3f}",
     }
-
-
-async def _read_json(request: Request) -> Any:
-    import json
-
-    body = await request.body()
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", None) from None

@@ -26,11 +26,11 @@ from inferflow.embeddings.http_api import (
     EMBEDDINGS_PATH,
     EmbeddingModels,
     EmbeddingsFrontend,
-    _read_json,
     model_not_found,
 )
 from inferflow.embeddings.models import embedding_specs, unsupported_route
 from inferflow.server.http.errors import install_error_handlers
+from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, PayloadLimitMiddleware, RateLimiter
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
@@ -105,7 +105,7 @@ class EmbeddingApp:
     def _unsupported(self, route: str) -> Any:
         async def handler(request: Request) -> Response:
             self.frontend.auth.authenticate(request.headers)
-            body = await _read_json(request)
+            body = await read_json_body(request)
             model = str(body.get("model", "")) if isinstance(body, dict) else ""
             if self.models.serves(model):
                 raise unsupported_route(model, route)

@@ -228,3 +228,39 @@ def test_error_event_is_well_formed_sse(limited_server: ServerProcess) -> None:
     error = json.loads(lines[-2].removeprefix("data: "))
     assert set(error) == {"error"} and set(error["error"]) >= ERROR_KEYS
     assert error["error"]["status_code"] == 504
+
+
+HOSTILE_BODIES = {
+    "deep nesting": b'{"model": "tiny-llama", "prompt": ' + b"[" * 1000 + b"]" * 1000 + b"}",
+    "a 10,000-digit integer": b'{"model": "tiny-llama", "prompt": "x", "max_tokens": '
+    + b"9" * 10000
+    + b"}",
+    "a lone surrogate in prompt": b'{"model": "tiny-llama", "prompt": "hi \\ud800 there"}',
+    "a lone surrogate in model": b'{"model": "tiny\\udfff", "prompt": "x"}',
+    "a lone surrogate in a key": b'{"model": "tiny-llama", "prompt": "x", "\\ud800": 1}',
+}
+
+
+@pytest.mark.parametrize("route", ["/v1/completions", "/v1/chat/completions"])
+def test_hostile_json_is_400_and_the_connection_stays_usable(
+    server: ServerProcess, route: str
+) -> None:
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    try:
+        for what, body in HOSTILE_BODIES.items():
+            conn.request("POST", route, body=body, headers={"content-type": "application/json"})
+            response = conn.getresponse()
+            payload = json.loads(response.read())
+            assert response.status == 400, (what, payload)
+            assert set(payload["error"]) >= {"message", "type", "param", "code"}, what
+            assert conn.sock is not None, f"{what}: the server closed the keep-alive connection"
+        if route == "/v1/completions":  # the same connection still serves a normal request
+            good = {"model": MODEL, "prompt": "Hi", "max_tokens": 2}
+            conn.request(
+                "POST", route, body=json.dumps(good), headers={"content-type": "application/json"}
+            )
+            assert conn.getresponse().status == 200
+    finally:
+        conn.close()

@@ -14,7 +14,6 @@ unless the worker already finished it, sends the worker a ``CancelRequest`` that
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import uuid
@@ -24,7 +23,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.server.http.channels import ChannelRegistry
-from inferflow.server.http.errors import ErrorInfo, OpenAIError, bad_request
+from inferflow.server.http.errors import ErrorInfo, OpenAIError
+from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.pipeline import PreparedRequest, RequestPipeline
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
@@ -126,13 +126,6 @@ class Frontend:
                 )
             )
 
-    async def _read_json(self, request: Request) -> Any:
-        body = await request.body()
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise bad_request(f"the request body is not valid JSON: {exc}", None) from None
-
     # --- request path -------------------------------------------------------------------------
     async def _serve(self, request: Request, route: str) -> Response:
         """Checks, stages and submission; HTTP metrics for every outcome but a live stream."""
@@ -153,7 +146,7 @@ class Frontend:
         schema, formatter_cls, operation = _ROUTES[route]
         key_id = self.auth.authenticate(request.headers)
         self.check_accepting()
-        body = parse_body(schema, await self._read_json(request))
+        body = parse_body(schema, await read_json_body(request))
         if body.model != self.pipeline.model_name:
             if self.embeddings is not None and self.embeddings.models.serves(body.model):
                 from inferflow.embeddings.models import unsupported_route
