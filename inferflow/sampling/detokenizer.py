@@ -16,13 +16,22 @@ class Decoder(Protocol):
 
 
 def partial_stop_len(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string.
+
+    Only the last ``len(stop) - 1`` characters can start a partial match, and only where
+    ``stop[0]`` occurs: those candidates are checked longest first (``str.find`` and
+    ``str.startswith`` do the scanning), so a step costs about the length of the stops, not
+    the length of the output.
+    """
     best = 0
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), best, -1):
-            if text.endswith(stop[:n]):
-                best = n
+        tail = text[len(text) - min(len(stop) - 1, len(text)) :]
+        start = tail.find(stop[0]) if tail else -1
+        while start != -1 and len(tail) - start > best:
+            if stop.startswith(tail[start:]):
+                best = len(tail) - start
                 break
+            start = tail.find(stop[0], start + 1)
     return best
 
 

@@ -22,12 +22,14 @@ class RequestValidator(RequestStage):
     """Validate a request against the model's limits and this config.
 
     ``max_tokens_limit``: operator cap on ``max_tokens`` (None = the context length);
-    ``max_stop_sequences`` (OpenAI allows 4); ``max_logprobs`` (OpenAI allows 20);
+    ``max_stop_sequences`` (OpenAI allows 4) of at most ``max_stop_length`` characters each
+    (the engine matches them on every step); ``max_logprobs`` (OpenAI allows 20);
     ``max_messages``: messages per chat request; ``allowed_roles``: chat roles accepted.
     """
 
     max_tokens_limit: int | None = None
     max_stop_sequences: int = 4
+    max_stop_length: int = 256
     max_logprobs: int = 20
     max_messages: int = 1024
     allowed_roles: list[str] = field(default_factory=lambda: list(DEFAULT_ROLES))
@@ -113,6 +115,12 @@ class RequestValidator(RequestStage):
             raise StageError(
                 "stop",
                 f"at most {self.max_stop_sequences} stop sequences are allowed, got {len(params.stop)}",
+            )
+        longest = max((len(s) for s in params.stop), default=0)
+        if longest > self.max_stop_length:
+            raise StageError(
+                "stop",
+                f"a stop sequence may have at most {self.max_stop_length} characters, got {longest}",
             )
         if params.logprobs is not None and params.logprobs > self.max_logprobs:
             raise StageError("logprobs", f"must be <= {self.max_logprobs}, got {params.logprobs}")

