@@ -149,15 +149,19 @@ class InferflowServer(ls.LitServer):
         num_api_servers = num_api_servers or s.num_api_servers
         log_level = log_level or s.log_level
         configure_logging(log_level, use_rich=pretty_logs)
-        sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
+        # the Manager is forked first, so it never holds the listening socket
         manager = self._start_manager(num_api_servers)
+        sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
         supervisor = Supervisor(self, {}, s.shutdown_grace_s)
         supervisor.install_signal_handlers()
         try:
-            self.inference_workers = self.launch_inference_worker(self.lit_api)
+            self.inference_workers = self.launch_inference_worker(self.lit_api)  # spawned: no fds
             supervisor.api_processes.update(
                 self._fork_api_processes(port, num_api_servers, log_level, [sock], host, **kwargs)
             )
+            # only the API processes listen now: when a drain closes theirs, new connections
+            # are refused at once instead of queueing on a socket nobody accepts from
+            sock.close()
             self.exit_code = supervisor.run()
         finally:
             supervisor.cleanup()
