@@ -115,7 +115,8 @@ class LogLevel(ConfigEnum):
 class ServerConfig:
     """The HTTP frontend (read by ``inferflow.server.http.settings.ServerSettings.from_config``).
 
-    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth.
+    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth,
+    for every route but ``/health`` and ``/ready`` (``public_metrics`` opens ``/metrics``).
     A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).
     ``num_api_servers``: uvicorn processes sharing the port; ``workers``: LitServe inference
     workers per device.
@@ -133,6 +134,7 @@ class ServerConfig:
     num_api_servers: int = 1
     workers: int = 1
     log_level: LogLevel = LogLevel.info
+    public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:

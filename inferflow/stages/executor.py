@@ -182,10 +182,13 @@ class OnnxRuntimeExecutor(ExecutorStage):
             return super().describe()
         entry = getattr(self.runner, "cache_entry", None)
         config = getattr(self.runner, "config", None)  # the EngineConfig it was built with
+        settings = dataclasses.asdict(config) if config is not None else None
+        if settings and settings.get("cache_dir"):
+            settings["cache_dir"] = "(set)"  # where engines are cached is not for clients
         return {
             **super().describe(),
             "compiled_engine": str(entry.model_path.parent) if entry is not None else None,
-            "runtime_config": dataclasses.asdict(config) if config is not None else None,
+            "runtime_config": settings,
         }
 
 

@@ -105,6 +105,26 @@ def test_api_key_required_when_configured(limited_server: ServerProcess) -> None
     # keys from INFERFLOW_API_KEYS work like configured ones
     assert limited_server.client(api_key="k-timeout").models.list().data[0].id == MODEL
     assert limited_server.get("/health").status_code == 200  # probes stay open
+    assert limited_server.get("/ready").status_code == 200
+    key = {"Authorization": "Bearer k-main"}
+    for path in ("/metrics", "/version", "/docs", "/openapi.json"):  # not for anyone who asks
+        refused = limited_server.get(path)
+        assert refused.status_code == 401, path
+        assert refused.json()["error"]["code"] == "invalid_api_key", path
+        assert limited_server.get(path, headers=key).status_code == 200, path
+
+
+def test_version_shows_no_filesystem_paths(server: ServerProcess) -> None:
+    def strings(node: object) -> list[str]:
+        if isinstance(node, dict):
+            return [s for v in node.values() for s in strings(v)]
+        if isinstance(node, list):
+            return [s for v in node for s in strings(v)]
+        return [node] if isinstance(node, str) else []
+
+    version = server.get("/version").json()
+    assert version["engine"]["backend"] == "onnxruntime"
+    assert not [s for s in strings(version) if s.startswith(("/", "~"))], version
 
 
 def test_payload_over_limit_is_413(limited_server: ServerProcess) -> None:

@@ -160,12 +160,35 @@ class PayloadLimitMiddleware:
         await self.app(scope, counting_receive, send)
 
 
-async def _send_json(send: Send, info: ErrorInfo) -> None:
+DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
+class DocsKeyMiddleware:
+    """Pure ASGI middleware: with API keys on, FastAPI's docs and schema routes need a key too
+    (they describe the API to anyone who asks otherwise); a 401 in OpenAI's format."""
+
+    def __init__(self, app: ASGIApp, auth: ApiKeyAuth) -> None:
+        self.app = app
+        self.auth = auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") in DOCS_PATHS:
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+            try:
+                self.auth.authenticate(headers)
+            except OpenAIError as exc:
+                await _send_json(send, exc.info, close=False)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _send_json(send: Send, info: ErrorInfo, close: bool = True) -> None:
     body = json.dumps(info.body()).encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
+        *([(b"connection", b"close")] if close else []),
+        *((k.encode("latin-1"), v.encode("latin-1")) for k, v in info.response_headers().items()),
     ]
     await send({"type": "http.response.start", "status": info.status_code, "headers": headers})
     await send({"type": "http.response.body", "body": body})

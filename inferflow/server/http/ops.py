@@ -10,6 +10,7 @@ from __future__ import annotations
 import platform
 from collections.abc import Callable
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from fastapi import Request
@@ -56,8 +57,11 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
         status = readiness(frontend)
         return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
 
-    async def metrics() -> Response:
-        """Prometheus text: the engine's and every API process's metrics, merged."""
+    async def metrics(request: Request) -> Response:
+        """Prometheus text: the engine's and every API process's metrics, merged. With API keys
+        on it needs one too, unless ``server.public_metrics`` (scrapers without a key)."""
+        if not frontend.settings.public_metrics:
+            frontend.auth.authenticate(request.headers)
         body, content_type = frontend.telemetry.render_metrics()
         return Response(content=body, media_type=content_type)
 
@@ -70,12 +74,14 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
     ]
 
 
-def _version_route(frontend: Frontend, model_path: str) -> Callable[[], Any]:
-    async def version() -> JSONResponse:
+def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], Any]:
+    async def version(request: Request) -> JSONResponse:
+        """Versions and settings (needs a key when keys are on; no filesystem paths)."""
+        frontend.auth.authenticate(request.headers)
         info = frontend.shared.info()
         model = {
             "name": frontend.pipeline.model_name,
-            "path": model_path,
+            "path": Path(model_path).name,  # the checkpoint folder's name, not where it lives
             "max_model_len": frontend.pipeline.max_model_len,
             **info.get("model", {}),
         }

@@ -32,6 +32,7 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests may finish for this long
     num_api_servers: int = 1  # uvicorn processes sharing the port
     log_level: str = "info"
+    public_metrics: bool = False  # with API keys on, /metrics answers without a key too
 
     @classmethod
     def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:

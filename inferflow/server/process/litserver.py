@@ -46,7 +46,7 @@ from litserve.utils import configure_logging
 
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
-from inferflow.server.http.limits import PayloadLimitMiddleware
+from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.process_utils import die_with_parent
@@ -89,6 +89,7 @@ class InferflowServer(ls.LitServer):
             info_path=LITSERVE_INFO_PATH,
             middlewares=[
                 (PayloadLimitMiddleware, {"max_bytes": settings.max_payload_bytes}),
+                (DocsKeyMiddleware, {"auth": frontend.auth}),
                 (ApiProcessStartup, {"frontend": frontend}),
             ],
         )

@@ -184,6 +184,11 @@ def _token_text(tokenizer: Any, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
+def _folder_name(path: str | None) -> str | None:
+    """A folder's name only: ``/version`` shows no filesystem paths."""
+    return None if path is None else os.path.basename(path.rstrip("/"))
+
+
 def warm_up(engine: LLMEngine) -> None:
     """Run one short greedy request to completion (compiles kernels, touches every buffer)."""
     tokenizer = engine.tokenizer
@@ -202,7 +207,7 @@ def describe_engine(engine: LLMEngine, load_time_s: float) -> dict[str, Any]:
         "engine": {
             "backend": described.pop("backend"),
             "runtime_version": described.pop("runtime_version"),
-            "compiled_engine": described.pop("compiled_engine", None),
+            "compiled_engine": _folder_name(described.pop("compiled_engine", None)),
             "max_model_len": layout.max_model_len,
             "max_slots": layout.max_slots,
             "block_size": layout.block_size,
