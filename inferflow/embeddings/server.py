@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import uvicorn
@@ -31,7 +32,12 @@ from inferflow.embeddings.http_api import (
 from inferflow.embeddings.models import embedding_specs, unsupported_route
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.json_body import read_json_body
-from inferflow.server.http.limits import ApiKeyAuth, PayloadLimitMiddleware, RateLimiter
+from inferflow.server.http.limits import (
+    ApiKeyAuth,
+    DocsKeyMiddleware,
+    PayloadLimitMiddleware,
+    RateLimiter,
+)
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.telemetry.metrics_export import render_metrics
@@ -64,6 +70,7 @@ class EmbeddingApp:
         )
         self.app = FastAPI(title="inferflow", lifespan=self.lifespan)
         self.app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
+        self.app.add_middleware(DocsKeyMiddleware, auth=self.frontend.auth)
         install_error_handlers(self.app)
         self._routes()
 
@@ -127,7 +134,9 @@ class EmbeddingApp:
             body["error"] = self.models.error
         return JSONResponse(body, status_code=200 if status == "ready" else 503)
 
-    async def metrics(self) -> Response:
+    async def metrics(self, request: Request) -> Response:
+        if not self.settings.public_metrics:
+            self.frontend.auth.authenticate(request.headers)
         body, content_type = render_metrics(self.frontend.metrics.registry)
         return Response(content=body, media_type=content_type)
 
@@ -135,8 +144,11 @@ class EmbeddingApp:
         self.frontend.auth.authenticate(request.headers)
         return JSONResponse({"status": self.readiness(), "embeddings": self.models.stats()})
 
-    async def version(self) -> JSONResponse:
-        models = [{"id": s.model_version.model_id, "path": s.path} for s in self.models.specs]
+    async def version(self, request: Request) -> JSONResponse:
+        self.frontend.auth.authenticate(request.headers)
+        models = [
+            {"id": s.model_version.model_id, "path": Path(s.path).name} for s in self.models.specs
+        ]
         return JSONResponse({"inferflow": inferflow.__version__, "models": models})
 
 
