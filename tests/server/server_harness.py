@@ -35,6 +35,7 @@ LIMITED_KEYS = [
     "k-q4",
     "k-stream",
     "k-sse",
+    "k-refund",
     "k-timeout",
 ]
 

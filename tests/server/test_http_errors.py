@@ -149,6 +149,24 @@ def test_payload_over_limit_is_413(limited_server: ServerProcess) -> None:
 
 
 # --- 429 ---------------------------------------------------------------------------------------
+def test_a_request_refused_with_429_is_charged_nothing(limited_server: ServerProcess) -> None:
+    """4 requests/min, 3000 tokens/min: one big request takes most of the tokens, and the
+    four it leaves refused (429 tokens) give their request tokens back, so three small
+    requests still fit the 4 requests/min."""
+    first = completion(limited_server, key="k-refund", max_tokens=1900)
+    assert first.status_code in (200, 504)  # 504: the 1.5 s request timeout
+    for _ in range(4):
+        error = error_of(completion(limited_server, key="k-refund", max_tokens=1900), 429)
+        assert error["type"] == "tokens"
+    statuses = [
+        completion(limited_server, key="k-refund", max_tokens=1).status_code for _ in range(3)
+    ]
+    assert statuses == [200] * 3
+    assert error_of(completion(limited_server, key="k-refund", max_tokens=1), 429)["type"] == (
+        "requests"
+    )
+
+
 def test_requests_per_minute_limit_is_429_with_retry_after(limited_server: ServerProcess) -> None:
     statuses = [completion(limited_server, key="k-rpm", max_tokens=1).status_code for _ in range(4)]
     assert statuses == [200] * 4

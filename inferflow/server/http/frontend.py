@@ -3,9 +3,12 @@
 Checks run cheapest first, each failing with OpenAI's error shape::
 
     413 body too large (middleware) -> 401 API key -> 503 not ready / draining
-    -> 400 JSON and schema -> 404 unknown model -> 429 requests/min
-    -> request stages (validator, tokenizer, plugins; 400 naming the field) -> 429 tokens/min
-    -> 429 waiting queue full -> submit to the engine worker
+    -> 400 JSON and schema -> 404 unknown model
+    -> 429 waiting queue full -> 429 requests/min -> request stages (validator, tokenizer,
+    plugins; 400 naming the field) -> 429 tokens/min -> submit to the engine worker
+
+A request refused with a 429 is charged nothing: the queue check comes before the rate
+buckets, and a tokens-per-minute refusal gives its request token back.
 
 A submitted request is a ``RequestFlow``; whatever ends it (last token, error, client hang-up,
 timeout, shutdown) goes through ``finish``, which releases its admission slot, ends its span and,
@@ -158,19 +161,11 @@ class Frontend:
                 param="model",
                 code="model_not_found",
             )
-        self.limiter.check_request(key_id)
-        span = self.telemetry.start_request(operation, body.model, request.headers, body)
+        self._admit()  # the waiting-queue bound first: a burst's 429 costs no stage work
         try:
-            prepared = await self.pipeline.prepare(
-                body, key_id, span.trace_context if span is not None else {}
-            )
-            self.limiter.check_tokens(key_id, prepared.reserved_tokens)
-            self._admit()
-        except OpenAIError as exc:
-            _end_failed_span(span, exc.info)
-            raise
-        except Exception:
-            _end_failed_span(span, ErrorInfo(500, "internal server error", code="internal_error"))
+            prepared, span = await self._prepare(body, key_id, operation, request)
+        except BaseException:  # a refusal, a stage error or a client that left
+            self.shared.release()
             raise
         formatter = formatter_cls(
             self.pipeline.model_name, body.include_usage, prepared.params.logprobs is not None
@@ -183,6 +178,32 @@ class Frontend:
             return await flow.respond(request)
         finally:
             await self.finish(flow, client_gone=False)
+
+    async def _prepare(
+        self,
+        body: CompletionRequest | ChatCompletionRequest,
+        key_id: str,
+        operation: str,
+        request: Request,
+    ) -> tuple[PreparedRequest, Any]:
+        """Rate limits and the request stages; a request refused with a 429 is charged nothing
+        (its request-per-minute token is given back when the token limit refuses it)."""
+        self.limiter.check_request(key_id)
+        span = self.telemetry.start_request(operation, body.model, request.headers, body)
+        try:
+            prepared = await self.pipeline.prepare(
+                body, key_id, span.trace_context if span is not None else {}
+            )
+            self.limiter.check_tokens(key_id, prepared.reserved_tokens)
+        except OpenAIError as exc:
+            if exc.info.status_code == 429:
+                self.limiter.refund_request(key_id)
+            _end_failed_span(span, exc.info)
+            raise
+        except Exception:
+            _end_failed_span(span, ErrorInfo(500, "internal server error", code="internal_error"))
+            raise
+        return prepared, span
 
     def _submit(
         self,

@@ -103,6 +103,12 @@ class RateLimiter:
                 )
             )
 
+    def refund_request(self, key_id: str) -> None:
+        """Give back the request token of a request refused later (a 429 costs nothing)."""
+        bucket = self._requests.get(key_id)
+        if bucket is not None:
+            bucket.level = min(bucket.capacity, bucket.level + 1)
+
     def check_tokens(self, key_id: str, tokens: int) -> None:
         if self.tpm is None:
             return
