@@ -135,6 +135,8 @@ class ServerConfig:
     workers: int = 1
     log_level: LogLevel = LogLevel.info
     public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)
+    worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
+    worker_watchdog_s: float | None = 30.0  # ... this long: the worker is killed and restarted
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -149,6 +151,8 @@ class ServerConfig:
             "shutdown_grace_s",
             "rate_limit_requests_per_minute",
             "rate_limit_tokens_per_minute",
+            "worker_stall_timeout_s",
+            "worker_watchdog_s",
         ):
             value = getattr(self, name)
             if value is not None and value < 0:

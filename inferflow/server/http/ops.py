@@ -39,7 +39,12 @@ def readiness(frontend: Frontend) -> str:
     if frontend.draining or frontend.shared.draining:
         return "draining"
     embeddings_ready = frontend.embeddings is None or frontend.embeddings.models.ready
-    return "ready" if frontend.shared.ready and embeddings_ready else "not_ready"
+    if not (frontend.shared.ready and embeddings_ready):
+        return "not_ready"
+    stall = frontend.settings.worker_stall_timeout_s
+    if stall is not None and frontend.shared.heartbeat_age() > stall:
+        return "stalled"  # the engine thread stopped going round: 503 until it does or restarts
+    return "ready"
 
 
 Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint

@@ -33,6 +33,8 @@ class ServerSettings:
     num_api_servers: int = 1  # uvicorn processes sharing the port
     log_level: str = "info"
     public_metrics: bool = False  # with API keys on, /metrics answers without a key too
+    worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
+    worker_watchdog_s: float | None = 30.0  # ... this long: kill and restart the worker
 
     @classmethod
     def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:

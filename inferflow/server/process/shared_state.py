@@ -5,6 +5,7 @@ pickled LitAPI, which multiprocessing allows for synchronized values at spawn ti
 the API processes are forked (they inherit the shared memory).
 
 - ``ready``: the worker loaded its engine and ran a warm-up step; cleared when it dies.
+- ``heartbeat``: when the engine thread last went round its loop (at least once a second).
 - ``draining``: the supervisor received SIGTERM/SIGINT; new requests get 503.
 - ``in_flight``: admitted requests across all API processes (the waiting-queue bound).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
@@ -61,6 +62,7 @@ class SharedState:
         self._stats = ctx.Array("d", 1 + len(STATS_FIELDS), lock=False)  # [seq, *fields]
         self._info_seq = ctx.Value("q", 0, lock=False)
         self._info = ctx.Array("c", _INFO_BYTES, lock=False)
+        self._heartbeat = ctx.Value("d", 0.0, lock=False)  # time.time() of the last beat
         self._executor_seq = ctx.Value("q", 0, lock=False)
         self._executor = ctx.Array("c", _EXECUTOR_BYTES, lock=False)
         self._last_executor: dict[str, float] = {}  # writer side: skip unchanged blobs
@@ -80,6 +82,15 @@ class SharedState:
 
     def set_draining(self) -> None:
         self._draining.value = 1
+
+    # heartbeat (single writer: the engine thread) ---------------------------------------------
+    def beat(self) -> None:
+        self._heartbeat.value = time.time()
+
+    def heartbeat_age(self) -> float:
+        """Seconds since the engine thread last beat (inf before its first beat)."""
+        last = self._heartbeat.value
+        return float("inf") if last <= 0 else max(0.0, time.time() - last)
 
     # admission ------------------------------------------------------------------------------
     def try_admit(self, limit: int | None) -> bool:

@@ -36,6 +36,7 @@ WORKER_STOP_TIMEOUT_S = 10.0
 
 
 READY_POLL_S = 0.25  # while the engine loads: how often to look for readiness (then: no polling)
+WATCHDOG_POLL_S = 1.0  # how often the watchdog reads the engine's heartbeat
 
 
 class Supervisor:
@@ -54,6 +55,9 @@ class Supervisor:
         self._main_pid = os.getpid()
         self._dead: set[BaseProcess] = set()  # children whose exit has been handled
         self._announced = False  # the start line is printed once, when /ready first turns 200
+        settings = getattr(server, "settings", None)
+        self._watchdog_s: float | None = getattr(settings, "worker_watchdog_s", None)
+        self._killed: set[int] = set()  # workers the watchdog killed (their death restarts them)
 
     # --- signals ------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -88,7 +92,10 @@ class Supervisor:
                 self._kill_api_processes()
                 continue
             self._announce_when_ready()
+            self._watch_worker()
             timeout = None if self._announced else READY_POLL_S  # blocks once announced
+            if self._watchdog_s is not None:
+                timeout = min(timeout or WATCHDOG_POLL_S, WATCHDOG_POLL_S)
             if self.stopping:
                 timeout = max(0.0, self._hard_deadline - time.monotonic())
             # Watch every child whose death is not handled yet. (Filtering on is_alive() here
@@ -99,6 +106,26 @@ class Supervisor:
                     watched[fd].join(2.0)  # it is exiting: reap it before the next check
         self.stop_workers()
         return self.exit_code
+
+    def _watch_worker(self) -> None:
+        """Kill (to restart) a worker whose engine thread stopped beating (hung or stopped)."""
+        limit = self._watchdog_s
+        if limit is None or self.stopping or not self.server.shared.ready:
+            return  # loading, restarting or draining: no heartbeat is expected yet
+        age = self.server.shared.heartbeat_age()
+        if age <= limit:
+            return
+        for worker in self._workers():
+            if worker.pid is not None and worker.is_alive() and worker.pid not in self._killed:
+                logger.error(
+                    "engine worker %s gave no heartbeat for %.0f s (limit %.0f s): killing it to "
+                    "restart; its requests fail with an explicit error",
+                    worker.pid,
+                    age,
+                    limit,
+                )
+                self._killed.add(worker.pid)
+                os.kill(worker.pid, signal.SIGKILL)  # its death restarts it (ready until then)
 
     def _announce_when_ready(self) -> None:
         if self._announced or self.stopping or not self.server.shared.ready:

@@ -104,6 +104,10 @@ class EngineAPI(ls.LitAPI):
     def predict(self, x: Any, **kwargs: Any) -> Any:
         raise NotImplementedError("EngineLoop drives the engine directly")
 
+    def heartbeat(self) -> None:
+        """The engine thread is alive (read by readiness and the supervisor's watchdog)."""
+        self.shared.beat()
+
     def mark_ready(self) -> None:
         self.shared.set_ready(True)
 

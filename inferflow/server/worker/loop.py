@@ -47,6 +47,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+HEARTBEAT_S = 1.0  # how often an idle engine thread proves it is alive
+
 
 @dataclass
 class _Active:
@@ -125,10 +127,16 @@ class EngineLoop(LitLoop):
         api = _engine_api(lit_api)
         engine, inbox = api.live_engine, self._inbox
         assert inbox is not None, "run() is entered through __call__"
+        api.heartbeat()
         self._publish_stats(api)
         api.mark_ready()
         while True:
-            messages = inbox.take_all(wait=not engine.has_unfinished_requests())
+            # idle, the thread wakes once per HEARTBEAT_S to say it is alive (the watchdog's
+            # input); a step or a message beats too
+            messages = inbox.take_all(
+                wait=not engine.has_unfinished_requests(), timeout=HEARTBEAT_S
+            )
+            api.heartbeat()
             stop = self._apply(messages, api)
             if stop is not None:
                 self._fail_all(api, stop.error)

@@ -39,10 +39,13 @@ class Inbox:
             self._items.append(item)
             self._cond.notify()
 
-    def take_all(self, wait: bool) -> list[WorkerInbound]:
-        """Everything queued, in order; with ``wait`` block until at least one item arrives."""
+    def take_all(self, wait: bool, timeout: float | None = None) -> list[WorkerInbound]:
+        """Everything queued, in order; with ``wait`` block until at least one item arrives
+        (or ``timeout`` seconds passed: then possibly nothing)."""
         with self._cond:
-            while wait and not self._items:
+            if wait and not self._items and timeout is not None:
+                self._cond.wait(timeout)
+            while wait and not self._items and timeout is None:
                 self._cond.wait()
             items = list(self._items)
             self._items.clear()
