@@ -45,6 +45,7 @@ from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
+    from inferflow.scheduling.config import SchedulerConfig
     from inferflow.scheduling.layout import KVLayout
 
 # What to change when the scheduler refuses a budget (appended to its one-line error).
@@ -172,15 +173,16 @@ class ServingGraph:
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None
 
-    def check_engine_settings(self) -> None:
+    def check_engine_settings(self) -> tuple[KVLayout, SchedulerConfig]:
         """Refuse, in one line naming the keys, every engine setting the worker would refuse:
-        the layout, the scheduler's budgets against it, the executor's settings. Loads nothing.
+        the layout, the scheduler's budgets against it, the executor's settings. Loads nothing;
+        returns the layout and the scheduler config ``create_engine`` builds on.
         """
         from inferflow.scheduling.config import SchedulerConfigError
 
         layout = self.kv_layout()
         try:
-            self.batching.scheduler_config(layout, self.cache.enabled)
+            scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
         except SchedulerConfigError as exc:
             raise ConfigError(
                 f"batching.{exc}{_ADVICE.get(exc.field, '')}", f"batching.{exc.field}"
@@ -190,6 +192,7 @@ class ServingGraph:
         except ValueError as exc:
             message = str(exc).removeprefix("executor.")
             raise ConfigError(f"executor.{message}", "executor") from None
+        return layout, scheduler_config
 
     def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
@@ -199,9 +202,7 @@ class ServingGraph:
         from inferflow.models.checkpoint import load_checkpoint
         from inferflow.scheduling.scheduler import Scheduler
 
-        self.check_engine_settings()
-        layout = self.kv_layout()
-        scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
+        layout, scheduler_config = self.check_engine_settings()
         checkpoint = load_checkpoint(self.model_path)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
