@@ -137,6 +137,10 @@ class ServerConfig:
     public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)
     worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
     worker_watchdog_s: float | None = 30.0  # ... this long: the worker is killed and restarted
+    max_connections: int | None = 4096  # all API processes together; idle ones evicted first
+    timeout_header_s: float | None = 15.0  # a connection waiting for request headers: closed
+    timeout_body_s: float | None = 30.0  # a request body still arriving: 408
+    timeout_keep_alive_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -153,6 +157,10 @@ class ServerConfig:
             "rate_limit_tokens_per_minute",
             "worker_stall_timeout_s",
             "worker_watchdog_s",
+            "max_connections",
+            "timeout_header_s",
+            "timeout_body_s",
+            "timeout_keep_alive_s",
         ):
             value = getattr(self, name)
             if value is not None and value < 0:

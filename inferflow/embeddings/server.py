@@ -15,6 +15,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from inferflow.embeddings.http_api import (
     model_not_found,
 )
 from inferflow.embeddings.models import embedding_specs, unsupported_route
+from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import (
@@ -155,6 +157,7 @@ class EmbeddingApp:
 def serve_embeddings(graph: Any) -> None:
     """Serve the graph's embedding models until SIGTERM/SIGINT (blocking)."""
     settings = ServerSettings.from_config(graph.server)
+    settings = replace(settings, max_connections=raise_fd_limit(settings.max_connections))
     models = EmbeddingModels(embedding_specs(graph))
     tracing = dict(graph.to_container().get("tracing") or {})
     telemetry = FrontendTelemetry(TelemetrySettings(graph.model_name, tracing))
@@ -171,4 +174,5 @@ def serve_embeddings(graph: Any) -> None:
         port=settings.port,
         log_level=settings.log_level,
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) or None,
+        **uvicorn_connection_options(settings),
     )

@@ -26,9 +26,7 @@ def parse_json_body(raw: bytes) -> Any:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", None) from None
     except RecursionError:
-        raise bad_request(
-            f"the request body nests deeper than {MAX_DEPTH} levels", None
-        ) from None
+        raise bad_request(f"the request body nests deeper than {MAX_DEPTH} levels", None) from None
     except ValueError as exc:  # e.g. an integer literal of thousands of digits
         raise bad_request(f"the request body has an unusable value: {exc}", None) from None
     _check(value)

@@ -35,6 +35,10 @@ class ServerSettings:
     public_metrics: bool = False  # with API keys on, /metrics answers without a key too
     worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
     worker_watchdog_s: float | None = 30.0  # ... this long: kill and restart the worker
+    max_connections: int | None = 4096  # open HTTP connections, all API processes together
+    timeout_header_s: float | None = 15.0  # waiting for a request's headers; then closed
+    timeout_body_s: float | None = 30.0  # receiving a request's body; then 408
+    timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
 
     @classmethod
     def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:
@@ -71,6 +75,12 @@ class ServerSettings:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"server.{name}: must be >= 0, got {value}")
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"server.max_connections: must be >= 1, got {self.max_connections}")
+        if self.timeout_keep_alive_s < 0:
+            raise ValueError(
+                f"server.timeout_keep_alive_s: must be >= 0, got {self.timeout_keep_alive_s}"
+            )
         if self.shutdown_grace_s < 0:
             raise ValueError(f"server.shutdown_grace_s: must be >= 0, got {self.shutdown_grace_s}")
 
@@ -81,6 +91,9 @@ _NULLABLE = (
     "max_waiting_requests",
     "rate_limit_requests_per_minute",
     "rate_limit_tokens_per_minute",
+    "max_connections",
+    "timeout_header_s",
+    "timeout_body_s",
 )
 
 

@@ -34,6 +34,7 @@ import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from multiprocessing.managers import SyncManager
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -44,6 +45,7 @@ from fastapi import FastAPI
 from litserve.transport.factory import create_transport_from_config
 from litserve.utils import configure_logging
 
+from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
@@ -150,6 +152,7 @@ class InferflowServer(ls.LitServer):
         num_api_servers = num_api_servers or s.num_api_servers
         log_level = log_level or s.log_level
         configure_logging(log_level, use_rich=pretty_logs)
+        self.settings = s = replace(s, max_connections=raise_fd_limit(s.max_connections))
         # the Manager is forked first, so it never holds the listening socket
         manager = self._start_manager(num_api_servers)
         sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
@@ -189,6 +192,7 @@ class InferflowServer(ls.LitServer):
                 port=port,
                 log_level=log_level,
                 timeout_graceful_shutdown=5,
+                **uvicorn_connection_options(self.settings, num_uvicorn_servers),
                 **kwargs,
             )
             server = DrainingServer(config, self.frontend, self.settings.shutdown_grace_s)
