@@ -190,3 +190,19 @@ def start_server(
         server.terminate(timeout=10)
         raise
     return server
+
+
+def gone(pids: list[int], timeout: float) -> list[str]:
+    """Wait until none of ``pids`` is alive; returns the command lines of the survivors.
+
+    Children that observe the supervisor's exit (multiprocessing's resource tracker reads EOF,
+    PR_SET_PDEATHSIG fires) finish a moment after it, hence the bounded wait.
+    """
+    deadline = time.monotonic() + timeout
+    while (survivors := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [
+        Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        for p in survivors
+        if alive(p)
+    ]

@@ -73,9 +73,7 @@ def test_idle_and_slow_connections_beyond_the_cap_do_not_lock_out_a_client(
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # headers never finish
     try:
         for _ in range(3):  # a normal client, several times, each on a fresh connection
-            out = srv.client().completions.create(
-                model=MODEL, prompt="Hi", max_tokens=2
-            )
+            out = srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)
             assert out.choices[0].finish_reason == "length"
         assert srv.get("/ready").status_code == 200
         # the oldest idle ones were closed to make room: at most CAP are still open

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_harness import MODEL, ServerProcess, alive, start_server
+from server_harness import MODEL, ServerProcess, gone, start_server
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}
 GRACE_S = 1.0
@@ -174,19 +174,3 @@ def _new_connections_are_turned_away(srv: ServerProcess) -> str:
             return "503"
         time.sleep(0.02)
     raise AssertionError("new connections were still served after SIGTERM")
-
-
-def gone(pids: list[int], timeout: float) -> list[str]:
-    """Wait until none of ``pids`` is alive; returns the command lines of the survivors.
-
-    Children that observe the supervisor's exit (multiprocessing's resource tracker reads EOF,
-    PR_SET_PDEATHSIG fires) finish a moment after it, hence the bounded wait.
-    """
-    deadline = time.monotonic() + timeout
-    while (survivors := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return [
-        Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        for p in survivors
-        if alive(p)
-    ]

@@ -20,6 +20,8 @@ from inferflow.server.messages import RequestUpdate, UpdateBatch, WorkerLost
 
 logger = logging.getLogger(__name__)
 
+NONE_SPIN_S = 0.05  # an immediate None from the transport (its queue is gone): back off this long
+
 
 class RequestChannel:
     """Updates for one request, in order. Only touched from the event loop thread."""
@@ -117,7 +119,9 @@ class ChannelRegistry:
 
     async def pump(self, transport: MessageTransport, consumer_id: int) -> None:
         """Dispatch messages from this process's response queue until cancelled."""
+        loop = asyncio.get_running_loop()
         while True:
+            started = loop.time()
             try:
                 message = await transport.areceive(consumer_id=consumer_id)
             except asyncio.CancelledError:
@@ -126,6 +130,10 @@ class ChannelRegistry:
                 logger.warning("response queue %d closed: %s", consumer_id, exc)
                 return
             if message is None:
+                # LitServe's transport answers None on its 1 s poll timeout, and also at once
+                # when the queue is gone: then wait a little instead of spinning
+                if loop.time() - started < NONE_SPIN_S:
+                    await asyncio.sleep(NONE_SPIN_S)
                 continue
             try:
                 self.dispatch(message)

@@ -23,10 +23,16 @@ import uvicorn
 
 from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.http.frontend import Frontend
-from inferflow.server.process.process_utils import die_with_parent
+from inferflow.server.process.process_utils import die_with_parent, name_process
 
 logger = logging.getLogger(__name__)
 
+QUEUE_LOST = ErrorInfo(
+    503,
+    "The server lost its internal request queue (the queue process died) and is shutting "
+    "down; retry once it is back.",
+    code="queue_lost",
+)
 FAIL_FLUSH_S = 5.0  # after failing in-flight requests, how long their error responses may take
 
 
@@ -51,14 +57,16 @@ class DrainingServer(uvicorn.Server):
         frontend.draining = True
         for server in self.servers:
             server.close()  # stop accepting connections
-        remaining = self.grace_s
+        remaining = 0.0 if frontend.shared.queue_lost else self.grace_s  # nothing can finish
         while len(frontend.registry) and not self.hurry and remaining > 0:
             step = min(0.1, remaining)
             await frontend.registry.wait_idle(step)
             remaining -= step
         if len(frontend.registry):
             failed = frontend.fail_all(
-                ErrorInfo(
+                QUEUE_LOST
+                if frontend.shared.queue_lost
+                else ErrorInfo(
                     503, "The server shut down before this request finished.", code="shutting_down"
                 )
             )
@@ -86,6 +94,7 @@ def run_api_process(server: DrainingServer, sockets: list[socket.socket]) -> Non
     """Entry point of a forked API process."""
     logging.getLogger("uvicorn.access").addFilter(_QuietPolls())
     die_with_parent(signal.SIGKILL)
+    name_process(f"inferflow-api-{server.frontend.consumer_id}")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # uvicorn installs its handler in serve()
     server.run(sockets=sockets)

@@ -51,7 +51,7 @@ from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
-from inferflow.server.process.process_utils import die_with_parent
+from inferflow.server.process.process_utils import init_queue_process
 from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.worker.api import EngineAPI
@@ -102,6 +102,12 @@ class InferflowServer(ls.LitServer):
         return self._transport
 
     @property
+    def manager_process(self) -> BaseProcess | None:
+        """The queue (Manager) process, once started (the supervisor watches it)."""
+        manager = getattr(self, "_manager", None)
+        return getattr(manager, "_process", None)
+
+    @property
     def request_queue(self) -> Any:
         return self._get_request_queue(self.lit_api.api_path)
 
@@ -120,7 +126,7 @@ class InferflowServer(ls.LitServer):
 
     def _start_manager(self, num_api_servers: int) -> SyncManager:
         manager = SyncManager(ctx=mp.get_context("fork"))
-        manager.start(die_with_parent, (signal.SIGKILL,))
+        manager.start(init_queue_process, (signal.SIGKILL,))  # named inferflow-queue
         self._manager = manager
         self.transport_config.manager = manager
         self.transport_config.num_consumers = num_api_servers

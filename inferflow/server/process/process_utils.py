@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
@@ -24,6 +25,24 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if os.getppid() != parent:  # the parent died before prctl took effect
         os.kill(os.getpid(), sig)
+
+
+def name_process(name: str) -> None:
+    """Set this process's name as ``ps``/``top`` and /proc/PID/comm show it (Linux; at most 15
+    bytes), so an operator can tell the queue, worker and API processes apart."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def init_queue_process(sig: int) -> None:
+    """Initializer of the queue (Manager) process."""
+    die_with_parent(sig)
+    name_process(QUEUE_PROCESS_NAME)
+
+
+QUEUE_PROCESS_NAME = "inferflow-queue"
 
 
 def _ppid(pid: int) -> int | None:

@@ -7,6 +7,8 @@ the API processes are forked (they inherit the shared memory).
 - ``ready``: the worker loaded its engine and ran a warm-up step; cleared when it dies.
 - ``heartbeat``: when the engine thread last went round its loop (at least once a second).
 - ``draining``: the supervisor received SIGTERM/SIGINT; new requests get 503.
+- ``queue_lost``: the queue (Manager) process died; nothing more can reach the worker or come
+  back from it, so in-flight requests fail at once instead of draining.
 - ``in_flight``: admitted requests across all API processes (the waiting-queue bound).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
   KV blocks, counters) — what ``GET /admin/stats`` shows.
@@ -58,6 +60,7 @@ class SharedState:
         ctx = mp.get_context("spawn")
         self._ready = ctx.Value("b", 0, lock=False)
         self._draining = ctx.Value("b", 0, lock=False)
+        self._queue_lost = ctx.Value("b", 0, lock=False)
         self._in_flight = ctx.Value("i", 0)  # locked: API processes only
         self._stats = ctx.Array("d", 1 + len(STATS_FIELDS), lock=False)  # [seq, *fields]
         self._info_seq = ctx.Value("q", 0, lock=False)
@@ -82,6 +85,13 @@ class SharedState:
 
     def set_draining(self) -> None:
         self._draining.value = 1
+
+    @property
+    def queue_lost(self) -> bool:
+        return bool(self._queue_lost.value)
+
+    def set_queue_lost(self) -> None:
+        self._queue_lost.value = 1
 
     # heartbeat (single writer: the engine thread) ---------------------------------------------
     def beat(self) -> None:

@@ -12,6 +12,10 @@ written by the signal handler, so it uses no CPU while nothing happens and react
   (``WorkerLost`` -> 500). Died before it was ever ready
   (setup failed): the server shuts down with exit code 1.
 - An API process died on its own: the server shuts down with exit code 1.
+- The queue (Manager) process died: every request and response queue went with it, so nothing
+  can reach the worker or come back. The API processes fail their in-flight requests at once
+  (``queue_lost``, an SSE error event for streams) and the server shuts down with exit code 1
+  and one log line saying why, for the process supervisor (systemd, Kubernetes) to restart it.
 """
 
 from __future__ import annotations
@@ -136,7 +140,13 @@ class Supervisor:
             print(line, flush=True)
 
     def _children(self) -> list[BaseProcess]:
-        return [*self._workers(), *self.api_processes.values()]
+        # the Manager first: when it and the worker it took down are seen dead together, the
+        # worker's death must not be taken for a crash to restart from (no queue to restart on)
+        return [*self._manager(), *self._workers(), *self.api_processes.values()]
+
+    def _manager(self) -> list[BaseProcess]:
+        process = getattr(self.server, "manager_process", None)
+        return [process] if process is not None else []
 
     def _newly_dead(self) -> list[BaseProcess]:
         dead = [p for p in self._children() if p not in self._dead and not p.is_alive()]
@@ -144,7 +154,9 @@ class Supervisor:
         return dead
 
     def _on_death(self, process: BaseProcess) -> None:
-        if process in self.api_processes.values():
+        if process in self._manager():
+            self._on_manager_death(process)
+        elif process in self.api_processes.values():
             if not self.stopping:
                 logger.error(
                     "API process %s exited unexpectedly (exit code %s); shutting down",
@@ -190,7 +202,24 @@ class Supervisor:
                 process.join(2.0)
 
     # --- children dying -----------------------------------------------------------------------
+    def _on_manager_death(self, process: BaseProcess) -> None:
+        shared = self.server.shared
+        shared.set_queue_lost()  # API processes: fail in-flight requests now, do not drain
+        shared.set_ready(False)
+        if self.stopping:
+            return
+        logger.error(
+            "the queue process (pid %s) exited unexpectedly (exit code %s): the request and "
+            "response queues are gone, so in-flight requests fail and the server shuts down "
+            "(exit code 1) to be restarted",
+            process.pid,
+            process.exitcode,
+        )
+        self.begin_shutdown(exit_code=1)
+
     def _on_worker_death(self, index: int, process: BaseProcess) -> None:
+        if self.server.shared.queue_lost:
+            return  # it stopped because its queue went away; the shutdown is under way
         was_ready = self.server.shared.ready
         self.server.shared.set_ready(False)
         if not was_ready:
@@ -205,7 +234,13 @@ class Supervisor:
             "the engine worker died (exit code %s); failing its requests and restarting it",
             process.exitcode,
         )
-        self._notify_worker_lost(self.server.restart_worker(index))
+        try:
+            queue = self.server.restart_worker(index)
+        except Exception as exc:  # e.g. the queue process went down with it
+            logger.error("cannot restart the engine worker (%s); shutting down", exc)
+            self.begin_shutdown(exit_code=1)
+            return
+        self._notify_worker_lost(queue)
 
     def _notify_worker_lost(self, request_queue: Any) -> None:
         error = ErrorInfo(

@@ -25,7 +25,7 @@ from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
-from inferflow.server.process.process_utils import die_with_parent
+from inferflow.server.process.process_utils import die_with_parent, name_process
 from inferflow.server.process.shared_state import SharedState
 from inferflow.server.worker.loop import EngineLoop
 from inferflow.telemetry.timings import RequestTimings
@@ -66,6 +66,7 @@ class EngineAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         """Build and warm up the engine (worker process only)."""
         die_with_parent(signal.SIGKILL)
+        name_process("inferflow-llm")  # the engine worker (15 bytes at most)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
         # the supervisor decides when the worker stops (after the API processes drained).
         _configure_worker_logging(self.log_level)
