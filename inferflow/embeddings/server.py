@@ -61,13 +61,16 @@ class EmbeddingApp:
         self.draining = False
         self.created = int(time.time())
         self.telemetry = telemetry or FrontendTelemetry(None)
+        auth = ApiKeyAuth(settings.api_keys)
         self.frontend = EmbeddingsFrontend(
             models,
-            ApiKeyAuth(settings.api_keys),
+            auth,
             self._draining,
             tracer=lambda: self.telemetry.tracer,
             limiter=RateLimiter(
-                settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute
+                settings.rate_limit_requests_per_minute,
+                settings.rate_limit_tokens_per_minute,
+                auth.key_ids,
             ),
         )
         self.app = FastAPI(title="inferflow", lifespan=self.lifespan)

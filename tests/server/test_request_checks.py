@@ -7,7 +7,7 @@ import pytest
 import inferflow.server.http.limits as limits
 from inferflow.config import ServerConfig
 from inferflow.server.http.errors import OpenAIError
-from inferflow.server.http.limits import ApiKeyAuth, RateLimiter, TokenBucket
+from inferflow.server.http.limits import ApiKeyAuth, RateLimiter, SharedBuckets
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
 from inferflow.server.http.settings import ServerSettings
 
@@ -117,20 +117,20 @@ class Clock:
 def test_token_bucket_refills_continuously(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(limits.time, "monotonic", clock)
-    bucket = TokenBucket(60)  # one unit per second
-    assert bucket.take(60) == 0.0
-    assert bucket.take(1) == pytest.approx(1.0)
+    bucket = SharedBuckets(60, ["k"])  # one unit per second
+    assert bucket.take("k", 60) == 0.0
+    assert bucket.take("k", 1) == pytest.approx(1.0)
     clock.now += 0.5
-    assert bucket.take(1) == pytest.approx(0.5)
+    assert bucket.take("k", 1) == pytest.approx(0.5)
     clock.now += 0.5
-    assert bucket.take(1) == 0.0
-    assert bucket.take(61) == 60.0  # more than the bucket holds: never; retry in a minute
+    assert bucket.take("k", 1) == 0.0
+    assert bucket.take("k", 61) == 60.0  # more than the bucket holds: never; retry in a minute
 
 
 def test_rate_limiter_is_per_key_and_sets_retry_after(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = Clock()
     monkeypatch.setattr(limits.time, "monotonic", clock)
-    limiter = RateLimiter(requests_per_minute=2, tokens_per_minute=100)
+    limiter = RateLimiter(requests_per_minute=2, tokens_per_minute=100, key_ids=["a", "b"])
     limiter.check_request("a")
     limiter.check_request("a")
     with pytest.raises(OpenAIError) as info:

@@ -68,8 +68,10 @@ class Frontend:
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
         self.auth = ApiKeyAuth(settings.api_keys)
-        self.limiter = RateLimiter(
-            settings.rate_limit_requests_per_minute, settings.rate_limit_tokens_per_minute
+        self.limiter = RateLimiter(  # shared by the API processes forked after this
+            settings.rate_limit_requests_per_minute,
+            settings.rate_limit_tokens_per_minute,
+            self.auth.key_ids,
         )
         self.registry = ChannelRegistry(on_worker_lost=self._worker_lost)
         self.consumer_id = 0  # this process's response queue; set before the API process forks

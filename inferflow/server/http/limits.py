@@ -1,18 +1,20 @@
 """Admission checks of the frontend: API keys (401), payload size (413), rate limits (429).
 
-Everything here runs on the API process's event loop thread, so it needs no locks. Rate limits
-are token buckets per API key (one shared bucket when the API is open), refilled continuously:
-``requests_per_minute`` counts requests, ``tokens_per_minute`` counts prompt + ``max_tokens``
-(the tokens a request may consume, as OpenAI accounts them). With several API processes each
-keeps its own buckets.
+Rate limits are token buckets per API key (one bucket when the API is open), refilled
+continuously: ``requests_per_minute`` counts requests, ``tokens_per_minute`` counts prompt +
+``max_tokens`` (the tokens a request may consume, as OpenAI accounts them). The buckets live in
+shared memory, created before the API processes fork, so the limits hold for the server as a
+whole however many API processes share the port (one lock guards them; ``time.monotonic`` is
+the same clock in every process).
 """
 
 from __future__ import annotations
 
 import hmac
 import json
+import multiprocessing as mp
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,6 +28,11 @@ class ApiKeyAuth:
 
     def __init__(self, keys: tuple[str, ...]) -> None:
         self._keys = [(key.encode(), f"key-{i}") for i, key in enumerate(keys)]
+
+    @property
+    def key_ids(self) -> list[str]:
+        """Every id ``authenticate`` can return."""
+        return [key_id for _, key_id in self._keys] or [OPEN_ACCESS]
 
     def authenticate(self, headers: Mapping[str, str]) -> str:
         """The id of the key that authenticated (never the key itself); raises a 401."""
@@ -56,41 +63,59 @@ def _presented_key(headers: Mapping[str, str]) -> str | None:
     return headers.get("x-api-key") or None
 
 
-class TokenBucket:
-    """``capacity`` units per minute, refilled continuously; starts full."""
+class SharedBuckets:
+    """Token buckets of ``capacity`` units per minute, one per name, refilled continuously and
+    starting full; in shared memory, so every process forked after creating them spends from
+    the same buckets."""
 
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, names: Iterable[str]) -> None:
         self.capacity = float(capacity)
         self.rate = capacity / 60.0  # units per second
-        self.level = float(capacity)
-        self.stamp = time.monotonic()
-
-    def take(self, amount: float) -> float:
-        """Take ``amount`` now and return 0, or take nothing and return the seconds to wait."""
+        self._slot = {name: i for i, name in enumerate(dict.fromkeys(names))}
         now = time.monotonic()
-        self.level = min(self.capacity, self.level + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if amount <= self.level:
-            self.level -= amount
-            return 0.0
+        initial = [v for _ in self._slot for v in (self.capacity, now)]  # [level, stamp] per name
+        self._cells = mp.get_context("spawn").Array("d", initial)  # with its own lock
+
+    def take(self, name: str, amount: float) -> float:
+        """Take ``amount`` now and return 0, or take nothing and return the seconds to wait."""
+        i = 2 * self._slot[name]
+        with self._cells.get_lock():
+            now = time.monotonic()
+            level = min(self.capacity, self._cells[i] + (now - self._cells[i + 1]) * self.rate)
+            self._cells[i + 1] = now
+            if amount <= level:
+                self._cells[i] = level - amount
+                return 0.0
+            self._cells[i] = level
         if amount > self.capacity or self.rate == 0:
             return 60.0
-        return (amount - self.level) / self.rate
+        return (amount - level) / self.rate
+
+    def give_back(self, name: str, amount: float) -> None:
+        i = 2 * self._slot[name]
+        with self._cells.get_lock():
+            self._cells[i] = min(self.capacity, self._cells[i] + amount)
 
 
 class RateLimiter:
-    """Per-key request and token limits (``None`` disables one)."""
+    """Per-key request and token limits (``None`` disables one) for the key ids ``key_ids``
+    (``ApiKeyAuth.key_ids``), shared by every API process forked after it is created."""
 
-    def __init__(self, requests_per_minute: int | None, tokens_per_minute: int | None) -> None:
+    def __init__(
+        self,
+        requests_per_minute: int | None,
+        tokens_per_minute: int | None,
+        key_ids: Iterable[str] = (OPEN_ACCESS,),
+    ) -> None:
         self.rpm, self.tpm = requests_per_minute, tokens_per_minute
-        self._requests: dict[str, TokenBucket] = {}
-        self._tokens: dict[str, TokenBucket] = {}
+        ids = list(key_ids)
+        self._requests = None if self.rpm is None else SharedBuckets(self.rpm, ids)
+        self._tokens = None if self.tpm is None else SharedBuckets(self.tpm, ids)
 
     def check_request(self, key_id: str) -> None:
-        if self.rpm is None:
+        if self._requests is None:
             return
-        bucket = self._requests.setdefault(key_id, TokenBucket(self.rpm))
-        wait = bucket.take(1)
+        wait = self._requests.take(key_id, 1)
         if wait:
             raise OpenAIError(
                 ErrorInfo(
@@ -105,15 +130,13 @@ class RateLimiter:
 
     def refund_request(self, key_id: str) -> None:
         """Give back the request token of a request refused later (a 429 costs nothing)."""
-        bucket = self._requests.get(key_id)
-        if bucket is not None:
-            bucket.level = min(bucket.capacity, bucket.level + 1)
+        if self._requests is not None:
+            self._requests.give_back(key_id, 1)
 
     def check_tokens(self, key_id: str, tokens: int) -> None:
-        if self.tpm is None:
+        if self._tokens is None:
             return
-        bucket = self._tokens.setdefault(key_id, TokenBucket(self.tpm))
-        wait = bucket.take(tokens)
+        wait = self._tokens.take(key_id, tokens)
         if wait:
             raise OpenAIError(
                 ErrorInfo(
