@@ -40,6 +40,7 @@ from inferflow.server.http.limits import (
     PayloadLimitMiddleware,
     RateLimiter,
 )
+from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.telemetry.metrics_export import render_metrics
@@ -77,6 +78,11 @@ class EmbeddingApp:
         self.app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
         self.app.add_middleware(DocsKeyMiddleware, auth=self.frontend.auth)
         install_error_handlers(self.app)
+        install_openapi(
+            self.app,
+            lambda: [card["id"] for card in self.models.cards(self.created)],
+            "OpenAI-compatible embedding server",
+        )
         self._routes()
 
     def _draining(self) -> bool:

@@ -91,6 +91,13 @@ class Frontend:
     async def chat_completions(self, request: Request) -> Response:
         return await self._serve(request, "chat")
 
+    def served_model_ids(self) -> list[str]:
+        """The LLM's id, then every embedding model id and ``name@version``."""
+        ids = [self.pipeline.model_name]
+        if self.embeddings is not None:
+            ids += [card["id"] for card in self.embeddings.models.cards(self.created)]
+        return ids
+
     async def models(self, request: Request) -> Response:
         self.auth.authenticate(request.headers)
         card = {

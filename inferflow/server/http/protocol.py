@@ -35,12 +35,15 @@ class _SamplingFields(_Strict):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0)
-    stop: str | list[str] | None = None
+    stop: str | list[str] | None = Field(
+        default=None, json_schema_extra={"maxItems": MAX_STOP_SEQUENCES}
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    # accepted only at their neutral value (the OpenAPI document says so; anything else is a 400)
+    n: int = Field(default=1, json_schema_extra={"enum": [1]})
+    presence_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
+    frequency_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
     user: str | None = None
     # vLLM extensions
     top_k: int | None = None
@@ -96,9 +99,9 @@ class CompletionRequest(_SamplingFields):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = False
-    suffix: str | None = None
-    best_of: int | None = None
+    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
+    suffix: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
+    best_of: int | None = Field(default=None, json_schema_extra={"enum": [1, None]})
 
     def check_supported(self) -> None:
         super().check_supported()

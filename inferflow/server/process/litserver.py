@@ -49,6 +49,7 @@ from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
+from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.process_utils import init_queue_process
@@ -96,6 +97,7 @@ class InferflowServer(ls.LitServer):
             ],
         )
         install_error_handlers(self.app)
+        install_openapi(self.app, frontend.served_model_ids)
 
     @property
     def transport(self) -> Any:

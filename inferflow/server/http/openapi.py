@@ -1,0 +1,304 @@
+"""The OpenAPI document (``/openapi.json``, ``/docs``): the API as it really is.
+
+The handlers take the raw request and parse the body themselves (a 400 naming the field for any
+bytes, see ``json_body`` and ``protocol``), so FastAPI cannot infer their request bodies. This
+module describes every route by hand from the same pydantic models: request bodies
+(``CompletionRequest``, ``ChatCompletionRequest``, ``EmbeddingRequest``), response bodies (the
+models below mirror what ``responses.py`` and the embedding API write), content types
+(``text/event-stream`` for streams, Prometheus text for ``/metrics``) and every error status a
+route can answer, with OpenAI's error body and ``Retry-After`` where it is sent.
+
+``tests/server/test_openapi_fuzz.py`` runs schemathesis against a live server with this document:
+zero 5xx and zero responses that break it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from pydantic import BaseModel
+
+import inferflow
+from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
+
+FinishReason = Literal["stop", "length"]
+
+
+# --- response bodies ----------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(BaseModel):
+    """OpenAI's error body, for every 4xx and 5xx."""
+
+    error: ErrorDetail
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason | None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    refusal: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: dict[str, Any] | None
+    finish_reason: FinishReason | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"]
+    data: list[ModelCard]
+
+
+class Embedding(BaseModel):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # a base64 string with encoding_format=base64
+
+
+class EmbeddingResponse(BaseModel):
+    object: Literal["list"]
+    data: list[Embedding]
+    model: str
+    usage: Usage
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    ready: bool
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "not_ready", "draining", "stalled"]
+
+
+# --- operations ---------------------------------------------------------------------------------
+GENERATE_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503, 504)
+EMBED_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503)
+ERROR_TEXT = {
+    400: "Malformed JSON, a schema or range error, an unsupported parameter, or a prompt over "
+    "the context; `param` names the field",
+    401: "Missing or wrong API key (when keys are configured)",
+    404: "Unknown `model`",
+    408: "The request body did not arrive in time",
+    413: "The body exceeds `server.max_payload_bytes`",
+    429: "Waiting queue full, or a rate limit reached",
+    500: "The engine worker crashed or the engine failed",
+    503: "Model loading, worker restarting, server draining or too many connections",
+    504: "`server.request_timeout_s` exceeded",
+}
+RETRY_AFTER = {429, 503}
+SSE_EVENT = {  # one server-sent event (a stream is a sequence of them)
+    "type": "object",
+    "description": "With `stream: true`, each event's `data` is one chunk (JSON, the object "
+    "`*.chunk` / `text_completion`), then `[DONE]`; a failure after the 200 header is a "
+    "`data: {\"error\": ...}` event (OpenAI's error body) before `[DONE]`",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+    "required": ["data"],
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    """How one route is described: its body model, its 200 and the errors it can answer."""
+
+    summary: str
+    request: type[BaseModel] | None = None
+    response: type[BaseModel] | None = None
+    streams: bool = False  # 200 may also be text/event-stream (``"stream": true``)
+    media_type: str = "application/json"
+    errors: tuple[int, ...] = ()
+    other: dict[int, type[BaseModel]] | None = None  # non-error statuses besides 200
+
+
+def _embedding_request() -> type[BaseModel]:
+    from inferflow.embeddings.http_api import EmbeddingRequest
+
+    return EmbeddingRequest
+
+
+OPERATIONS: dict[tuple[str, str], Operation | Callable[[], Operation]] = {
+    ("/v1/completions", "post"): Operation(
+        "Text completion (OpenAI)",
+        CompletionRequest,
+        CompletionResponse,
+        streams=True,
+        errors=GENERATE_ERRORS,
+    ),
+    ("/v1/chat/completions", "post"): Operation(
+        "Chat completion (OpenAI)",
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        streams=True,
+        errors=GENERATE_ERRORS,
+    ),
+    ("/v1/embeddings", "post"): lambda: Operation(
+        "Embeddings (OpenAI)", _embedding_request(), EmbeddingResponse, errors=EMBED_ERRORS
+    ),
+    ("/v1/models", "get"): Operation("Served models", response=ModelList, errors=(401,)),
+    ("/health", "get"): Operation("Liveness: the API process answers", response=Health),
+    ("/ready", "get"): Operation(
+        "Readiness: the engine is loaded, warm and consuming requests",
+        response=Readiness,
+        other={503: Readiness},
+    ),
+    ("/version", "get"): Operation(
+        "Versions of inferflow, the model and the runtime", errors=(401,)
+    ),
+    ("/metrics", "get"): Operation(
+        "Prometheus metrics", media_type="text/plain; version=0.0.4", errors=(401,)
+    ),
+    ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401,)),
+}
+
+
+def _is_hidden(path: str) -> bool:
+    """LitServe's own routes (``/`` and ``/_litserve/...``) are not part of the API."""
+    return path == "/" or path.startswith("/_litserve/")
+
+
+def install_openapi(
+    app: FastAPI, model_ids: Callable[[], list[str]] | None = None, description: str = ""
+) -> None:
+    """Make ``app.openapi()`` (what ``/openapi.json`` serves) describe the routes above;
+    ``model_ids`` (called once, at the first request for the document): the served models,
+    the only values of ``model`` not answered with 404."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            ids = model_ids() if model_ids is not None else []
+            app.openapi_schema = build_openapi(app, ids, description)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def build_openapi(
+    app: FastAPI, model_ids: list[str] | None = None, description: str = ""
+) -> dict[str, Any]:
+    schema = get_openapi(
+        title="inferflow",
+        version=inferflow.__version__,
+        description=description or "OpenAI-compatible inference server",
+        routes=app.routes,
+    )
+    paths: dict[str, Any] = schema.get("paths", {})
+    for path in [p for p in paths if _is_hidden(p)]:
+        del paths[path]
+    components: dict[str, Any] = schema.setdefault("components", {}).setdefault("schemas", {})
+    for (path, method), entry in OPERATIONS.items():
+        operation = paths.get(path, {}).get(method)
+        if operation is None:
+            continue  # not served by this server (e.g. no embedding model)
+        doc = entry() if callable(entry) else entry
+        paths[path][method] = _describe(operation, doc, components)
+    if model_ids:  # in request bodies: one of the served models (else 404)
+        for name in ("CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest"):
+            properties = components.get(name, {}).get("properties", {})
+            if "model" in properties:
+                properties["model"] = {
+                    "type": "string",
+                    "enum": list(model_ids),
+                    "description": "A model `GET /v1/models` lists; any other is a 404",
+                }
+    return schema
+
+
+def _describe(operation: dict[str, Any], doc: Operation, components: dict[str, Any]) -> dict:
+    operation = {k: v for k, v in operation.items() if k not in ("responses", "requestBody")}
+    operation["summary"] = doc.summary
+    if doc.request is not None:
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(doc.request, components)}},
+        }
+    if doc.response is not None:
+        body: dict[str, Any] = _ref(doc.response, components)
+    else:  # free-form JSON, or text
+        body = {"type": "string"} if doc.media_type.startswith("text/") else {"type": "object"}
+    ok: dict[str, Any] = {doc.media_type: {"schema": body}}
+    if doc.streams:
+        ok["text/event-stream"] = {"schema": SSE_EVENT}
+    responses: dict[str, Any] = {"200": {"description": "OK", "content": ok}}
+    for status, model in (doc.other or {}).items():
+        responses[str(status)] = {
+            "description": "Not ready",
+            "content": {"application/json": {"schema": _ref(model, components)}},
+        }
+    for status in doc.errors:
+        response: dict[str, Any] = {
+            "description": ERROR_TEXT[status],
+            "content": {"application/json": {"schema": _ref(ErrorResponse, components)}},
+        }
+        if status in RETRY_AFTER:
+            response["headers"] = {
+                "Retry-After": {
+                    "description": "Seconds to wait before retrying",
+                    "schema": {"type": "integer"},
+                    "required": False,
+                }
+            }
+        responses[str(status)] = response
+    operation["responses"] = responses
+    return operation
+
+
+def _ref(model: type[BaseModel], components: dict[str, Any]) -> dict[str, str]:
+    """Add ``model`` (and the models it uses) to ``components``; a ``$ref`` to it."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, sub in schema.pop("$defs", {}).items():
+        components.setdefault(name, sub)
+    components.setdefault(model.__name__, schema)
+    return {"$ref": f"#/components/schemas/{model.__name__}"}

@@ -1,0 +1,114 @@
+"""The OpenAPI document describes the real API, and the API keeps to it under fuzzing.
+
+``/openapi.json`` carries request bodies, response bodies, content types and error statuses
+(``inferflow.server.http.openapi``). schemathesis then fuzzes a live server (API keys on) from
+that document for a bounded time: zero 5xx, and every response's status, content type, headers
+and body must match what the document says.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from server_harness import MODEL, ServerProcess, start_server
+
+pytest.importorskip("schemathesis")
+
+KEY = "fuzz-key"
+FUZZ_SECONDS = 120  # the whole test stays under 3 minutes
+CHECKS = (
+    "not_a_server_error,status_code_conformance,content_type_conformance,"
+    "response_schema_conformance,response_headers_conformance"
+)
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = start_server(
+        tmp_path_factory,
+        "openapi",
+        [f"server.api_keys=[{KEY}]", "server.request_timeout_s=20"],
+    )
+    yield srv
+    srv.terminate()
+
+
+def _document(srv: ServerProcess) -> dict:
+    response = srv.get("/openapi.json", headers={"Authorization": f"Bearer {KEY}"})
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_the_document_describes_bodies_errors_and_content_types(
+    keyed_server: ServerProcess,
+) -> None:
+    assert keyed_server.get("/openapi.json").status_code == 401  # keyed like the API
+    doc = _document(keyed_server)
+    assert doc["info"]["title"] == "inferflow"
+    paths = doc["paths"]
+    assert not [p for p in paths if p == "/" or p.startswith("/_litserve")]
+    schemas = doc["components"]["schemas"]
+    for path, body in (
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+    ):
+        operation = paths[path]["post"]
+        content = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert content == {"$ref": f"#/components/schemas/{body}"}
+        ok = operation["responses"]["200"]["content"]
+        assert set(ok) == {"application/json", "text/event-stream"}
+        for status in ("400", "401", "404", "413", "429", "503", "504"):
+            error = operation["responses"][status]["content"]["application/json"]
+            assert error["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+        assert "Retry-After" in operation["responses"]["429"]["headers"]
+        assert schemas[body]["properties"]["model"]["enum"] == [MODEL]
+    assert "prompt" in schemas["CompletionRequest"]["required"]
+    assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
+    assert list(metrics) == ["text/plain; version=0.0.4"]
+    assert set(paths["/ready"]["get"]["responses"]) == {"200", "503"}
+
+
+def test_schemathesis_finds_no_5xx_and_no_schema_violation(
+    keyed_server: ServerProcess, tmp_path: Path
+) -> None:
+    schema_file = tmp_path / "openapi.json"
+    schema_file.write_text(json.dumps(_document(keyed_server)))
+    st = Path(sys.executable).with_name("st")
+    command = [
+        str(st) if st.exists() else "st",
+        "run",
+        str(schema_file),
+        "--url",
+        keyed_server.base_url,
+        "--header",
+        f"Authorization: Bearer {KEY}",
+        "--checks",
+        CHECKS,
+        "--max-examples",
+        "40",
+        "--request-timeout",
+        "30",
+        "--max-time",
+        str(FUZZ_SECONDS),
+        "--workers",
+        "2",
+        "--seed",
+        "20261201",  # reproducible; a failure prints `st replay` instructions
+        "--no-color",
+    ]
+    result = subprocess.run(
+        command, cwd=tmp_path, capture_output=True, text=True, timeout=FUZZ_SECONDS + 60
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-6000:]
+    cases = re.search(r"(\d+) generated, (\d+) passed", output)
+    assert cases is not None, output[-3000:]
+    assert int(cases.group(1)) >= 200, "the fuzzer barely ran"  # not a vacuous pass
+    assert keyed_server.get("/ready").status_code == 200  # and the server is still serving
