@@ -38,6 +38,7 @@ from inferflow.stages.batching import (
 from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
+from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.validator import RequestValidator
 from inferflow.telemetry.config import OtlpProtocol, TracingConfig, TracingExporter
@@ -50,7 +51,7 @@ CONFIG_NAME = "config"
 
 # Slot name -> kind. Request slots run per request; engine slots shape the engine.
 REQUEST_SLOTS = ("validator", "tokenizer")
-ENGINE_SLOTS = ("cache", "batching", "executor", "detokenizer")
+ENGINE_SLOTS = ("cache", "batching", "guided", "executor", "detokenizer")
 SLOTS = REQUEST_SLOTS + ENGINE_SLOTS
 
 # Built-in options of each slot group -> the class its conf/<group>/<option>.yaml instantiates.
@@ -66,6 +67,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
     },
     "executor": {"onnxruntime": OnnxRuntimeExecutor, "tensorrt": TensorRTExecutor},
     "detokenizer": {"default": StreamingDetokenizer},
+    "guided": {"llguidance": LLGuidanceDecoding, "none": NoGuidedDecoding},
 }
 
 
@@ -198,6 +200,7 @@ class InferflowConfig:
     batching: Any = None
     executor: Any = None
     detokenizer: Any = None
+    guided: Any = None
     pipeline: list[str] = field(default_factory=lambda: list(SLOTS))
     stages: dict[str, Any] = field(default_factory=dict)
     tracing: TracingConfig = field(default_factory=TracingConfig)

@@ -40,6 +40,7 @@ from inferflow.stages.cache import CacheStage, NoPrefixCache
 from inferflow.stages.detokenizer import DetokenizerStage, StreamingDetokenizer
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.executor import ExecutorStage
+from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 from inferflow.stages.response import ResponseStage
 from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
@@ -64,6 +65,7 @@ ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     "batching": BatchingStage,
     "executor": ExecutorStage,
     "detokenizer": DetokenizerStage,
+    "guided": GuidedDecodingStage,
 }
 
 
@@ -74,7 +76,7 @@ class ServingGraph:
 
     ``request_stages`` run per request before the engine and ``response_stages`` on its output
     (call ``setup_stages()`` once per process first, or let ``process()`` do it). The engine-side
-    stages (``batching``, ``cache``, ``executor``, ``detokenizer``) are the components
+    stages (``batching``, ``cache``, ``guided``, ``executor``, ``detokenizer``) are the components
     ``create_engine()`` assembles; a removed slot (``~cache``) holds its null implementation.
     ``config`` is the resolved config (``model.path``/``model.name`` filled in);
     ``to_container()`` is its plain-dict form for worker processes.
@@ -92,6 +94,7 @@ class ServingGraph:
     tracing: TracingConfig
     config: DictConfig
     response_stages: list[ResponseStage] = field(default_factory=list)
+    guided: GuidedDecodingStage = field(default_factory=NoGuidedDecoding)
     present_slots: tuple[str, ...] = ENGINE_SLOTS
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -133,6 +136,7 @@ class ServingGraph:
             "batching": self.batching,
             "executor": self.executor,
             "detokenizer": self.detokenizer,
+            "guided": self.guided,
         }
         return {name: stages[name] for name in ENGINE_SLOTS if name in self.present_slots}
 
@@ -207,7 +211,7 @@ class ServingGraph:
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
         return LLMEngine.from_components(
-            checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor
+            checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided
         )
 
 
@@ -354,6 +358,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
         cache=engine_stage("cache", NoPrefixCache),
         executor=built["executor"],
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
+        guided=engine_stage("guided", NoGuidedDecoding),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
         server=_typed(ServerConfig, cfg.get("server"), "server"),
         tracing=_typed(TracingConfig, cfg.get("tracing"), "tracing"),

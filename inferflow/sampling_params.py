@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from inferflow.guided.constraint import GuidedConstraint
+
 
 class SamplingParamsError(ValueError):
     """A sampling parameter is out of range; ``field`` names it (used for HTTP 400s)."""
@@ -23,6 +25,8 @@ class SamplingParams:
     ``stop`` strings are matched on detokenized text and are not included in the output;
     ``stop_token_ids`` (and EOS unless ``ignore_eos``) end generation at the token level.
     ``logprobs=n`` returns the sampled token's logprob plus the top-n alternatives.
+    ``guided`` constrains the output (structured output: a JSON schema, regex, choice or grammar;
+    the engine's ``guided`` stage compiles it).
     """
 
     max_tokens: int = 16
@@ -35,6 +39,7 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     min_tokens: int = 0
+    guided: GuidedConstraint | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -67,3 +72,5 @@ class SamplingParams:
             raise SamplingParamsError("logprobs", f"must be an integer in [0, 20], got {self.logprobs!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise SamplingParamsError("min_tokens", "must be in [0, max_tokens]")
+        if self.guided is not None and not isinstance(self.guided, GuidedConstraint):
+            raise SamplingParamsError("guided", "must be a GuidedConstraint")

@@ -38,6 +38,7 @@ from inferflow.stages.detokenizer import (
     StreamingDetokenizer,
 )
 from inferflow.stages.executor import ExecutorStage, executor_for
+from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
 
 
 class RequestRejected(ValueError):
@@ -77,22 +78,27 @@ class LLMEngine:
         scheduler = Scheduler(dataclasses.replace(
             budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
             block_size=layout.block_size, num_blocks=layout.num_blocks))
-        self._init(checkpoint, executor, scheduler, StreamingDetokenizer(), detokenizer_factory)
+        self._init(checkpoint, executor, scheduler, StreamingDetokenizer(), detokenizer_factory,
+                   LLGuidanceDecoding())
 
     @classmethod
     def from_components(cls, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
                         detokenizer: DetokenizerStage,
-                        wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
+                        wrap_executor: ExecutorWrapper | None = None,
+                        guided: GuidedDecodingStage | None = None) -> LLMEngine:
         """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout;
-        ``wrap_executor`` wraps what the step calls (telemetry), once, here."""
+        ``wrap_executor`` wraps what the step calls (telemetry), once, here; ``guided``: the
+        structured-output stage (default: llguidance)."""
         engine = cls.__new__(cls)
-        engine._init(checkpoint, executor, scheduler, detokenizer, None)
+        engine._init(checkpoint, executor, scheduler, detokenizer, None,
+                     guided if guided is not None else LLGuidanceDecoding())
         if wrap_executor is not None:
             engine.executor = wrap_executor(executor, lambda: scheduler.stats)
         return engine
 
     def _init(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
-              detokenizer: DetokenizerStage, detokenizer_factory: DetokenizerFactory | None) -> None:
+              detokenizer: DetokenizerStage, detokenizer_factory: DetokenizerFactory | None,
+              guided: GuidedDecodingStage) -> None:
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
@@ -109,6 +115,8 @@ class LLMEngine:
         self._pending: dict[str, _Pending] = {}
         self._prompts: dict[str, str | None] = {}
         self._aborted: list[Request] = []  # reported by the next step()
+        self.guided = guided
+        self._guided_bound = False  # bound to the tokenizer at the first constrained request
         self._lock = threading.RLock()
 
     @classmethod
@@ -149,6 +157,7 @@ class LLMEngine:
             "executor": self.model_executor.settings(),
             "detokenizer": {"class": type(self.detokenizer).__name__,
                             **self.detokenizer.settings()},
+            "guided": {"class": type(self.guided).__name__, **self.guided.settings()},
         }
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
@@ -167,18 +176,35 @@ class LLMEngine:
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
                           priority=priority)
         with self._lock:
+            if params.guided is not None:
+                self._start_guided(request_id, params)
             try:
                 self.scheduler.add_request(request)
             except ValueError as exc:
+                self.guided.finish([request_id])
                 raise RequestRejected("prompt", str(exc)) from None
             self._detok[request_id] = self._detokenizer_factory(params)
             self._pending[request_id] = _Pending()
             self._prompts[request_id] = prompt
 
+    def _start_guided(self, request_id: str, params: SamplingParams) -> None:
+        from inferflow.guided.constraint import GuidedError
+
+        assert params.guided is not None
+        try:
+            if not self._guided_bound:
+                self.guided.bind(self.checkpoint.path / "tokenizer.json",
+                                 self.model_config.vocab_size, self.checkpoint.eos_token_ids)
+                self._guided_bound = True
+            self.guided.start(request_id, params.guided)
+        except GuidedError as exc:
+            raise RequestRejected(exc.field, str(exc)) from None
+
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request: its slot and KV blocks are freed now; the next step() reports it."""
         with self._lock:
             done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
+            self.guided.finish([request_id])
             self._aborted.extend(done)
             return bool(done)
 
@@ -194,7 +220,7 @@ class LLMEngine:
         """One engine step; a delta for every request that finished or, every
         ``stream_interval`` tokens, progressed."""
         with self._lock:
-            updates = engine_step(self.scheduler, self.executor)
+            updates = engine_step(self.scheduler, self.executor, self.guided)
             outputs = [out for u in updates if (out := self._output(u)) is not None]
             for request in self._aborted:
                 out = self._output(StepUpdate(request, (), finish_reason="abort"))

@@ -2,25 +2,56 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import dataclasses
+from typing import TYPE_CHECKING, Protocol
 
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 from inferflow.scheduling.scheduler import Scheduler
 from inferflow.scheduling.updates import StepUpdate
 
+if TYPE_CHECKING:
+    from inferflow.stages.guided import GuidedDecodingStage
+
 
 class Executor(Protocol):
     """Runs one plan: ``kv_loads``, then one forward pass over ``chunks``, then sampling for the
-    chunks with ``sample=True``, then ``kv_saves``. Drops per-request state (e.g. seeded RNGs) of
+    chunks with ``sample=True`` (a request in ``plan.token_bitmasks`` among its allowed tokens
+    only), then ``kv_saves``. Drops per-request state (e.g. seeded RNGs) of
     ``plan.finished_request_ids``; a plan may consist of nothing else (no chunks)."""
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput: ...
 
 
-def step(scheduler: Scheduler, executor: Executor) -> list[StepUpdate]:
-    """One engine step; a no-op (no executor call) when there is nothing to run or report."""
+def step(
+    scheduler: Scheduler, executor: Executor, guided: GuidedDecodingStage | None = None
+) -> list[StepUpdate]:
+    """One engine step; a no-op (no executor call) when there is nothing to run or report.
+
+    With ``guided`` (structured output), the constrained requests that sample in this step get
+    their bitmask in the plan, and each sampled token advances its request's grammar; a grammar
+    that is complete ends its request.
+    """
     plan = scheduler.schedule()
+    if guided is not None and plan.finished_request_ids:
+        guided.finish(plan.finished_request_ids - plan.preempted_request_ids)
     if plan.is_empty and not plan.finished_request_ids:
         return []
+    constrained = (
+        [c.request_id for c in plan.chunks if c.sample and guided.constrains(c.request_id)]
+        if guided is not None
+        else []
+    )
+    if constrained:
+        assert guided is not None
+        plan = dataclasses.replace(plan, token_bitmasks=guided.bitmasks(constrained))
     output = executor.execute(plan)
-    return scheduler.update(plan, output)
+    for rid in constrained:
+        assert guided is not None
+        token = output.sampled.get(rid)
+        if token is not None and guided.advance(rid, token.token_id):
+            output.sampled[rid] = dataclasses.replace(token, grammar_complete=True)
+    updates = scheduler.update(plan, output)
+    if constrained:
+        assert guided is not None  # finished now: drop their matchers without waiting a step
+        guided.finish(u.request.request_id for u in updates if u.finish_reason is not None)
+    return updates

@@ -28,7 +28,9 @@ class PlanRunner:
         if plan.chunks:
             rows = [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample) for c in plan.chunks]
             logits = engine.forward(rows)  # type: ignore[attr-defined]  # (R, V)
-            sample_rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens)
+            masks = plan.token_bitmasks
+            sample_rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
+                                     masks.get(c.request_id))
                            for c in plan.chunks if c.sample]
             tokens = self.sampler.sample(logits, sample_rows)
             sampled = {row.request_id: tok for row, tok in zip(sample_rows, tokens, strict=True)}

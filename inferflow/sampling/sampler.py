@@ -4,6 +4,9 @@ Pure numpy over a (R, V) float32 logits matrix. Rows are independent: a request'
 only on its own logits, parameters and RNG, never on which other requests share the step, so
 greedy and seeded outputs do not depend on batch composition. Logprobs are of the model's raw
 distribution (log_softmax of the unmodified logits), as OpenAI and vLLM report them.
+
+A row with a token bitmask (structured output) samples among its allowed tokens only; rows
+without one are not touched.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from inferflow.guided.bitmask import allowed_tokens
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import SampledToken
 
@@ -22,6 +26,7 @@ class SampleRow:
     request_id: str
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one (for min_tokens)
+    token_bitmask: np.ndarray | None = None  # allowed tokens (packed), structured output only
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -78,10 +83,17 @@ class Sampler:
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
         params = row.params
         masked = logits
+        if row.token_bitmask is not None:
+            allowed = allowed_tokens(row.token_bitmask, logits.size)
+            if allowed.any():  # (a grammar in an error state allows nothing: leave it to EOS)
+                masked = np.where(allowed, logits, -np.inf)
         if row.num_output_tokens < params.min_tokens:
             blocked = [t for t in (*self.eos_token_ids, *params.stop_token_ids) if t < logits.size]
-            masked = logits.copy()
+            unblocked = masked
+            masked = masked.copy()
             masked[blocked] = -np.inf
+            if not np.isfinite(masked).any():  # the grammar allows only EOS: it wins
+                masked = unblocked
         if params.greedy:
             token = int(np.argmax(masked))
         else:

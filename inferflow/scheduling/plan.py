@@ -18,9 +18,14 @@ Invariants the scheduler guarantees for a plan:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inferflow.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,12 @@ class SchedulerOutput:
     # any per-request state (e.g. seeded RNGs) it keeps for them.
     finished_request_ids: frozenset[str] = frozenset()
     step_id: int = 0
+    # the subset of finished_request_ids that was preempted: back to waiting, output kept
+    preempted_request_ids: frozenset[str] = frozenset()
+    # structured output: for each constrained request sampling in this step, its allowed tokens
+    # as a packed bitmask row ((ceil(V/32),) int32, bit t%32 of word t//32; inferflow.guided.
+    # bitmask). The executor's sampler must sample those requests among the allowed tokens only.
+    token_bitmasks: Mapping[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def num_batched_tokens(self) -> int:
@@ -77,6 +88,7 @@ class SampledToken:
     token_id: int
     logprob: float | None = None  # log-probability of token_id (when logprobs were requested)
     top_logprobs: tuple[tuple[int, float], ...] = ()  # (token_id, logprob), best first
+    grammar_complete: bool = False  # the request's grammar allows nothing more: it ends ("stop")
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,7 @@ class Scheduler:
         self.running: list[Request] = []
         self._requests: dict[str, Request] = {}  # live (unfinished) requests
         self._to_report: set[str] = set()  # finished/preempted since the last plan
+        self._preempted: set[str] = set()  # ... of which preempted
         self._seq = itertools.count()
         self._batch_open = True  # static mode: may the current batch still admit?
         self._num_steps = 0
@@ -144,12 +145,14 @@ class Scheduler:
         self._num_steps += 1
         self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
         reported, self._to_report = frozenset(self._to_report), set()
+        preempted, self._preempted = frozenset(self._preempted & reported), set()
         return SchedulerOutput(
             chunks=tuple(step.chunks),
             kv_loads=tuple(step.loads),
             kv_saves=tuple(step.saves),
             finished_request_ids=reported,
             step_id=self._num_steps,
+            preempted_request_ids=preempted,
         )
 
     def _schedule_running(self, step: _Step) -> None:
@@ -278,6 +281,7 @@ class Scheduler:
         self._num_preemptions += 1
         self.waiting.prepend(request)
         self._to_report.add(request.request_id)  # the executor drops its per-request state
+        self._preempted.add(request.request_id)
         step.preempted = True
 
     def _release(self, request: Request) -> None:
@@ -299,6 +303,7 @@ class Scheduler:
         request.metrics.finished_time = self._clock()
         del self._requests[request.request_id], self._keys[request.request_id]
         self._to_report.add(request.request_id)
+        self._preempted.discard(request.request_id)  # preempted, then finished: it is gone
 
     # -- update ----------------------------------------------------------------------------
     def update(self, plan: SchedulerOutput, output: ExecutorOutput) -> list[StepUpdate]:
@@ -328,6 +333,8 @@ class Scheduler:
         decision = check_stop(request, self.config.max_model_len)
         if decision is not None:
             self._finish(request, decision.status, decision.stop_reason)
+        elif sampled.grammar_complete:  # structured output: nothing more may follow
+            self._finish(request, RequestStatus.FINISHED_STOPPED, None)
         return StepUpdate(
             request=request,
             new_token_ids=(sampled.token_id,),

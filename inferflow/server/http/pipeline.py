@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from inferflow.guided.constraint import GuidedError
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import ErrorInfo, OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
@@ -26,6 +27,7 @@ from inferflow.stages.base import (
     StageError,
     StageRequest,
 )
+from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 ATTR_TRACE_CONTEXT = "trace_context"  # StageRequest.attributes: the root span's W3C carrier
@@ -64,17 +66,23 @@ class RequestPipeline:
         max_model_len: int,
         stages: Sequence[RequestStage],
         wrap_stage: StageWrapper = _no_wrap,
+        guided: GuidedDecodingStage | None = None,
     ) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.stages = list(stages)
         self.wrap_stage = wrap_stage
+        # checks a request's structured-output constraint before it is queued (400 if it
+        # cannot compile); the engine compiles it again, cached, when the request arrives
+        self.guided = guided if guided is not None else NoGuidedDecoding()
 
     @classmethod
     def from_graph(cls, graph: Any, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
         """Set up the graph's stages (loads the tokenizer) and wrap them."""
         graph.setup_stages()
-        return cls(graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage)
+        return cls(
+            graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided
+        )
 
     async def prepare(
         self,
@@ -135,6 +143,12 @@ class RequestPipeline:
         ), False
 
     def _run_stages(self, request: StageRequest) -> StageRequest:
+        constraint = request.sampling_params.guided
+        if constraint is not None:
+            try:
+                self.guided.check(constraint)
+            except GuidedError as exc:
+                raise bad_request(str(exc), exc.field) from None
         for stage in self.stages:
             request = self._run_stage(stage, request)
         return request

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
+from inferflow.server.http.guided_fields import GuidedFields
 
 MAX_STOP_SEQUENCES = 4
 
@@ -27,8 +28,8 @@ class StreamOptions(_Strict):
     include_usage: bool = False
 
 
-class _SamplingFields(_Strict):
-    """Fields both endpoints share."""
+class _SamplingFields(GuidedFields, _Strict):
+    """Fields both endpoints share (structured output: ``GuidedFields``)."""
 
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
@@ -86,6 +87,7 @@ class _SamplingFields(_Strict):
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
                 min_tokens=self.min_tokens,
+                guided=self.guided_constraint(),
             )
         except SamplingParamsError as exc:
             raise bad_request(str(exc), self._param_name(exc.field)) from None

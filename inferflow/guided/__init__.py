@@ -1,0 +1,5 @@
+"""Structured output: the constraint a request carries and how its token bitmask is applied.
+
+The grammar stage (``inferflow/stages/guided.py``) compiles constraints and fills bitmasks; the
+sampler applies them (``bitmask.py``); ``constraint.py`` is what travels with a request.
+"""
