@@ -13,8 +13,9 @@ def words_for(vocab_size: int) -> int:
 
 def allowed_tokens(bitmask_row: np.ndarray, vocab_size: int) -> np.ndarray:
     """(W,) int32 -> (vocab_size,) bool."""
-    bits = np.unpackbits(np.ascontiguousarray(bitmask_row, dtype="<i4").view(np.uint8),
-                         bitorder="little")
+    bits = np.unpackbits(
+        np.ascontiguousarray(bitmask_row, dtype="<i4").view(np.uint8), bitorder="little"
+    )
     allowed = np.zeros(vocab_size, dtype=bool)
     n = min(vocab_size, bits.size)
     allowed[:n] = bits[:n].astype(bool)

@@ -34,7 +34,9 @@ class GuidedConstraint:
         return (self.kind.value, self.spec)
 
     @classmethod
-    def json_schema(cls, schema: dict[str, Any] | str, field: str = "guided_json") -> GuidedConstraint:
+    def json_schema(
+        cls, schema: dict[str, Any] | str, field: str = "guided_json"
+    ) -> GuidedConstraint:
         text = schema if isinstance(schema, str) else json.dumps(schema)  # key order matters
         return cls(GuidedKind.JSON_SCHEMA, text, field)
 

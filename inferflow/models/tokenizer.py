@@ -56,9 +56,13 @@ class Tokenizer:
         return self._tok.id_to_token(token_id)
 
     def apply_chat_template(
-        self, messages: Sequence[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
     ) -> str:
-        """Render ``messages`` with the checkpoint's Jinja chat template (as transformers does)."""
+        """Render ``messages`` with the checkpoint's Jinja chat template (as transformers does;
+        ``tools``: OpenAI tool definitions, the template's ``tools`` variable)."""
         if not self.chat_template:
             raise ValueError("this checkpoint has no chat_template in tokenizer_config.json")
         from jinja2.exceptions import TemplateError
@@ -72,11 +76,15 @@ class Tokenizer:
         template = env.from_string(self.chat_template)
         return template.render(
             messages=list(messages),
+            tools=list(tools) if tools else None,
             add_generation_prompt=add_generation_prompt,
             bos_token=self.bos_token or "",
             eos_token=self.eos_token or "",
         )
 
-    def encode_chat(self, messages: Sequence[dict[str, Any]]) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Chat messages -> prompt token ids (the template already places BOS when it wants one)."""
-        return self.encode(self.apply_chat_template(messages), add_special_tokens=False)
+        text = self.apply_chat_template(messages, tools=tools)
+        return self.encode(text, add_special_tokens=False)

@@ -53,6 +53,7 @@ class StageRequest:
     prompt_token_ids: list[int] | None = None
     sampling_params: SamplingParams = field(default_factory=SamplingParams)
     attributes: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # chat: OpenAI tool definitions, for the template
 
 
 @dataclass(frozen=True)

@@ -176,8 +176,9 @@ class LLGuidanceDecoding(GuidedDecodingStage):
         import llguidance
 
         eos = list(eos_token_ids) or None
-        self._tokenizer = llguidance.LLTokenizer(str(tokenizer_path), n_vocab=vocab_size,
-                                                 eos_token=eos)
+        self._tokenizer = llguidance.LLTokenizer(
+            str(tokenizer_path), n_vocab=vocab_size, eos_token=eos
+        )
         self._vocab_size = vocab_size
         self._executor = llguidance.LLExecutor(self.threads) if self.threads > 1 else None
 

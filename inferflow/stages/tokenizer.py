@@ -50,7 +50,7 @@ class CheckpointTokenizer(RequestStage):
                     {**m, "content": message_text(m.get("content"))} for m in request.messages
                 ]
                 try:
-                    request.prompt_token_ids = tok.encode_chat(messages)
+                    request.prompt_token_ids = tok.encode_chat(messages, tools=request.tools)
                 except Exception as exc:  # jinja TemplateError / no chat template: client-visible
                     raise StageError("messages", f"cannot apply the chat template: {exc}") from None
             elif request.prompt is not None:

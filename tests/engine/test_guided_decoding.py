@@ -138,7 +138,9 @@ def test_a_bad_constraint_is_rejected_naming_its_field(llm: LLM) -> None:
 
 def test_check_needs_no_tokenizer_and_none_refuses() -> None:
     with pytest.raises(GuidedError, match="Invalid type"):
-        LLGuidanceDecoding().check(GuidedConstraint.json_schema({"type": "nope"}, "response_format"))
+        LLGuidanceDecoding().check(
+            GuidedConstraint.json_schema({"type": "nope"}, "response_format")
+        )
     LLGuidanceDecoding().check(GuidedConstraint.json_schema(ORDER_SCHEMA))
     with pytest.raises(GuidedError, match="disabled") as info:
         NoGuidedDecoding().check(GuidedConstraint.choice(["a"]))

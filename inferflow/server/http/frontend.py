@@ -36,6 +36,7 @@ from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.sse import SSEResponse
+from inferflow.server.http.tool_calls import ToolCallFormatter
 from inferflow.server.messages import CancelRequest, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.process.shared_state import SharedState
@@ -176,9 +177,15 @@ class Frontend:
         except BaseException:  # a refusal, a stage error or a client that left
             self.shared.release()
             raise
-        formatter = formatter_cls(
-            self.pipeline.model_name, body.include_usage, prepared.params.logprobs is not None
-        )
+        want_logprobs = prepared.params.logprobs is not None
+        mode = body.tool_mode() if isinstance(body, ChatCompletionRequest) else None
+        if mode is not None:
+            assert isinstance(body, ChatCompletionRequest)
+            formatter: ResponseFormatter = ToolCallFormatter(
+                self.pipeline.model_name, body.include_usage, want_logprobs, mode, body.tool_names()
+            )
+        else:
+            formatter = formatter_cls(self.pipeline.model_name, body.include_usage, want_logprobs)
         flow = self._submit(prepared, formatter, operation, request.url.path, started, span)
         if body.stream:
             flow.stream = True

@@ -126,6 +126,7 @@ class RequestPipeline:
                 messages=body.message_dicts(),
                 sampling_params=params,
                 attributes=attributes,
+                tools=body.template_tools(),
             ), fill
         prompt = body.single_prompt()
         params = body.sampling_params(

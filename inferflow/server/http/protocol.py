@@ -1,8 +1,10 @@
 """OpenAI request bodies for ``/v1/completions`` and ``/v1/chat/completions``.
 
 Parsing turns any schema problem into a 400 naming the field (``param``), the way OpenAI does.
-Unknown fields are ignored (clients send ``extra_body``); parameters we cannot honour (``n > 1``,
-``echo``, ``best_of``, penalties) are rejected with a 400 instead of being silently dropped.
+Nothing is silently ignored: an unknown request field is a 400 naming it, and parameters we
+cannot honour (``n > 1``, ``echo``, ``best_of``, penalties, ``logit_bias``, ``store``, ...) are
+accepted only at their neutral value. (Inside a chat message, extra keys such as ``refusal`` or
+``annotations`` of an echoed assistant message are dropped: they do not change the prompt.)
 vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
 ``priority``.
 """
@@ -16,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.guided_fields import GuidedFields
+from inferflow.server.http.tool_calls import ToolCall, ToolFields
 
 MAX_STOP_SEQUENCES = 4
 
@@ -24,11 +27,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-class StreamOptions(_Strict):
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class _SamplingFields(GuidedFields, _Strict):
+# OpenAI fields accepted only at their neutral value: (field, allowed values, why not others)
+NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...], str], ...] = (
+    ("logit_bias", (None, {}), "logit_bias is not supported"),
+    ("store", (None, False), "this server does not store completions (store must be false)"),
+    ("metadata", (None, {}), "metadata is only kept with store, which this server does not do"),
+    ("service_tier", (None, "auto", "default"), "service_tier must be auto or default"),
+)
+
+
+class _SamplingFields(GuidedFields, _Request):
     """Fields both endpoints share (structured output: ``GuidedFields``)."""
 
     model: str
@@ -46,6 +62,10 @@ class _SamplingFields(GuidedFields, _Strict):
     presence_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
     frequency_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
     # vLLM extensions
     top_k: int | None = None
     ignore_eos: bool = False
@@ -60,6 +80,9 @@ class _SamplingFields(GuidedFields, _Strict):
     def check_supported(self) -> None:
         if self.n != 1:
             raise bad_request("only n=1 is supported", "n")
+        for name, allowed, why in NEUTRAL_ONLY:
+            if getattr(self, name) not in allowed:
+                raise bad_request(why, name)
         if self.presence_penalty or self.frequency_penalty:
             param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
             raise bad_request(f"{param} is not supported (must be 0)", param)
@@ -87,13 +110,17 @@ class _SamplingFields(GuidedFields, _Strict):
                 ignore_eos=self.ignore_eos,
                 logprobs=logprobs,
                 min_tokens=self.min_tokens,
-                guided=self.guided_constraint(),
+                guided=self.guided(),
             )
         except SamplingParamsError as exc:
             raise bad_request(str(exc), self._param_name(exc.field)) from None
 
     def _param_name(self, sampling_field: str) -> str:
         return sampling_field
+
+    def guided(self) -> Any:
+        """The request's output constraint (``GuidedConstraint``) or None."""
+        return self.guided_constraint()
 
 
 class CompletionRequest(_SamplingFields):
@@ -131,6 +158,8 @@ class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an earlier assistant turn that called tools
+    tool_call_id: str | None = None  # role "tool": the call this result answers
 
     def text(self, index: int) -> str:
         """Plain-text content; only ``{"type": "text"}`` parts are accepted."""
@@ -148,10 +177,11 @@ class ChatMessage(_Strict):
         return "".join(parts)
 
 
-class ChatCompletionRequest(_SamplingFields):
-    """``POST /v1/chat/completions``."""
+class ChatCompletionRequest(ToolFields, _SamplingFields):
+    """``POST /v1/chat/completions`` (tools: ``ToolFields``)."""
 
     messages: list[ChatMessage] = Field(min_length=1)
+    modalities: list[Literal["text"]] | None = None  # text only
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
@@ -160,6 +190,18 @@ class ChatCompletionRequest(_SamplingFields):
         super().check_supported()
         if self.top_logprobs is not None and not self.logprobs:
             raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+        for i, message in enumerate(self.messages):
+            if message.role == "tool" and not message.tool_call_id:
+                raise bad_request(
+                    "a tool message needs the tool_call_id it answers",
+                    f"messages.{i}.tool_call_id",
+                )
+        if self.tool_mode() == "forced" and self.guided_constraint() is not None:
+            raise bad_request(
+                "tool_choice required or a named tool already constrains the output; "
+                "it cannot be combined with response_format or structured_outputs",
+                "tool_choice",
+            )
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -170,7 +212,22 @@ class ChatCompletionRequest(_SamplingFields):
         return (self.top_logprobs or 0) if self.logprobs else None
 
     def message_dicts(self) -> list[dict[str, Any]]:
-        return [{"role": m.role, "content": m.text(i)} for i, m in enumerate(self.messages)]
+        """The conversation as the chat template sees it (tool calls and results included)."""
+        out = []
+        for i, m in enumerate(self.messages):
+            message: dict[str, Any] = {"role": m.role, "content": m.text(i)}
+            if m.name is not None:
+                message["name"] = m.name
+            if m.tool_calls:
+                message["tool_calls"] = [c.model_dump() for c in m.tool_calls]
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+            out.append(message)
+        return out
+
+    def guided(self) -> Any:
+        """The output constraint: a forced tool call's, else the structured-output fields'."""
+        return self.tool_constraint() or self.guided_constraint()
 
     def _param_name(self, sampling_field: str) -> str:
         return "top_logprobs" if sampling_field == "logprobs" else sampling_field
@@ -197,6 +254,8 @@ def _first_error(exc: ValidationError) -> OpenAIError:
     message = err["msg"] if param is None else f"{param}: {err['msg']}"
     if err["type"] == "missing":
         message = f"{param} is required"
+    elif err["type"] == "extra_forbidden":
+        message = f"{param}: unknown or unsupported field (refused rather than ignored)"
     return bad_request(message, param)
 
 

@@ -77,13 +77,13 @@ class RequestFlow:
         while True:
             update = await self.next_update()
             if update.error is not None:
-                if update.text:  # text produced before the failure still reaches the client
-                    yield sse_data(fmt.text_chunk(self.request_id, update.text))
+                text = fmt.take_held_text() + update.text
+                if text:  # text produced before the failure still reaches the client
+                    yield sse_data(fmt.text_chunk(self.request_id, text))
                 yield update.error.sse_event()
                 yield DONE_EVENT
                 return
-            chunk = fmt.delta_chunk(update)
-            if chunk is not None:
+            for chunk in fmt.delta_chunks(update):
                 yield sse_data(chunk)
             if update.final:
                 if fmt.include_usage:

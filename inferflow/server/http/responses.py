@@ -97,6 +97,15 @@ class ResponseFormatter(ABC):
     def start_chunks(self) -> list[dict[str, Any]]:
         return []
 
+    def delta_chunks(self, update: RequestUpdate) -> list[dict[str, Any]]:
+        """The chunks for ``update`` (none when it carries nothing to send)."""
+        chunk = self.delta_chunk(update)
+        return [] if chunk is None else [chunk]
+
+    def take_held_text(self) -> str:
+        """Text received but not sent yet (a formatter that holds text back returns it once)."""
+        return ""
+
     def delta_chunk(self, update: RequestUpdate) -> dict[str, Any] | None:
         """The chunk for ``update`` or ``None`` when it carries nothing to send."""
         if not update.text and update.finish_reason is None and not update.logprobs:
