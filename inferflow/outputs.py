@@ -42,6 +42,9 @@ class RequestMetrics:
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache
     num_preemptions: int = 0
     detokenize: StageTime | None = None  # the detokenizer stage's runs for this request
+    guided_kind: str | None = None  # structured output: the constraint's kind
+    guided_compile_s: float | None = None  # compiling its grammar (0 when cached)
+    guided_cache_hit: bool | None = None
 
 
 @dataclass

@@ -177,7 +177,7 @@ class LLMEngine:
                           priority=priority)
         with self._lock:
             if params.guided is not None:
-                self._start_guided(request_id, params)
+                self._start_guided(request, params)
             try:
                 self.scheduler.add_request(request)
             except ValueError as exc:
@@ -187,7 +187,7 @@ class LLMEngine:
             self._pending[request_id] = _Pending()
             self._prompts[request_id] = prompt
 
-    def _start_guided(self, request_id: str, params: SamplingParams) -> None:
+    def _start_guided(self, request: Request, params: SamplingParams) -> None:
         from inferflow.guided.constraint import GuidedError
 
         assert params.guided is not None
@@ -196,9 +196,12 @@ class LLMEngine:
                 self.guided.bind(self.checkpoint.path / "tokenizer.json",
                                  self.model_config.vocab_size, self.checkpoint.eos_token_ids)
                 self._guided_bound = True
-            self.guided.start(request_id, params.guided)
+            info = self.guided.start(request.request_id, params.guided)
         except GuidedError as exc:
             raise RequestRejected(exc.field, str(exc)) from None
+        metrics = request.metrics
+        metrics.guided_kind = params.guided.kind.value
+        metrics.guided_compile_s, metrics.guided_cache_hit = info.seconds, info.cached
 
     def abort_request(self, request_id: str) -> bool:
         """Cancel a request: its slot and KV blocks are freed now; the next step() reports it."""

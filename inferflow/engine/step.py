@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Protocol
 
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
@@ -43,7 +44,11 @@ def step(
     )
     if constrained:
         assert guided is not None
-        plan = dataclasses.replace(plan, token_bitmasks=guided.bitmasks(constrained))
+        started = time.perf_counter()
+        masks = guided.bitmasks(constrained)
+        plan = dataclasses.replace(
+            plan, token_bitmasks=masks, guided_mask_s=time.perf_counter() - started
+        )
     output = executor.execute(plan)
     for rid in constrained:
         assert guided is not None

@@ -71,6 +71,7 @@ class SchedulerOutput:
     # as a packed bitmask row ((ceil(V/32),) int32, bit t%32 of word t//32; inferflow.guided.
     # bitmask). The executor's sampler must sample those requests among the allowed tokens only.
     token_bitmasks: Mapping[str, np.ndarray] = field(default_factory=dict)
+    guided_mask_s: float = 0.0  # time the guided stage took to fill token_bitmasks (telemetry)
 
     @property
     def num_batched_tokens(self) -> int:

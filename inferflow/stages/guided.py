@@ -45,6 +45,14 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class CompileInfo:
+    """How a request's grammar was obtained (:meth:`GuidedDecodingStage.start`)."""
+
+    seconds: float  # compiling it (0 when it came from the cache)
+    cached: bool
+
+
 @dataclass
 class GuidedDecodingStage(EngineStage):
     """Contract of the ``guided`` slot (see the module docstring)."""
@@ -59,7 +67,7 @@ class GuidedDecodingStage(EngineStage):
         """Engine side, once, before the first :meth:`start`: the model's tokenizer."""
 
     @abstractmethod
-    def start(self, request_id: str, constraint: GuidedConstraint) -> None:
+    def start(self, request_id: str, constraint: GuidedConstraint) -> CompileInfo:
         """A new constrained request; raises ``GuidedError`` if it cannot be compiled."""
 
     @abstractmethod
@@ -94,8 +102,9 @@ class NoGuidedDecoding(GuidedDecodingStage):
             "start it with guided=llguidance",
         )
 
-    def start(self, request_id: str, constraint: GuidedConstraint) -> None:
+    def start(self, request_id: str, constraint: GuidedConstraint) -> CompileInfo:
         self.check(constraint)
+        raise AssertionError("unreachable: check() always raises")
 
     def constrains(self, request_id: str) -> bool:
         return False
@@ -182,12 +191,13 @@ class LLGuidanceDecoding(GuidedDecodingStage):
         self._vocab_size = vocab_size
         self._executor = llguidance.LLExecutor(self.threads) if self.threads > 1 else None
 
-    def start(self, request_id: str, constraint: GuidedConstraint) -> None:
+    def start(self, request_id: str, constraint: GuidedConstraint) -> CompileInfo:
         import llguidance
 
         if self._tokenizer is None:
             raise RuntimeError("LLGuidanceDecoding.start before bind()")
         template = self._templates.get(constraint.key)
+        info = CompileInfo(0.0, cached=True)
         if template is not None:
             self._templates.move_to_end(constraint.key)
             self._counters["cache_hits"] += 1
@@ -197,12 +207,14 @@ class LLGuidanceDecoding(GuidedDecodingStage):
             template = llguidance.LLMatcher(self._tokenizer, self.grammar(constraint), log_level=0)
             if template.is_error():
                 raise GuidedError(constraint.field, template.get_error())
+            info = CompileInfo(time.perf_counter() - started, cached=False)
             self._counters["compiles"] += 1
-            self._counters["compile_seconds"] += time.perf_counter() - started
+            self._counters["compile_seconds"] += info.seconds
             self._templates[constraint.key] = template
             while len(self._templates) > self.cache_size:
                 self._templates.popitem(last=False)
         self._matchers[request_id] = template.deep_copy()
+        return info
 
     def constrains(self, request_id: str) -> bool:
         return request_id in self._matchers

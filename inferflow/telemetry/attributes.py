@@ -71,6 +71,11 @@ STEP_NUM_DECODE_TOKENS = "inferflow.step.num_decode_tokens"  # decode rows (one 
 STEP_NUM_BATCHED_TOKENS = "inferflow.step.num_batched_tokens"
 STEP_NUM_PREFILL_REQUESTS = "inferflow.step.num_prefill_requests"
 STEP_NUM_DECODE_REQUESTS = "inferflow.step.num_decode_requests"
+STEP_GUIDED_ROWS = "inferflow.step.guided_rows"  # rows sampled under a structured-output mask
+STEP_GUIDED_MASK_MS = "inferflow.step.guided_mask_ms"  # time to fill those masks
+GUIDED_COMPILE_MS = "inferflow.guided.compile_ms"  # compiling the request's grammar (0 if cached)
+GUIDED_CACHE_HIT = "inferflow.guided.cache_hit"  # the compiled grammar came from the cache
+GUIDED_KIND = "inferflow.guided.kind"  # json_schema | json_object | regex | choice | grammar
 
 # --- resource attributes -----------------------------------------------------------------------
 RESOURCE_MODEL_NAME = "inferflow.model.name"

@@ -25,6 +25,7 @@ from opentelemetry.trace import SpanContext
 
 from inferflow.outputs import RequestMetrics
 from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
+from inferflow.telemetry import attributes as A
 from inferflow.telemetry.isolation import isolated, log_telemetry_error
 from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
 from inferflow.telemetry.request_trace import RequestTrace
@@ -164,6 +165,7 @@ class EngineTelemetry:
                 num_decode_tokens=tally.num_decode_tokens,
                 num_prefill_requests=tally.num_prefill_requests,
                 num_decode_requests=tally.num_decode_requests,
+                attributes=_guided_step_attributes(plan),
             )
         if self.metrics is not None:
             self.metrics.on_step(self._step_stats(plan, output, tally, scheduler))
@@ -228,6 +230,8 @@ class EngineTelemetry:
             num_preemptions=preemptions,
             time_to_first_tokens=tally.ttfts,
             inter_token_latencies=tally.gaps,
+            guided_rows=len(plan.token_bitmasks),
+            guided_mask_s=plan.guided_mask_s,
         )
 
     @isolated(None)
@@ -268,6 +272,8 @@ class EngineTelemetry:
                     num_prompt_tokens=rt.num_prompt_tokens,
                     max_tokens=tracked.max_tokens,
                     operation=tracked.operation,
+                    guided_compile_s=metrics.guided_compile_s if metrics is not None else None,
+                    guided_cache_hit=metrics.guided_cache_hit if metrics is not None else None,
                 )
             )
         return timings
@@ -276,3 +282,13 @@ class EngineTelemetry:
     def num_tracked(self) -> int:
         with self._lock:
             return len(self._requests)
+
+
+def _guided_step_attributes(plan: SchedulerOutput) -> dict[str, Any] | None:
+    """Structured-output rows of a step and the time their masks took (None without any)."""
+    if not plan.token_bitmasks:
+        return None
+    return {
+        A.STEP_GUIDED_ROWS: len(plan.token_bitmasks),
+        A.STEP_GUIDED_MASK_MS: round(plan.guided_mask_s * 1000, 4),
+    }

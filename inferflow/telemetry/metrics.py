@@ -34,6 +34,8 @@ GEN_AI_TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.
 GEN_AI_TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5)
 GEN_AI_DURATION_BUCKETS = (0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24,
                            20.48, 40.96, 81.92)  # fmt: skip
+GUIDED_MASK_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1)
+GUIDED_COMPILE_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.5, 1.0, 5.0)
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
@@ -62,6 +64,8 @@ class StepStats:
     num_preemptions: int = 0
     time_to_first_tokens: Sequence[float] = ()
     inter_token_latencies: Sequence[float] = ()
+    guided_rows: int = 0  # rows sampled under a structured-output mask
+    guided_mask_s: float = 0.0  # time the guided stage took to fill their masks
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,8 @@ class FinishedRequestStats:
     time_per_output_token: float | None = None
     max_tokens: int | None = None
     operation: str = "text_completion"  # gen_ai.operation.name label
+    guided_compile_s: float | None = None  # structured output: grammar compile (0 if cached)
+    guided_cache_hit: bool | None = None
 
     @classmethod
     def from_timings(
@@ -90,6 +96,8 @@ class FinishedRequestStats:
         num_prompt_tokens: int,
         max_tokens: int | None = None,
         operation: str = "text_completion",
+        guided_compile_s: float | None = None,
+        guided_cache_hit: bool | None = None,
     ) -> FinishedRequestStats:
         """Derive the request's latencies from its engine timestamps (``finished_time`` set)."""
         e2e, queue = timings.e2e_latency, timings.queue_time
@@ -108,6 +116,8 @@ class FinishedRequestStats:
             time_per_output_token=timings.time_per_output_token,
             max_tokens=max_tokens,
             operation=operation,
+            guided_compile_s=guided_compile_s,
+            guided_cache_hit=guided_cache_hit,
         )
 
 
@@ -131,6 +141,7 @@ class EngineMetrics:
         self._build_token_metrics()
         self._build_latency_metrics()
         self._build_gen_ai_metrics()
+        self._build_guided_metrics()
 
     # --- definitions --------------------------------------------------------------------------
     def _gauge(self, name: str, doc: str) -> Gauge:
@@ -221,6 +232,27 @@ class EngineMetrics:
         self.prefill = h("vllm:request_prefill_time_seconds", "Prefill phase (s).", lat)
         self.decode = h("vllm:request_decode_time_seconds", "Decode phase (s).", lat)
 
+    def _build_guided_metrics(self) -> None:
+        h = self._histogram
+        self.guided_mask = h(
+            "inferflow:guided_mask_seconds",
+            "Per engine step with structured-output rows: time to fill their token masks (s).",
+            GUIDED_MASK_BUCKETS,
+        )
+        self.guided_compile = h(
+            "inferflow:guided_compile_seconds",
+            "Per structured-output request whose grammar was not cached: compile time (s).",
+            GUIDED_COMPILE_BUCKETS,
+        )
+        self.guided_cache_hits = self._counter(
+            "inferflow:guided_grammar_cache_hits",
+            "Structured-output requests whose compiled grammar came from the cache.",
+        )
+        self.guided_compiles = self._counter(
+            "inferflow:guided_grammar_compiles",
+            "Structured-output requests whose grammar was compiled.",
+        )
+
     def _build_gen_ai_metrics(self) -> None:
         labels = ["gen_ai_operation_name", "gen_ai_request_model"]
 
@@ -259,6 +291,8 @@ class EngineMetrics:
 
     def on_step(self, stats: StepStats) -> None:
         """Record one engine step (gauges set, counters incremented, histograms observed)."""
+        if stats.guided_rows:
+            self.guided_mask.observe(stats.guided_mask_s)
         self.set_state(
             stats.num_running, stats.num_waiting, stats.kv_blocks_used, stats.kv_blocks_total
         )
@@ -283,6 +317,12 @@ class EngineMetrics:
 
     def on_request_finished(self, req: FinishedRequestStats) -> None:
         """Record one finished request (TTFT itself is observed at its step, in on_step)."""
+        if req.guided_cache_hit is not None:
+            if req.guided_cache_hit:
+                self.guided_cache_hits.inc()
+            else:
+                self.guided_compiles.inc()
+                self.guided_compile.observe(req.guided_compile_s or 0.0)
         reason = req.finish_reason if req.finish_reason in self.request_success else "error"
         self.request_success[reason].inc()
         self.e2e.observe(req.e2e_latency)

@@ -25,6 +25,7 @@ from inferflow.telemetry.spans import ParentLike, emit_span, parent_context, sta
 from inferflow.telemetry.timings import RequestTimings
 
 STAGE_DETOKENIZER = "detokenizer"  # the engine-side stage span recorded per request
+STAGE_GUIDED = "guided"  # structured output: compiling (or fetching) the request's grammar
 
 
 @dataclass
@@ -148,6 +149,19 @@ class RequestTrace:
         self.last_token_time = metrics.last_token_time or self.last_token_time
         self.num_cached_tokens = metrics.num_cached_prompt_tokens
         self.num_preemptions = metrics.num_preemptions
+        if metrics.guided_compile_s is not None:  # structured output: its grammar, at arrival
+            start = metrics.arrival_time
+            self._stages[STAGE_GUIDED] = _StageRecord(
+                start,
+                start + metrics.guided_compile_s,
+                1,
+                metrics.guided_compile_s,
+                {
+                    A.GUIDED_KIND: metrics.guided_kind or "",
+                    A.GUIDED_COMPILE_MS: round(metrics.guided_compile_s * 1000, 3),
+                    A.GUIDED_CACHE_HIT: bool(metrics.guided_cache_hit),
+                },
+            )
 
     # --- stages -----------------------------------------------------------------------------------
     def record_stage(

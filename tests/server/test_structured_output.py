@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
+import time
 
 import jsonschema
 import openai
@@ -368,3 +370,43 @@ def test_neutral_values_of_unsupported_fields_are_accepted(server: ServerProcess
         "response_format": {"type": "text"},
     }
     assert server.post("/v1/chat/completions", json=body).status_code == 200
+
+
+def test_compile_and_mask_time_reach_traces_and_metrics(server: ServerProcess) -> None:
+    from test_server_telemetry import metric_value, spans_of
+
+    schema = {
+        "type": "object",
+        "properties": {"v": {"enum": ["a", "b"]}},
+        "required": ["v"],
+        "additionalProperties": False,
+    }
+    trace_id = secrets.token_hex(16)
+    for i in range(2):  # the second request finds the compiled grammar in the cache
+        response = server.post(
+            "/v1/completions",
+            json={
+                "model": MODEL,
+                "prompt": "x",
+                "max_tokens": 20,
+                "response_format": _format(schema),
+            },
+            headers={
+                "traceparent": f"00-{trace_id if i else secrets.token_hex(16)}-"
+                f"{secrets.token_hex(8)}-01"
+            },
+        )
+        assert response.status_code == 200 and json.loads(response.json()["choices"][0]["text"])
+    deadline = time.monotonic() + 30
+    while not (
+        guided := [s for s in spans_of(server.traces_path, trace_id) if s["name"] == "guided"]
+    ):
+        assert time.monotonic() < deadline, "no guided span"
+        time.sleep(0.2)
+    attrs = {a["key"]: a["value"] for a in guided[0]["attributes"]}
+    assert attrs["inferflow.guided.cache_hit"] == {"boolValue": True}
+    assert attrs["inferflow.guided.kind"] == {"stringValue": "json_schema"}
+    text = server.get("/metrics").text
+    assert metric_value(text, "inferflow:guided_mask_seconds_count") > 0
+    assert metric_value(text, "inferflow:guided_grammar_cache_hits_total") >= 1
+    assert metric_value(text, "inferflow:guided_compile_seconds_count") >= 1

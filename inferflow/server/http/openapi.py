@@ -25,7 +25,7 @@ from pydantic import BaseModel
 import inferflow
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "tool_calls"]
 
 
 # --- response bodies ----------------------------------------------------------------------------
@@ -66,10 +66,22 @@ class CompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"]
     content: str | None
     refusal: str | None = None
+    tool_calls: list[ToolCallOut] | None = None
 
 
 class ChatChoice(BaseModel):
