@@ -3,6 +3,7 @@ default, in an empty HOME, against a live server on README's own address."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -136,6 +137,16 @@ def test_readme_client_bench_and_traces_commands_work_verbatim(
     )
     assert proc.returncode == 0, proc.stderr
     assert "completion_tokens" in proc.stdout  # the usage chunk came last
+    structured = _section_blocks("Serve and call it", "python")[1]  # uses the client above
+    proc = subprocess.run(
+        [sys.executable, "-c", client + "\n" + structured],
+        env=newcomer_env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["mood"] in ("happy", "sad")
     bench = next(c for c in SERVE_LINES if c.startswith("inferflow bench"))
     ran = _run(bench, newcomer_env, tmp_path)
     assert ran.returncode == 0, ran.stderr[-2000:]
