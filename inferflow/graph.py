@@ -208,6 +208,7 @@ class ServingGraph:
 
         layout, scheduler_config = self.check_engine_settings()
         checkpoint = load_checkpoint(self.model_path)
+        self.executor.limit_steps(scheduler_config.max_num_batched_tokens)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
         return LLMEngine.from_components(

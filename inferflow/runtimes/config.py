@@ -43,6 +43,9 @@ class EngineConfig:
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4: 0 = float activations, 4 = int8 activations (faster)
     device_id: int = 0  # GPU for the tensorrt backend
+    # the scheduler's token budget per step (batching.max_num_batched_tokens): sizes the
+    # TensorRT optimization profiles; 0 = unknown (profiles for chunks of up to 2048 tokens)
+    max_num_batched_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:

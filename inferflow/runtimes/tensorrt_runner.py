@@ -6,6 +6,14 @@ DequantizeLinear), never the CPU form. ``tensorrt`` and ``cuda-python`` are impo
 module imports, and its pure parts (profiles, buffer plans, step arrays) are unit-tested, on a
 machine without a GPU. Install the GPU extra with ``pip install inferflow[tensorrt]``.
 
+Shapes: two optimization profiles (``optimization_profiles``), decode-only steps and steps with
+prefill chunks, sized from the scheduler's limits: at most ``max_slots`` rows (``max_num_seqs``),
+``max_num_batched_tokens`` tokens per step, a chunk no longer than either of those or the
+context. ``logits_index`` is never empty: a step in which no row samples (e.g. a chunked prefill
+that does not finish its prompt) binds one dummy row and returns no logits. Every
+``set_input_shape``/``set_tensor_address``/``execute_async_v3`` result is checked: a refused
+shape is an error naming the tensor, its shape and the profile's limits.
+
 Memory: per layer one device buffer each for K and V of shape (max_slots, Hkv, C_alloc, D);
 ``past_*`` and ``present_*`` are bound to the same address (TensorScatter lowers to an in-place
 KV-cache update). Each call runs over slots [0, B): idle slots write their padded garbage at their
@@ -58,9 +66,24 @@ class Profile:
     shapes: dict[str, tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]]
 
 
-def optimization_profiles(cfg: ModelArch, max_slots: int, alloc_capacity: int, max_chunk: int) -> list[Profile]:
-    """Profile 0 serves decode-only steps (S == 1), profile 1 steps with prefill chunks."""
+def step_limits(capacity: int, max_num_batched_tokens: int) -> tuple[int, int]:
+    """(longest chunk, most tokens) one step can carry: the scheduler never puts more than its
+    token budget in a step, nor a chunk past the context. An unknown budget (0) assumes chunks
+    of up to 2048 tokens and returns 0 tokens (``optimization_profiles``' default)."""
+    if not max_num_batched_tokens:
+        return max(1, min(capacity, 2048)), 0
+    return max(1, min(capacity, max_num_batched_tokens)), max_num_batched_tokens
+
+
+def optimization_profiles(
+    cfg: ModelArch, max_slots: int, alloc_capacity: int, max_chunk: int, max_tokens: int = 0
+) -> list[Profile]:
+    """Profile 0 serves decode-only steps (S == 1), profile 1 steps with prefill chunks.
+
+    ``max_chunk``: the longest chunk (padded row length); ``max_tokens``: most tokens in one step
+    (default: one full chunk plus a decode token for every other slot)."""
     kv = (cfg.num_kv_heads, alloc_capacity, cfg.head_dim)
+    max_tokens = max_tokens or max_chunk + max_slots
 
     def profile(name: str, s_max: int, n_max: int) -> Profile:
         s_opt, n_opt = max(1, s_max // 2), max(1, n_max // 2)
@@ -77,11 +100,38 @@ def optimization_profiles(cfg: ModelArch, max_slots: int, alloc_capacity: int, m
                 shapes[f"past_{kind}_{i}"] = ((1, *kv), (max_slots, *kv), (max_slots, *kv))
         return Profile(name, shapes)
 
-    return [profile("decode", 1, max_slots), profile("prefill", max_chunk, max_chunk + max_slots)]
+    return [profile("decode", 1, max_slots), profile("prefill", max_chunk, max_tokens)]
 
 
 def profile_index(arrays: StepArrays) -> int:
     return 0 if arrays.pad_index.shape[1] == 1 else 1
+
+
+def step_feeds(arrays: StepArrays, slot_lengths: Sequence[int]) -> dict[str, np.ndarray]:
+    """The non-KV inputs of one slot-range call. A step in which no row samples gets one dummy
+    ``logits_index`` entry (the profiles' minimum is 1); the caller drops its logits."""
+    logits_index = arrays.logits_index
+    if len(logits_index) == 0:
+        logits_index = np.zeros(1, dtype=np.asarray(arrays.logits_index).dtype)
+    return {
+        "input_ids": arrays.input_ids,
+        "pad_index": arrays.pad_index,
+        "unpad_index": arrays.unpad_index,
+        "logits_index": logits_index,
+        "position_ids": arrays.position_ids,
+        "write_indices": idle_write_indices(arrays, slot_lengths),
+    }
+
+
+def set_shape(context: Any, name: str, shape: tuple[int, ...], profile: Profile) -> None:
+    """``context.set_input_shape`` with its result checked: a refused shape names the limits."""
+    if not context.set_input_shape(name, shape):
+        lo, _, hi = profile.shapes.get(name, ((), (), ()))
+        raise RuntimeError(
+            f"TensorRT refused shape {tuple(shape)} for input {name!r} in profile "
+            f"{profile.name!r} (min {lo}, max {hi}): the step exceeds the limits the engine was "
+            "built for (batching.max_num_batched_tokens / max_num_seqs); rebuild it with larger ones"
+        )
 
 
 def idle_write_indices(arrays: StepArrays, slot_lengths: Sequence[int]) -> np.ndarray:
@@ -129,7 +179,8 @@ def _check(result: Any) -> Any:
 class TensorRTRuntime:
     """Executes steps on a deserialized plan with device KV buffers (GPU only)."""
 
-    def __init__(self, plan: bytes, cfg: ModelArch, max_slots: int, alloc_capacity: int, dtype: np.dtype) -> None:
+    def __init__(self, plan: bytes, cfg: ModelArch, max_slots: int, alloc_capacity: int, dtype: np.dtype,
+                 profiles: Sequence[Profile] = ()) -> None:
         trt, self.cudart = import_tensorrt(), import_cudart()
         self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
         self.context = self.engine.create_execution_context()
@@ -141,6 +192,8 @@ class TensorRTRuntime:
                    for _ in range(cfg.num_layers)]
         self.slot_lengths = [0] * max_slots
         self._scratch: dict[str, tuple[int, int]] = {}  # name -> (device ptr, bytes)
+        # the shapes the plan was built for (named in errors); unknown -> no limits shown
+        self.profiles = list(profiles) or [Profile("decode", {}), Profile("prefill", {})]
 
     def _upload(self, name: str, host: np.ndarray) -> int:
         ptr, size = self._scratch.get(name, (0, 0))
@@ -153,33 +206,39 @@ class TensorRTRuntime:
         _check(self.cudart.cudaMemcpyAsync(ptr, host.ctypes.data, host.nbytes, kind, self.stream))
         return ptr
 
+    def _bind(self, name: str, ptr: int) -> None:
+        if not self.context.set_tensor_address(name, ptr):
+            raise RuntimeError(f"TensorRT refused the device address of {name!r}")
+
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
         a = build_step_arrays(rows, slot_range=True)
         ctx = self.context
-        ctx.set_optimization_profile_async(profile_index(a), self.stream)
-        feeds = {"input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
-                 "logits_index": a.logits_index, "position_ids": a.position_ids,
-                 "write_indices": idle_write_indices(a, self.slot_lengths)}
+        index = profile_index(a)
+        profile = self.profiles[index]
+        if not ctx.set_optimization_profile_async(index, self.stream):
+            raise RuntimeError(f"TensorRT cannot switch to optimization profile {index}")
+        feeds = step_feeds(a, self.slot_lengths)
         for name, arr in feeds.items():
-            ctx.set_input_shape(name, arr.shape)
-            ctx.set_tensor_address(name, self._upload(name, np.ascontiguousarray(arr)))
+            set_shape(ctx, name, arr.shape, profile)
+            self._bind(name, self._upload(name, np.ascontiguousarray(arr)))
         batch = len(a.slots)
         for i, pair in enumerate(self.kv):
             for kind, ptr in zip(("key", "value"), pair, strict=True):
-                ctx.set_input_shape(f"past_{kind}_{i}", (batch, self.cfg.num_kv_heads, self.capacity, self.cfg.head_dim))
-                ctx.set_tensor_address(f"past_{kind}_{i}", ptr)
-                ctx.set_tensor_address(f"present_{kind}_{i}", ptr)  # in place
-        logits = np.empty((len(a.logits_index), self.cfg.vocab_size), np.float32)
+                shape = (batch, self.cfg.num_kv_heads, self.capacity, self.cfg.head_dim)
+                set_shape(ctx, f"past_{kind}_{i}", shape, profile)
+                self._bind(f"past_{kind}_{i}", ptr)
+                self._bind(f"present_{kind}_{i}", ptr)  # in place
+        logits = np.empty((len(feeds["logits_index"]), self.cfg.vocab_size), np.float32)
         out_ptr = self._upload("logits", logits)
-        ctx.set_tensor_address("logits", out_ptr)
+        self._bind("logits", out_ptr)
         if not ctx.execute_async_v3(self.stream):
-            raise RuntimeError("TensorRT execution failed")
+            raise RuntimeError("TensorRT execution failed (execute_async_v3; see its log above)")
         kind = self.cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost
         _check(self.cudart.cudaMemcpyAsync(logits.ctypes.data, out_ptr, logits.nbytes, kind, self.stream))
         _check(self.cudart.cudaStreamSynchronize(self.stream))
         for r in rows:
             self.slot_lengths[r.slot] = r.start_pos + len(r.token_ids)
-        return logits
+        return logits[: len(a.logits_index)]  # without the dummy row of a step that samples none
 
 
 class TensorRTRunner:
@@ -200,20 +259,22 @@ class TensorRTRunner:
         cfg = checkpoint.config
         self.model_config, self.config = cfg, config
         self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
-        max_chunk = max(64, min(self.capacity, 2048))
+        max_chunk, max_tokens = step_limits(self.capacity, config.max_num_batched_tokens)
         alloc = self.capacity + max_chunk  # headroom for idle slots' padded writes
         spec = GraphSpec("canonical", config.precision, alloc, config.quant_block_size)
         fields = {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
                   "graph_form": "canonical", "precision": config.precision, "max_model_len": alloc,
                   "tensorrt_version": trt.__version__, "gpu": bytes(props.name).rstrip(b"\0").decode(),
-                  "compute_capability": f"{props.major}.{props.minor}", "max_slots": config.max_slots}
+                  "compute_capability": f"{props.major}.{props.minor}", "max_slots": config.max_slots,
+                  "max_num_batched_tokens": max_tokens}
         self.cache_entry = get_or_build(config.engine_dir, fields,
                                         lambda: build_llama_graph(cfg, checkpoint.load_weights(), spec))
         plan_path = self.cache_entry.path / "engine.plan"
+        profiles = optimization_profiles(cfg, config.max_slots, alloc, max_chunk, max_tokens)
         if not plan_path.exists():
-            profiles = optimization_profiles(cfg, config.max_slots, alloc, max_chunk)
             plan_path.write_bytes(build_serialized_engine(str(self.cache_entry.model_path), profiles))
-        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, config.max_slots, alloc, spec.act_dtype)
+        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, config.max_slots, alloc, spec.act_dtype,
+                                       profiles)
         self.block_bytes = cfg.num_kv_heads * config.block_size * cfg.head_dim * np.dtype(spec.act_dtype).itemsize
         self.pool = [[_check(cudart.cudaMalloc(self.block_bytes * config.resolved_num_blocks)) for _ in range(2)]
                      for _ in range(cfg.num_layers)]

@@ -52,6 +52,9 @@ class ExecutorStage(EngineStage):
       ``sample=True``, then its ``kv_saves`` (slot -> pool). It returns one sampled token per
       sampled chunk, and drops per-request state (e.g. seeded RNGs) of
       ``plan.finished_request_ids``; a plan may hold nothing else (no chunks).
+    - :meth:`limit_steps` is called before :meth:`load` with the scheduler's token budget per
+      step (no plan carries more tokens), for executors whose compiled model has static shape
+      limits (TensorRT's optimization profiles).
     - ``backend`` and :attr:`runtime_version` name what really runs (``/version``, traces).
     """
 
@@ -59,6 +62,7 @@ class ExecutorStage(EngineStage):
     backend: ClassVar[str] = ""
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
+    step_token_budget: int = field(default=0, init=False, repr=False)  # from limit_steps; 0 = unset
 
     def __post_init__(self) -> None:
         if self.max_slots is not None and self.max_slots < 1:
@@ -67,6 +71,10 @@ class ExecutorStage(EngineStage):
     def check(self, layout: KVLayout) -> None:
         """Raise ``ValueError`` ("field: message") for settings ``load`` would refuse, without
         loading anything (``task=check`` and server start call it in the main process)."""
+
+    def limit_steps(self, max_num_batched_tokens: int) -> None:
+        """The scheduler's token budget per step (``batching.max_num_batched_tokens``)."""
+        self.step_token_budget = max_num_batched_tokens
 
     @abstractmethod
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
@@ -149,6 +157,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
             cache_dir=self.cache_dir,
             quant_block_size=self.quant_block_size,
             quant_accuracy_level=self.quant_accuracy_level,
+            max_num_batched_tokens=self.step_token_budget,
         )
 
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:

@@ -69,3 +69,42 @@ def test_tensorrt_backend_without_tensorrt_is_one_clear_error(tmp_path: Path) ->
     ck = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2"))
     with pytest.raises(RuntimeError, match=r"pip install 'inferflow\[tensorrt\]'"):
         create_runner(ck, EngineConfig(backend="tensorrt", graph_form="canonical"))
+
+
+def test_profiles_follow_the_schedulers_step_limits(tmp_path: Path) -> None:
+    cfg = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2")).config
+    chunk, tokens = trt_engine.step_limits(capacity=4096, max_num_batched_tokens=512)
+    assert (chunk, tokens) == (512, 512)  # no chunk or step beyond the token budget
+    assert trt_engine.step_limits(capacity=256, max_num_batched_tokens=512) == (256, 512)
+    assert trt_engine.step_limits(capacity=4096, max_num_batched_tokens=0) == (2048, 0)
+    decode, prefill = trt_engine.optimization_profiles(cfg, 16, 4096 + chunk, chunk, tokens)
+    assert prefill.shapes["input_ids"][2] == (512,) and prefill.shapes["pad_index"][2] == (16, 512)
+    assert decode.shapes["input_ids"][2] == (16,)  # one token per slot: max_num_seqs rows
+    for profile in (decode, prefill):  # a step that samples no row still fits (dummy index)
+        assert profile.shapes["logits_index"][0] == (1,)
+
+
+def test_a_step_that_samples_no_row_binds_one_dummy_logits_index() -> None:
+    # a chunked prefill that does not finish its prompt: nothing is sampled this step
+    arrays = build_step_arrays([EngineRow(0, (5, 6, 7, 8), 0, False)], slot_range=True)
+    assert len(arrays.logits_index) == 0
+    feeds = trt_engine.step_feeds(arrays, [0, 0])
+    assert feeds["logits_index"].shape == (1,)
+    sampled = build_step_arrays([EngineRow(0, (5, 6), 0, True)], slot_range=True)
+    np.testing.assert_array_equal(
+        trt_engine.step_feeds(sampled, [0])["logits_index"], sampled.logits_index
+    )
+
+
+class _RefusingContext:
+    """An execution context whose set_input_shape refuses, as TensorRT's does (returns False)."""
+
+    def set_input_shape(self, name: str, shape: tuple[int, ...]) -> bool:
+        return False
+
+
+def test_a_refused_input_shape_is_a_clear_error(tmp_path: Path) -> None:
+    cfg = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2")).config
+    _, prefill = trt_engine.optimization_profiles(cfg, 4, 320, 64, 128)
+    with pytest.raises(RuntimeError, match=r"refused shape \(600,\) for input 'input_ids'.*max \(128,\)"):
+        trt_engine.set_shape(_RefusingContext(), "input_ids", (600,), prefill)
