@@ -26,8 +26,9 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
+from inferflow.models.digest_cache import cached_file_digest
 from inferflow.models.errors import CheckpointError
-from inferflow.models.safetensors_reader import SafetensorsFile, file_digest
+from inferflow.models.safetensors_reader import SafetensorsFile
 
 # Pooling modes we build, in the order sentence-transformers concatenates them.
 POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens")
@@ -103,7 +104,7 @@ class BertCheckpoint:
         h = hashlib.sha256()
         for f in (self.path / "config.json", *self.weight_files):
             h.update(f.name.encode())
-            h.update(file_digest(f).encode())
+            h.update(cached_file_digest(f).encode())
         return h.hexdigest()
 
     def tokenizer(self) -> BertTokenizer:

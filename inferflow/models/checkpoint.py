@@ -16,8 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from inferflow.models.config import ModelArch, parse_model_config
+from inferflow.models.digest_cache import cached_file_digest
 from inferflow.models.errors import CheckpointError
-from inferflow.models.safetensors_reader import SafetensorsFile, file_digest, iter_shards
+from inferflow.models.safetensors_reader import SafetensorsFile, iter_shards
 from inferflow.models.tokenizer import Tokenizer
 
 
@@ -77,11 +78,12 @@ class Checkpoint:
 
     @cached_property
     def weights_digest(self) -> str:
-        """sha256 over config.json and every shard's bytes: the identity of these weights."""
+        """sha256 over config.json and every shard's bytes: the identity of these weights
+        (each file's digest reused while the file is unchanged: ``digest_cache``)."""
         h = hashlib.sha256()
         for f in [self.path / "config.json", *self.shards]:
             h.update(f.name.encode())
-            h.update(file_digest(f).encode())
+            h.update(cached_file_digest(f).encode())
         return h.hexdigest()
 
     def _tensors(self) -> Iterator[tuple[str, SafetensorsFile]]:
