@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.resources
 import json
+import logging
 import os
 import sys
 import warnings
@@ -252,6 +253,9 @@ def _task(cfg: DictConfig) -> None:
     graph = build_graph(cfg)
     if not is_embedding_model(graph.model):
         graph.check_engine_settings()  # what the worker would refuse, refused here in one line
+        note = graph.kv_budget_note()
+        if note is not None:
+            logging.getLogger("inferflow").warning("%s", note)
     out_dir = Path(HydraConfig.get().runtime.output_dir) if _multirun() else None
     if out_dir is not None:  # every sweep run records exactly what it ran
         (out_dir / "resolved_config.yaml").write_text(
@@ -310,6 +314,9 @@ def check(graph: ServingGraph) -> str:
         ]
     else:
         lines = _check_llm(graph)
+        note = graph.kv_budget_note()
+        if note is not None:
+            lines.append(f"note: {note}")
     lines += [
         f"extra model: {s.model_version.model_id} ({s.path}) weight={s.weight}"
         for s in embedding_specs(graph)

@@ -17,7 +17,9 @@ from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
     from inferflow.models.checkpoint import Checkpoint
+    from inferflow.models.config import ModelArch
     from inferflow.runtimes.config import EngineConfig
+    from inferflow.scheduling.kv_budget import KVBudget
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 
@@ -76,6 +78,11 @@ class ExecutorStage(EngineStage):
         """The scheduler's token budget per step (``batching.max_num_batched_tokens``)."""
         self.step_token_budget = max_num_batched_tokens
 
+    def kv_budget(self, arch: ModelArch, model_bytes: int) -> KVBudget | None:
+        """The KV memory this executor may reserve (None: unbounded); the graph caps the served
+        ``max_model_len`` so the slots and the pool fit in it (``scheduling/kv_budget.py``)."""
+        return None
+
     @abstractmethod
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
         """Build or load the compiled model and allocate its KV (expensive, once)."""
@@ -126,6 +133,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     cache_dir: str | None = None
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
+    kv_cache_memory: str = "auto"  # KV budget: bytes, "4GiB", "512MiB", or auto
     _executor: Any = field(default=None, init=False, repr=False)  # PlanRunner once loaded
 
     def __post_init__(self) -> None:
@@ -136,8 +144,19 @@ class OnnxRuntimeExecutor(ExecutorStage):
             )
         if self.quant_block_size < 1:
             raise ValueError(f"quant_block_size: must be >= 1, got {self.quant_block_size}")
+        from inferflow.scheduling.kv_budget import parse_memory
+
+        parse_memory(self.kv_cache_memory, "kv_cache_memory")  # a bad size fails at config time
         if self.quant_accuracy_level not in (0, 1, 2, 3, 4):
             raise ValueError(f"quant_accuracy_level: must be 0..4, got {self.quant_accuracy_level}")
+
+    def kv_budget(self, arch: ModelArch, model_bytes: int) -> KVBudget | None:
+        from inferflow.scheduling.kv_budget import KVBudget, kv_bytes_per_token
+
+        itemsize = 2 if Precision(self.precision) is Precision.fp16 else 4  # activations' dtype
+        return KVBudget.resolve(
+            self.kv_cache_memory, kv_bytes_per_token(arch, itemsize), model_bytes
+        )
 
     def engine_config(self, layout: KVLayout) -> EngineConfig:
         """The compiled runtime's settings: these fields plus the layout."""

@@ -1,0 +1,122 @@
+"""How much KV memory the engine may reserve (``executor.kv_cache_memory``) and what fits in it.
+
+The slot executors (ONNX Runtime, TensorRT) reserve, per layer, K and V for ``max_slots`` slots
+of ``max_model_len`` positions plus the block pool behind the prefix cache and admission
+(``num_blocks`` x ``block_size`` positions; by default as many as the slots). Unbounded, a long
+context reserves far more address space than the machine has (16 slots x 131,072 positions of a
+1B Llama: 260 GiB); Linux overcommit hides it until the pages are touched, and then the OOM
+killer ends the server instead of admission queueing requests. So the served ``max_model_len``
+is capped to what the budget holds:
+
+    bytes per token = 2 (K, V) x layers x kv_heads x head_dim x activation itemsize
+    reserved        = (max_slots x max_model_len + num_blocks x block_size) x bytes per token
+
+and admission, which already counts every running token against the pool's blocks, keeps what
+is committed inside the same budget. The default budget (``kv_cache_memory: auto``) is half of
+the physical memory left after the weights (their size on disk).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferflow.models.config import ModelArch
+
+AUTO = "auto"
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "t": 1000**4,
+    "tb": 1000**4,
+    "kib": 1024,
+    "mib": 1024**2,
+    "gib": 1024**3,
+    "tib": 1024**4,
+}
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
+MIN_AUTO_BYTES = 256 * 1024**2
+
+
+def parse_memory(value: str | int | None, field: str = "executor.kv_cache_memory") -> int | None:
+    """Bytes from ``4GiB``, ``512MB``, ``1073741824`` ...; None for ``auto`` (or unset)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", AUTO)):
+        return None
+    if isinstance(value, int):
+        amount, unit = float(value), ""
+    else:
+        match = _SIZE.match(value)
+        if match is None or match.group(2).lower() not in _UNITS:
+            raise ValueError(
+                f"{field}: {value!r} is not a size (e.g. 4GiB, 512MiB, 1073741824 or auto)"
+            )
+        amount, unit = float(match.group(1)), match.group(2).lower()
+    size = int(amount * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"{field}: must be > 0, got {value!r}")
+    return size
+
+
+def physical_memory_bytes() -> int:
+    return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def weights_bytes(files: Iterable[Path]) -> int:
+    return sum(f.stat().st_size for f in files if f.exists())
+
+
+def kv_bytes_per_token(arch: ModelArch, itemsize: int) -> int:
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * itemsize
+
+
+@dataclass(frozen=True)
+class KVBudget:
+    """``bytes`` of KV at ``bytes_per_token``; ``source`` says where the number came from."""
+
+    bytes: int
+    bytes_per_token: int
+    source: str
+
+    @property
+    def tokens(self) -> int:
+        return self.bytes // self.bytes_per_token
+
+    @classmethod
+    def resolve(
+        cls, setting: str | int | None, bytes_per_token: int, model_bytes: int
+    ) -> KVBudget:
+        explicit = parse_memory(setting)
+        if explicit is not None:
+            return cls(explicit, bytes_per_token, f"executor.kv_cache_memory={setting}")
+        auto = max(MIN_AUTO_BYTES, (physical_memory_bytes() - model_bytes) // 2)
+        return cls(auto, bytes_per_token, "executor.kv_cache_memory=auto (half of the "
+                   "physical memory after the weights)")
+
+    def max_model_len(self, max_slots: int, block_size: int, num_blocks: int) -> int:
+        """The longest slot that fits: the slots and the pool share the budget (an automatic
+        pool is as large as the slots)."""
+        if num_blocks:
+            room = self.tokens - num_blocks * block_size
+            per_slot = room // max_slots
+        else:
+            per_slot = self.tokens // (2 * max_slots)
+        return max(0, per_slot // block_size * block_size)
+
+    def describe(self) -> str:
+        return f"{human(self.bytes)} ({self.source}; {self.bytes_per_token} bytes of KV per token)"
+
+
+def human(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
