@@ -37,26 +37,36 @@ def step(
         guided.finish(plan.finished_request_ids - plan.preempted_request_ids)
     if plan.is_empty and not plan.finished_request_ids:
         return []
-    constrained = (
-        [c.request_id for c in plan.chunks if c.sample and guided.constrains(c.request_id)]
-        if guided is not None
-        else []
-    )
-    if constrained:
-        assert guided is not None
-        started = time.perf_counter()
-        masks = guided.bitmasks(constrained)
-        plan = dataclasses.replace(
-            plan, token_bitmasks=masks, guided_mask_s=time.perf_counter() - started
-        )
+    if guided is None:
+        return scheduler.update(plan, executor.execute(plan))
+    plan = _with_bitmasks(plan, guided)
     output = executor.execute(plan)
-    for rid in constrained:
-        assert guided is not None
+    _advance_grammars(plan, output, guided)
+    updates = scheduler.update(plan, output)
+    if plan.token_bitmasks:  # finished now: drop their matchers without waiting for a step
+        guided.finish(u.request.request_id for u in updates if u.finish_reason is not None)
+    return updates
+
+
+def _with_bitmasks(plan: SchedulerOutput, guided: GuidedDecodingStage) -> SchedulerOutput:
+    """``plan`` with a bitmask for each constrained request that samples in it (if any)."""
+    constrained = [
+        c.request_id for c in plan.chunks if c.sample and guided.constrains(c.request_id)
+    ]
+    if not constrained:
+        return plan
+    started = time.perf_counter()
+    masks = guided.bitmasks(constrained)
+    return dataclasses.replace(
+        plan, token_bitmasks=masks, guided_mask_s=time.perf_counter() - started
+    )
+
+
+def _advance_grammars(
+    plan: SchedulerOutput, output: ExecutorOutput, guided: GuidedDecodingStage
+) -> None:
+    """Feed each constrained request's sampled token to its grammar; mark completed ones."""
+    for rid in plan.token_bitmasks:
         token = output.sampled.get(rid)
         if token is not None and guided.advance(rid, token.token_id):
             output.sampled[rid] = dataclasses.replace(token, grammar_complete=True)
-    updates = scheduler.update(plan, output)
-    if constrained:
-        assert guided is not None  # finished now: drop their matchers without waiting a step
-        guided.finish(u.request.request_id for u in updates if u.finish_reason is not None)
-    return updates
