@@ -255,7 +255,7 @@ def _task(cfg: DictConfig) -> None:
         graph.check_engine_settings()  # what the worker would refuse, refused here in one line
         note = graph.kv_budget_note()
         if note is not None:
-            logging.getLogger("inferflow").warning("%s", note)
+            logging.getLogger("inferflow").warning("inferflow: %s", note)
     out_dir = Path(HydraConfig.get().runtime.output_dir) if _multirun() else None
     if out_dir is not None:  # every sweep run records exactly what it ran
         (out_dir / "resolved_config.yaml").write_text(

@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from inferflow.embeddings.dynamic_batcher import BatcherClosed, DynamicBatchingConfig, QueueFull
 from inferflow.embeddings.routing import ModelRouter, ModelVersion
@@ -61,7 +61,7 @@ class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str
-    input: str | list[str] | list[int] | list[list[int]]
+    input: str | list[str] | list[StrictInt] | list[list[StrictInt]]  # no bools as token ids
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None

@@ -30,6 +30,9 @@ def param_of(schema: type, body: dict) -> tuple[int, str | None]:
         ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
         ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
         ({"model": "m", "prompt": "x", "stop": ["", "a"]}, "stop"),
+        ({"model": "m", "prompt": [True, False]}, "prompt"),  # not token ids 1 and 0
+        ({"model": "m", "prompt": [1.0, 2.0]}, "prompt"),
+        ({"model": "m", "prompt": [[1, True]]}, "prompt"),
     ],
 )
 def test_completion_body_errors_name_the_field(body: dict, param: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
@@ -126,7 +126,8 @@ class _SamplingFields(GuidedFields, _Request):
 class CompletionRequest(_SamplingFields):
     """``POST /v1/completions``: one prompt (text or token ids)."""
 
-    prompt: str | list[str] | list[int] | list[list[int]]
+    # strict ints: JSON true/false or 1.0 are not token ids (pydantic's lax mode would take them)
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
     logprobs: int | None = Field(default=None, ge=0, le=20)
     echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
     suffix: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
