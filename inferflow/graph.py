@@ -47,6 +47,7 @@ from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
     from inferflow.scheduling.config import SchedulerConfig
+    from inferflow.scheduling.kv_budget import ServedContext
     from inferflow.scheduling.layout import KVLayout
 
 # What to change when the scheduler refuses a budget (appended to its one-line error).
@@ -67,7 +68,6 @@ ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     "detokenizer": DetokenizerStage,
     "guided": GuidedDecodingStage,
 }
-
 
 
 @dataclass
@@ -98,60 +98,38 @@ class ServingGraph:
     present_slots: tuple[str, ...] = ENGINE_SLOTS
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _kv_budget: Any = field(default=None, init=False, repr=False)  # KVBudget, once resolved
 
     @functools.cached_property
-    def max_model_len(self) -> int:
-        """Served context length: ``model.max_model_len`` capped by the checkpoint's limit and
-        by what the executor's KV budget holds (``kv_budget_note`` says when it is)."""
+    def served_context(self) -> ServedContext:
+        """``model.max_model_len`` capped by the checkpoint's limit and by what the executor's
+        KV budget holds (``scheduling/kv_budget.py``); a budget too small is a ConfigError."""
+        from inferflow.embeddings.models import is_embedding_model
         from inferflow.models.config import parse_model_config
+        from inferflow.models.safetensors_reader import iter_shards
+        from inferflow.scheduling.kv_budget import served_context, weights_bytes
 
         arch = parse_model_config(self.model_path / "config.json")
         limit = arch.max_position_embeddings
         wanted = min(limit, self.model.max_model_len or limit)
-        fit = self._kv_fit(arch)
-        return wanted if fit is None else min(wanted, fit)
-
-    def _kv_fit(self, arch: Any) -> int | None:
-        """The longest context whose slots and pool fit the executor's KV budget (None: no
-        budget); a budget too small for even one block per slot is a ConfigError."""
-        from inferflow.embeddings.models import is_embedding_model
-        from inferflow.models.safetensors_reader import iter_shards
-        from inferflow.scheduling.kv_budget import weights_bytes
-
-        if is_embedding_model(self.model):
-            return None
-        budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
-        if budget is None:
-            return None
+        budget = None
+        if not is_embedding_model(self.model):
+            budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
         slots = self.executor.max_slots or self.batching.max_num_seqs
-        fit = budget.max_model_len(slots, self.cache.block_size, self.cache.num_blocks)
-        if fit < 2 * self.cache.block_size:
-            raise ConfigError(
-                f"executor.kv_cache_memory: the KV budget, {budget.describe()}, holds "
-                f"{budget.tokens} tokens: not enough for {slots} slots and the prefix pool; "
-                "raise it or lower batching.max_num_seqs / cache.num_blocks",
-                "executor.kv_cache_memory",
+        try:
+            return served_context(
+                wanted, slots, self.cache.block_size, self.cache.num_blocks, budget
             )
-        self._kv_budget = budget
-        return fit
+        except ValueError as exc:
+            raise ConfigError(str(exc), "executor.kv_cache_memory") from None
+
+    @property
+    def max_model_len(self) -> int:
+        """Served context length (see ``served_context``)."""
+        return self.served_context.served
 
     def kv_budget_note(self) -> str | None:
         """One line when the KV budget lowered the served context (else None)."""
-        from inferflow.models.config import parse_model_config
-
-        served = self.max_model_len
-        budget = self._kv_budget
-        limit = parse_model_config(self.model_path / "config.json").max_position_embeddings
-        wanted = min(limit, self.model.max_model_len or limit)
-        if budget is None or served >= wanted:
-            return None
-        slots = self.executor.max_slots or self.batching.max_num_seqs
-        return (
-            f"model.max_model_len {wanted} does not fit the KV budget {budget.describe()} with "
-            f"{slots} slots and the prefix pool: serving max_model_len={served}. Raise "
-            "executor.kv_cache_memory or lower batching.max_num_seqs for longer contexts."
-        )
+        return self.served_context.note()
 
     def to_container(self) -> dict[str, Any]:
         """The resolved config as plain picklable data (enums as strings)."""

@@ -91,15 +91,16 @@ class KVBudget:
         return self.bytes // self.bytes_per_token
 
     @classmethod
-    def resolve(
-        cls, setting: str | int | None, bytes_per_token: int, model_bytes: int
-    ) -> KVBudget:
+    def resolve(cls, setting: str | int | None, bytes_per_token: int, model_bytes: int) -> KVBudget:
         explicit = parse_memory(setting)
         if explicit is not None:
             return cls(explicit, bytes_per_token, f"executor.kv_cache_memory={setting}")
         auto = max(MIN_AUTO_BYTES, (physical_memory_bytes() - model_bytes) // 2)
-        return cls(auto, bytes_per_token, "executor.kv_cache_memory=auto (half of the "
-                   "physical memory after the weights)")
+        return cls(
+            auto,
+            bytes_per_token,
+            "executor.kv_cache_memory=auto (half of the physical memory after the weights)",
+        )
 
     def max_model_len(self, max_slots: int, block_size: int, num_blocks: int) -> int:
         """The longest slot that fits: the slots and the pool share the budget (an automatic
@@ -120,3 +121,42 @@ def human(n: int) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+@dataclass(frozen=True)
+class ServedContext:
+    """The context a server serves: ``wanted`` (config and checkpoint), lowered to ``served``
+    when ``slots`` slots of it and the prefix pool do not fit ``budget``."""
+
+    wanted: int
+    served: int
+    slots: int
+    budget: KVBudget | None = None
+
+    def note(self) -> str | None:
+        """One line when the budget lowered the context (else None)."""
+        if self.budget is None or self.served >= self.wanted:
+            return None
+        return (
+            f"model.max_model_len {self.wanted} does not fit the KV budget "
+            f"{self.budget.describe()} with {self.slots} slots and the prefix pool: serving "
+            f"max_model_len={self.served}. Raise executor.kv_cache_memory or lower "
+            "batching.max_num_seqs for longer contexts."
+        )
+
+
+def served_context(
+    wanted: int, slots: int, block_size: int, num_blocks: int, budget: KVBudget | None
+) -> ServedContext:
+    """What ``budget`` lets ``slots`` slots serve of ``wanted``; ``ValueError`` when it holds
+    less than two blocks per slot."""
+    if budget is None:
+        return ServedContext(wanted, wanted, slots)
+    fit = budget.max_model_len(slots, block_size, num_blocks)
+    if fit < 2 * block_size:
+        raise ValueError(
+            f"executor.kv_cache_memory: the KV budget, {budget.describe()}, holds "
+            f"{budget.tokens} tokens: not enough for {slots} slots and the prefix pool; "
+            "raise it or lower batching.max_num_seqs / cache.num_blocks"
+        )
+    return ServedContext(wanted, min(wanted, fit), slots, budget)
