@@ -23,20 +23,10 @@ import numpy as np
 
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
-from inferflow.models.tiny import TinySpec, make_checkpoint, tiny_llama_path
+from inferflow.models.tiny import SPEC_100M, make_checkpoint, tiny_llama_path
 from inferflow.runtimes.config import EngineConfig
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
-
-SPEC_100M = TinySpec(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_layers=12,
-    num_heads=12,
-    num_kv_heads=4,
-    vocab_size=16384,
-    max_position_embeddings=2048,
-)
 
 
 def inferflow_decode(

@@ -34,17 +34,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from inferflow.bench.suite import free_port, stop_process_group, wait_ready  # noqa: E402
-from inferflow.models.tiny import TinySpec, make_checkpoint, tiny_llama_path  # noqa: E402
+from inferflow.models.tiny import SPEC_100M, make_checkpoint, tiny_llama_path  # noqa: E402
 
-SPEC_100M = TinySpec(
-    hidden_size=768,
-    intermediate_size=2048,
-    num_layers=12,
-    num_heads=12,
-    num_kv_heads=4,
-    vocab_size=16384,
-    max_position_embeddings=2048,
-)
 SCHEMA = {
     "type": "object",
     "properties": {

@@ -52,6 +52,18 @@ class TinySpec:
     head_dim: int | None = None
 
 
+# A ~100M-parameter Llama (12 layers, hidden 768, vocab 16,384): the benchmarks' mid-size model.
+SPEC_100M = TinySpec(
+    hidden_size=768,
+    intermediate_size=2048,
+    num_layers=12,
+    num_heads=12,
+    num_kv_heads=4,
+    vocab_size=16384,
+    max_position_embeddings=2048,
+)
+
+
 def _filler_text(num_words: int = 60000, seed: int = 1234) -> str:
     """Seeded pseudo-words: enough distinct substrings for BPE to learn up to ~100k tokens (the
     small English corpus alone stops at 869, and ids without a token decode to nothing)."""

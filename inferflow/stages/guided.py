@@ -166,16 +166,18 @@ class LLGuidanceDecoding(GuidedDecodingStage):
                 return matcher.grammar_from_regex(constraint.spec)
             if constraint.kind is GuidedKind.CHOICE:
                 choices = json.loads(constraint.spec)
+                if not choices:
+                    raise GuidedError(constraint.field, "needs at least one choice")
                 return llguidance.grammar_from("choice", json.dumps(choices))
             return llguidance.grammar_from("grammar", constraint.spec)  # Lark, or GBNF
+        except GuidedError:
+            raise
         except ValueError as exc:
             raise GuidedError(constraint.field, str(exc)) from None
 
     def check(self, constraint: GuidedConstraint) -> None:
         import llguidance
 
-        if constraint.kind is GuidedKind.CHOICE and not json.loads(constraint.spec):
-            raise GuidedError(constraint.field, "needs at least one choice")
         error = llguidance.LLMatcher.validate_grammar(self.grammar(constraint), self._tokenizer)
         if error:
             raise GuidedError(constraint.field, error.strip())
@@ -202,8 +204,7 @@ class LLGuidanceDecoding(GuidedDecodingStage):
             self._templates.move_to_end(constraint.key)
             self._counters["cache_hits"] += 1
         else:
-            started = time.perf_counter()
-            self.check(constraint)
+            started = time.perf_counter()  # (compiled once: the matcher reports a bad grammar)
             template = llguidance.LLMatcher(self._tokenizer, self.grammar(constraint), log_level=0)
             if template.is_error():
                 raise GuidedError(constraint.field, template.get_error())

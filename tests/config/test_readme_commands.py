@@ -57,6 +57,20 @@ def _run(
     return subprocess.run(argv, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+def _python(
+    code: str, env: dict[str, str], cwd: Path | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Run a README Python block as a newcomer would paste it."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.slow
 def test_every_configuration_command_builds_its_graph(
     newcomer_env: dict[str, str], tmp_path: Path
@@ -128,23 +142,11 @@ def test_readme_client_bench_and_traces_commands_work_verbatim(
     newcomer_env: dict[str, str], tmp_path: Path
 ) -> None:
     client = _section_blocks("Serve and call it", "python")[0]
-    proc = subprocess.run(
-        [sys.executable, "-c", client],
-        env=newcomer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _python(client, newcomer_env)
     assert proc.returncode == 0, proc.stderr
     assert "completion_tokens" in proc.stdout  # the usage chunk came last
     structured = _section_blocks("Serve and call it", "python")[1]  # uses the client above
-    proc = subprocess.run(
-        [sys.executable, "-c", client + "\n" + structured],
-        env=newcomer_env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _python(client + "\n" + structured, newcomer_env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1])["mood"] in ("happy", "sad")
     bench = next(c for c in SERVE_LINES if c.startswith("inferflow bench"))
@@ -166,14 +168,7 @@ def test_offline_api_and_checkpoint_helper_commands_work_verbatim(
     newcomer_env: dict[str, str], tmp_path: Path
 ) -> None:
     offline = _section_blocks("Offline API", "python")[0]
-    proc = subprocess.run(
-        [sys.executable, "-c", offline],
-        env=newcomer_env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    proc = _python(offline, newcomer_env, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     make, serve = _section_blocks("Offline API", "bash")[0].strip().splitlines()
     target = tmp_path / "llama-small"  # README writes /tmp/llama-small: same command, our folder

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -245,6 +246,4 @@ class ToolCallFormatter(ChatFormatter):
 
 
 def _with_text(update: RequestUpdate, text: str) -> RequestUpdate:
-    from dataclasses import replace
-
     return replace(update, text=text)
