@@ -37,7 +37,7 @@ from inferflow.stages.batching import (
 )
 from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
-from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
+from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor, TorchExecutor
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.validator import RequestValidator
@@ -65,7 +65,11 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
         "dynamic": DynamicBatching,
         "continuous": ContinuousBatching,
     },
-    "executor": {"onnxruntime": OnnxRuntimeExecutor, "tensorrt": TensorRTExecutor},
+    "executor": {
+        "onnxruntime": OnnxRuntimeExecutor,
+        "tensorrt": TensorRTExecutor,
+        "torch": TorchExecutor,
+    },
     "detokenizer": {"default": StreamingDetokenizer},
     "guided": {"llguidance": LLGuidanceDecoding, "none": NoGuidedDecoding},
 }

@@ -106,7 +106,7 @@ class ServingGraph:
         from inferflow.embeddings.models import is_embedding_model
         from inferflow.models.config import parse_model_config
         from inferflow.models.safetensors_reader import iter_shards
-        from inferflow.scheduling.kv_budget import served_context, weights_bytes
+        from inferflow.scheduling.kv_budget import paged_context, served_context, weights_bytes
 
         arch = parse_model_config(self.model_path / "config.json")
         limit = arch.max_position_embeddings
@@ -115,10 +115,9 @@ class ServingGraph:
         if not is_embedding_model(self.model):
             budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
         slots = self.executor.max_slots or self.batching.max_num_seqs
+        fit = paged_context if self.executor.pages_kv else served_context
         try:
-            return served_context(
-                wanted, slots, self.cache.block_size, self.cache.num_blocks, budget
-            )
+            return fit(wanted, slots, self.cache.block_size, self.cache.num_blocks, budget)
         except ValueError as exc:
             raise ConfigError(str(exc), "executor.kv_cache_memory") from None
 
@@ -191,13 +190,14 @@ class ServingGraph:
         """The engine's physical layout, computed once from the stages' settings."""
         from inferflow.scheduling.layout import KVLayout
 
-        max_model_len = self.max_model_len  # (a KV budget too small is its own ConfigError)
+        context = self.served_context  # (a KV budget too small is its own ConfigError)
         try:
             return KVLayout.plan(
                 max_slots=self.executor.max_slots or self.batching.max_num_seqs,
-                max_model_len=max_model_len,
+                max_model_len=context.served,
                 block_size=self.cache.block_size,
-                num_blocks=self.cache.num_blocks,
+                num_blocks=context.num_blocks or self.cache.num_blocks,
+                paged=self.executor.pages_kv,
             )
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None

@@ -9,7 +9,8 @@ from inferflow.scheduling.plan import SampledToken as SampledToken
 
 
 class PlanRunner:
-    """Runs a :class:`SchedulerOutput` on an engine with ``load_blocks``/``forward``/``save_blocks``.
+    """Runs a :class:`SchedulerOutput` on an engine with ``forward`` (and, for slot engines,
+    ``load_blocks``/``save_blocks``; a paged engine gets plans without copies).
 
     Order within a step: prefix-cache loads, the forward pass, sampling, then saves of the blocks
     that became full (so their KV is complete when copied to the pool).
@@ -26,7 +27,8 @@ class PlanRunner:
             engine.load_blocks(plan.kv_loads)  # type: ignore[attr-defined]
         sampled: dict[str, SampledToken] = {}
         if plan.chunks:
-            rows = [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample) for c in plan.chunks]
+            rows = [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table)
+                    for c in plan.chunks]
             logits = engine.forward(rows)  # type: ignore[attr-defined]  # (R, V)
             masks = plan.token_bitmasks
             sample_rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,

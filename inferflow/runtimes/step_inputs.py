@@ -19,6 +19,7 @@ class EngineRow:
     token_ids: tuple[int, ...]
     start_pos: int
     sample: bool  # return logits of the row's last token
+    block_table: tuple[int, ...] = ()  # paged engines: the row's KV blocks (ScheduledChunk's)
 
 
 @dataclass

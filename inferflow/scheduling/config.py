@@ -30,6 +30,8 @@ class SchedulerConfig:
     - ``max_slots``: engine slots (rows of the KV buffer ``[max_slots, Hkv, capacity, D]``);
     - ``long_prefill_token_threshold``: cap on one request's prefill chunk per step (0 = none), so
       several prompts can share a step;
+    - ``paged``: the KV lives in the pool's blocks (``KVLayout.paged``): plans carry block tables
+      instead of slot <-> pool copies;
     - ``mode``: ``continuous`` (admit whenever there is room), ``static`` (form a batch, run it to
       completion, then form the next) or ``none`` (one request at a time).
     """
@@ -45,6 +47,7 @@ class SchedulerConfig:
     long_prefill_token_threshold: int = 0
     policy: PolicyName = "fcfs"
     mode: BatchingMode = "continuous"
+    paged: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -109,11 +112,14 @@ class SchedulerConfig:
             long_prefill_token_threshold=long_prefill_token_threshold,
             policy=policy,
             mode=mode,
+            paged=layout.paged,
         )
 
     @property
     def layout(self) -> KVLayout:
-        return KVLayout(self.max_slots, self.max_model_len, self.block_size, self.num_blocks)
+        return KVLayout(
+            self.max_slots, self.max_model_len, self.block_size, self.num_blocks, self.paged
+        )
 
     @property
     def max_running(self) -> int:

@@ -12,7 +12,12 @@ is capped to what the budget holds:
     reserved        = (max_slots x max_model_len + num_blocks x block_size) x bytes per token
 
 and admission, which already counts every running token against the pool's blocks, keeps what
-is committed inside the same budget. The default budget (``kv_cache_memory: auto``) is half of
+is committed inside the same budget.
+
+A paged executor (torch) keeps KV only in the pool, so the budget is the pool:
+``num_blocks = budget // (block_size x bytes per token)``, and the served ``max_model_len`` is
+capped only by what one sequence can hold (the whole pool); how many sequences run at once is
+decided by admission, block by block (``paged_context``). The default budget (``kv_cache_memory: auto``) is half of
 the physical memory left after the weights (their size on disk).
 """
 
@@ -85,6 +90,7 @@ class KVBudget:
     bytes: int
     bytes_per_token: int
     source: str
+    auto: bool = False  # the default share of memory, not a size the user gave
 
     @property
     def tokens(self) -> int:
@@ -100,6 +106,7 @@ class KVBudget:
             auto,
             bytes_per_token,
             "executor.kv_cache_memory=auto (half of the physical memory after the weights)",
+            auto=True,
         )
 
     def max_model_len(self, max_slots: int, block_size: int, num_blocks: int) -> int:
@@ -132,11 +139,18 @@ class ServedContext:
     served: int
     slots: int
     budget: KVBudget | None = None
+    num_blocks: int = 0  # the block pool's size when the budget decides it (paged); 0 = cache's
 
     def note(self) -> str | None:
         """One line when the budget lowered the context (else None)."""
         if self.budget is None or self.served >= self.wanted:
             return None
+        if self.num_blocks:
+            return (
+                f"model.max_model_len {self.wanted} is more than the whole paged KV pool, "
+                f"{self.budget.describe()} = {self.num_blocks} blocks: serving "
+                f"max_model_len={self.served}. Raise executor.kv_cache_memory for longer contexts."
+            )
         return (
             f"model.max_model_len {self.wanted} does not fit the KV budget "
             f"{self.budget.describe()} with {self.slots} slots and the prefix pool: serving "
@@ -160,3 +174,26 @@ def served_context(
             "raise it or lower batching.max_num_seqs / cache.num_blocks"
         )
     return ServedContext(wanted, min(wanted, fit), slots, budget)
+
+
+def paged_context(
+    wanted: int, slots: int, block_size: int, num_blocks: int, budget: KVBudget | None
+) -> ServedContext:
+    """A paged pool: ``num_blocks`` from the budget (an explicit ``cache.num_blocks`` wins; no
+    budget and no count = one full sequence per slot), the context capped at the pool's size.
+    An ``auto`` budget takes at most twice what ``slots`` full-length sequences need (every
+    running sequence at full length, and as much again for cached prefixes)."""
+    blocks = num_blocks
+    if not blocks and budget is not None:
+        blocks = budget.tokens // block_size
+        if budget.auto:
+            blocks = min(blocks, 2 * slots * -(-wanted // block_size))
+        if blocks < 2:
+            raise ValueError(
+                f"executor.kv_cache_memory: the KV budget, {budget.describe()}, holds "
+                f"{budget.tokens} tokens: less than two blocks of {block_size}; raise it"
+            )
+    if not blocks:
+        blocks = slots * -(-wanted // block_size)
+    served = min(wanted, blocks * block_size)
+    return ServedContext(wanted, served, slots, budget, blocks)

@@ -11,9 +11,14 @@ Invariants the scheduler guarantees for a plan:
 - ``chunk.start_pos`` equals the number of tokens whose KV is already in that slot, so the
   chunk's tokens occupy positions ``[start_pos, start_pos + len(token_ids))`` and
   ``start_pos + len(token_ids) <= engine capacity``;
-- ``kv_loads`` run before the forward pass (prefix-cache hits: pool block -> slot), ``kv_saves``
-  after it (blocks that became full this step: slot -> pool), so a block saved in step N can be
-  loaded by another request from step N+1 on.
+- slot layout: ``kv_loads`` run before the forward pass (prefix-cache hits: pool block -> slot),
+  ``kv_saves`` after it (blocks that became full this step: slot -> pool), so a block saved in
+  step N can be loaded by another request from step N+1 on;
+- paged layout (``KVLayout.paged``): no copies (``kv_loads`` and ``kv_saves`` are empty); each
+  chunk's ``block_table`` lists the physical blocks holding positions ``[0, start_pos +
+  len(token_ids))``, block ``i`` holding positions ``[i * block_size, (i + 1) * block_size)``.
+  The chunk writes its new KV into those blocks; a block shared with another sequence (a prefix
+  hit, refcount > 1) is full and only read.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ class ScheduledChunk:
     sampling_params: SamplingParams
     # tokens generated so far (excluding this step); lets samplers apply penalties / min_tokens
     num_output_tokens: int = 0
+    # paged layout only: the sequence's physical KV blocks, in position order (see module doc)
+    block_table: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,11 @@ One step (``schedule``), under a budget of ``max_num_batched_tokens``:
    waiting requests in queue order, while a slot, ``max_running`` and blocks for the first chunk
    allow; prefix hits become ``kv_loads`` and only the rest is prefilled.
 
+With a paged layout (``config.paged``) the block ids are the executor's physical blocks: each
+chunk carries its block table, a prefix hit shares the cached blocks (refcount, no copy) and a
+block that became full is registered in the prefix cache once the step ran, with nothing copied.
+The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
+
 Preemption is by recompute: the victim frees its slot and blocks (its saved blocks stay cached),
 goes back to the front of the waiting queue with its output kept, and later re-prefills
 prompt + output, which yields the same continuation.
@@ -101,6 +106,8 @@ class Scheduler:
         self._num_steps = 0
         self._num_preemptions = 0
         self._num_scheduled_tokens = 0
+        # paged: blocks that became full in a planned step, registered when it ran (step id ->)
+        self._uncommitted: dict[int, list[KVBlockCopy]] = {}
 
     # -- requests in and out ---------------------------------------------------------------------
     def add_request(self, request: Request) -> None:
@@ -146,6 +153,9 @@ class Scheduler:
         self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
         reported, self._to_report = frozenset(self._to_report), set()
         preempted, self._preempted = frozenset(self._preempted & reported), set()
+        if self.config.paged:  # nothing to copy: the blocks are registered after the step
+            self._uncommitted = {self._num_steps: step.saves} if step.saves else {}
+            step.loads, step.saves = [], []
         return SchedulerOutput(
             chunks=tuple(step.chunks),
             kv_loads=tuple(step.loads),
@@ -243,6 +253,7 @@ class Scheduler:
         assert request.slot is not None and 0 < n <= step.budget and end <= request.num_tokens
         rid = request.request_id
         self.kv.grow(rid, end)
+        table = tuple(self.kv.block_ids(rid)) if self.config.paged else ()
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
@@ -252,6 +263,7 @@ class Scheduler:
                 sample=end == request.num_tokens,
                 sampling_params=request.sampling_params,
                 num_output_tokens=request.num_output_tokens,
+                block_table=table,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
@@ -310,6 +322,7 @@ class Scheduler:
         """Apply one executed step: register saved blocks, append sampled tokens, finish stopped
         requests (freeing their blocks at once). Returns one update per request that got a token."""
         self.kv.commit_saves(plan.kv_saves)
+        self.kv.commit_saves(self._uncommitted.pop(plan.step_id, ()))
         updates = []
         for chunk in plan.chunks:
             request = self._requests.get(chunk.request_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
 from inferflow.runtimes.config import EngineConfig
@@ -49,6 +50,43 @@ def greedy(engine: OnnxRuntimeRunner, prompt: list[int], n: int, slot: int = 0) 
     for _ in range(n):
         tokens.append(int(logits.argmax()))
         logits = engine.forward([EngineRow(slot, (tokens[-1],), pos, True)])[0]
+        all_logits.append(logits)
+        pos += 1
+    return tokens, all_logits
+
+
+def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4,
+                      max_model_len: int = 256, block_size: int = 8, prefix: bool = True,
+                      compile: str = "eager", dtype: str = "float32",
+                      max_num_batched_tokens: int = 48, cache_dir: Path | None = None) -> LLMEngine:
+    """An ``LLMEngine`` over ``executor=torch`` (paged KV, ``num_blocks`` physical blocks)."""
+    from inferflow.scheduling.config import SchedulerConfig
+    from inferflow.scheduling.layout import KVLayout
+    from inferflow.scheduling.scheduler import Scheduler
+    from inferflow.stages.detokenizer import StreamingDetokenizer
+    from inferflow.stages.executor import TorchExecutor
+
+    checkpoint = load_checkpoint(path)
+    layout = KVLayout(max_num_seqs, max_model_len, block_size, num_blocks, paged=True)
+    executor = TorchExecutor(compile=compile, dtype=dtype,  # type: ignore[arg-type]
+                             cache_dir=str(cache_dir) if cache_dir else None)
+    executor.load(checkpoint, layout)
+    config = SchedulerConfig.for_layout(layout, max_num_seqs=max_num_seqs,
+                                        max_num_batched_tokens=max_num_batched_tokens,
+                                        enable_prefix_caching=prefix)
+    return LLMEngine.from_components(checkpoint, executor, Scheduler(config),
+                                     StreamingDetokenizer())
+
+
+def torch_greedy(runner: object, prompt: list[int], n: int,
+                 table: tuple[int, ...]) -> tuple[list[int], list]:
+    """``greedy`` on a paged ``TorchRunner``: the sequence's KV in the blocks of ``table``."""
+    forward = runner.forward  # type: ignore[attr-defined]
+    logits = forward([EngineRow(0, tuple(prompt), 0, True, table)])[0]
+    tokens, all_logits, pos = [], [logits], len(prompt)
+    for _ in range(n):
+        tokens.append(int(logits.argmax()))
+        logits = forward([EngineRow(0, (tokens[-1],), pos, True, table)])[0]
         all_logits.append(logits)
         pos += 1
     return tokens, all_logits

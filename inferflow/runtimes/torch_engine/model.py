@@ -1,0 +1,141 @@
+"""The Llama-family decoder in torch, built from the checkpoint's ``ModelArch`` (config.json) and
+weights as the ONNX graph builder reads them (``Checkpoint.load_weights``): one forward for
+Llama, Mistral and Qwen2 (q/k/v bias), GQA, tied or untied embeddings, llama3 rope scaling.
+
+Why a torch forward and not the ONNX graph lowered to torch: the KV layout differs (paged blocks,
+not slots), and the attention is the paged custom op; everything else is a dozen lines that
+mirror ``transformers``' ``LlamaDecoderLayer`` operation for operation (RMSNorm in float32, then
+cast back and scaled; rotate-half rotary with transformers' cos/sin tables), so fp32 output
+matches it token for token.
+
+A step is *packed*: N tokens of all rows back to back (shapes as in ``attention.py``); the
+forward returns logits only for ``sample_index`` (R,), the last token of each sampled row.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferflow.models.checkpoint import LayerWeights, ModelWeights
+from inferflow.models.config import ModelArch
+from inferflow.models.rope import cos_sin_cache
+from inferflow.runtimes.torch_engine.attention import paged_attention
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _param(array: np.ndarray | None, dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    assert array is not None
+    return nn.Parameter(torch.from_numpy(np.ascontiguousarray(array)).to(device, dtype),
+                        requires_grad=False)
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeroed KV blocks. On CPU through numpy's calloc, so pages are committed only when a block
+    is first written (``torch.zeros`` writes every page up front): a large pool costs address
+    space, and memory only as it fills. Zeros, not garbage: masked positions must stay finite."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    raw = np.zeros(shape, dtype={2: np.int16, 4: np.int32}[itemsize])
+    return torch.from_numpy(raw).view(dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half rotary; x (N, heads, D), cos/sin (N, 1, D)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class DecoderLayer(nn.Module):
+    """Weights of one layer in (in_features, out_features) layout: q|k|v and gate|up fused."""
+
+    def __init__(self, arch: ModelArch, w: LayerWeights, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        self.input_norm = _param(w.input_norm, dtype, device)
+        self.wqkv = _param(np.concatenate([w.wq, w.wk, w.wv], axis=1), dtype, device)
+        self.bqkv = None
+        if arch.attention_bias:
+            assert w.bq is not None and w.bk is not None and w.bv is not None
+            self.bqkv = _param(np.concatenate([w.bq, w.bk, w.bv]), dtype, device)
+        self.wo = _param(w.wo, dtype, device)
+        self.post_norm = _param(w.post_norm, dtype, device)
+        self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
+        self.w_down = _param(w.w_down, dtype, device)
+
+
+class TorchLlama(nn.Module):
+    """The decoder plus its paged KV cache (buffers ``k_cache_{i}``/``v_cache_{i}``, each
+    ``(num_blocks + 1, block_size, Hkv, D)``; the last block is scratch for padding tokens)."""
+
+    def __init__(self, arch: ModelArch, weights: ModelWeights, num_blocks: int, block_size: int,
+                 max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.arch = arch
+        self.eps = arch.rms_norm_eps
+        self.scale = arch.head_dim ** -0.5
+        self.embed = _param(weights.embed, dtype, device)
+        self.layers = nn.ModuleList(DecoderLayer(arch, w, dtype, device) for w in weights.layers)
+        self.decoder_layers: list[DecoderLayer] = list(self.layers)  # type: ignore[arg-type]
+        self.final_norm = _param(weights.final_norm, dtype, device)
+        self.lm_head = _param(weights.lm_head, dtype, device)
+        cos, sin = cos_sin_cache(arch, max_positions)  # (P, D/2) float32, as transformers
+        self.register_buffer("cos", torch.from_numpy(np.concatenate([cos, cos], -1)).to(device, dtype))
+        self.register_buffer("sin", torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
+        shape = (num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
+        for i in range(arch.num_layers):
+            self.register_buffer(f"k_cache_{i}", zeros(shape, dtype, device))
+            self.register_buffer(f"v_cache_{i}", zeros(shape, dtype, device))
+        self.scratch_block = num_blocks
+        self.block_size = block_size
+
+    def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return getattr(self, f"k_cache_{layer}"), getattr(self, f"v_cache_{layer}")
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        k, _ = self.kv_cache(0)
+        return 2 * len(self.layers) * k.numel() * k.element_size()
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
+                query_start: torch.Tensor, sample_index: torch.Tensor,
+                decode_only: bool) -> torch.Tensor:
+        """Packed step -> float32 logits (R, V) of ``sample_index``'s tokens."""
+        arch = self.arch
+        hq, hkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
+        n = input_ids.shape[0]
+        x = F.embedding(input_ids, self.embed)
+        cos_table, sin_table = cast(torch.Tensor, self.cos), cast(torch.Tensor, self.sin)
+        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
+        for i, layer in enumerate(self.decoder_layers):
+            h = rms_norm(x, layer.input_norm, self.eps)
+            qkv = h @ layer.wqkv
+            if layer.bqkv is not None:
+                qkv = qkv + layer.bqkv
+            q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            q = rotate(q.reshape(n, hq, d), cos, sin)
+            k = rotate(k.reshape(n, hkv, d), cos, sin)
+            k_cache, v_cache = self.kv_cache(i)
+            attn = paged_attention(q, k, v.reshape(n, hkv, d), k_cache, v_cache, slot_mapping,
+                                   block_tables, seq_lens, query_start, self.scale, decode_only)
+            x = x + attn.reshape(n, hq * d) @ layer.wo
+            h = rms_norm(x, layer.post_norm, self.eps)
+            gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.w_down
+        x = rms_norm(x[sample_index], self.final_norm, self.eps)
+        return (x @ self.lm_head).float()

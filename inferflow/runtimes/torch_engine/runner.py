@@ -1,0 +1,184 @@
+"""The torch compiled engine: ``TorchLlama`` over a paged KV pool, compiled by Inductor, decode
+steps replayed from CUDA graphs on CUDA.
+
+- **Compilation** (``compile=inductor``): ``torch.compile(model, dynamic=True, fullgraph=True)``;
+  the paged attention is a custom op, so the whole decoder is one graph with symbolic token, row
+  and block-table sizes. Padding (``step_batch.py``) keeps every size >= 2 and duck sizing is off,
+  so one graph serves every mixed step and one every decode-only step; both are compiled at load
+  (a warm-up), not on the first request. Inductor's caches (FX graph, AOTAutograd, Triton kernels)
+  live in the engine's folder under ``compiled_engines/`` (``engine_dir.py``): a second start
+  with the same key reuses them instead of compiling again.
+- **CUDA graphs** (CUDA, ``cuda_graphs=true``): a decode-only step of B rows is padded to the
+  next bucket (1, 2, 4, 8, ... up to ``max_num_seqs``) and replayed from a graph captured at
+  load over static input buffers; mixed steps run the compiled graph directly.
+- **Memory**: the pool is ``layout.num_blocks`` blocks (``executor.kv_cache_memory`` decided how
+  many) plus one scratch block; no slots, nothing per sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from inferflow.models.checkpoint import Checkpoint
+from inferflow.runtimes.step_inputs import EngineRow
+from inferflow.runtimes.torch_engine.engine_dir import TorchEngineDir, open_engine_dir
+from inferflow.runtimes.torch_engine.model import DTYPES, TorchLlama
+from inferflow.runtimes.torch_engine.step_batch import StepBatch, build_step_batch
+from inferflow.scheduling.layout import KVLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    compile: str = "inductor"  # inductor | eager
+    cuda_graphs: bool = True  # CUDA only: replay decode steps from captured graphs
+    threads: int = 0  # CPU intra-op threads; 0 = torch's default (one per core)
+    cache_dir: str | None = None  # None = default_engine_dir()
+
+
+def graph_buckets(max_rows: int) -> list[int]:
+    """Decode batch sizes a CUDA graph is captured for: powers of two, then ``max_rows``."""
+    buckets, b = [], 1
+    while b < max_rows:
+        buckets.append(b)
+        b *= 2
+    return [*buckets, max_rows]
+
+
+class CudaGraphDecoder:
+    """Captured decode graphs, one per bucket, over static input buffers (shapes fixed)."""
+
+    def __init__(self, forward: Callable[..., torch.Tensor], buckets: Sequence[int],
+                 table_width: int, block_size: int, scratch_block: int,
+                 device: torch.device) -> None:
+        self.buckets = sorted(buckets)
+        self.table_width = table_width
+        self.block_size, self.scratch_block = block_size, scratch_block
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, StepBatch, torch.Tensor]] = {}
+        pool = None
+        for bucket in reversed(self.buckets):  # largest first: smaller ones reuse its memory
+            static = self._pad([], bucket).to(device)
+            forward(*static.forward_args())  # warm (allocations, autotuning) before capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                out = forward(*static.forward_args())
+            pool = graph.pool()
+            self._graphs[bucket] = (graph, static, out)
+
+    def _pad(self, rows: Sequence[EngineRow], bucket: int) -> StepBatch:
+        # bucket + 2 rows in all, whatever the real count (padding rows keep every size >= 2)
+        return build_step_batch(rows, self.block_size, self.scratch_block,
+                                pad_rows=bucket + 2, table_width=self.table_width)
+
+    def bucket_for(self, num_rows: int) -> int | None:
+        return next((b for b in self.buckets if b >= num_rows), None)
+
+    def run(self, rows: Sequence[EngineRow]) -> torch.Tensor | None:
+        """Logits of a decode-only step from its bucket's graph; None if no bucket fits."""
+        bucket = self.bucket_for(len(rows))
+        if bucket is None:
+            return None
+        graph, static, out = self._graphs[bucket]
+        batch = self._pad(rows, bucket)
+        for name, value in vars(batch).items():
+            if isinstance(value, torch.Tensor):
+                getattr(static, name).copy_(value, non_blocking=True)
+        graph.replay()
+        return out[: batch.num_sampled]
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self._graphs)
+
+
+class TorchRunner:
+    """Runs steps of rows (prefill chunks and decode tokens mixed) over the paged KV pool."""
+
+    def __init__(self, checkpoint: Checkpoint, settings: TorchSettings, layout: KVLayout) -> None:
+        if not layout.paged:
+            raise ValueError("executor=torch needs a paged KV layout (KVLayout.paged)")
+        cfg = checkpoint.config
+        self.model_config, self.settings, self.layout = cfg, settings, layout
+        self.device = torch.device(settings.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("executor.device=cuda: torch sees no CUDA device "
+                               f"(torch {torch.__version__}, built for CUDA {torch.version.cuda})")
+        if settings.threads and self.device.type == "cpu":
+            torch.set_num_threads(settings.threads)
+        self.engine_dir: TorchEngineDir = open_engine_dir(checkpoint, settings, self.device)
+        started = time.perf_counter()
+        weights = checkpoint.load_weights()
+        max_positions = min(cfg.max_position_embeddings, layout.max_model_len)
+        with torch.inference_mode():
+            self.model = TorchLlama(cfg, weights, layout.num_blocks, layout.block_size,
+                                    max_positions, DTYPES[settings.dtype], self.device).eval()
+        del weights
+        self._forward: Callable[..., torch.Tensor] = self.model
+        if settings.compile == "inductor":
+            self._forward = self._compiled()
+        self.graphs: CudaGraphDecoder | None = None
+        self._warm_up()
+        if self.device.type == "cuda" and settings.cuda_graphs:
+            with torch.inference_mode():
+                self.graphs = CudaGraphDecoder(
+                    self._forward, graph_buckets(layout.max_slots), layout.max_blocks_per_seq,
+                    layout.block_size, self.model.scratch_block, self.device)
+        self.engine_dir.commit()
+        self.load_s = time.perf_counter() - started
+        log.info("torch engine ready in %.1f s (%s, %s, %s, %d KV blocks = %.1f MiB%s)",
+                 self.load_s, self.device, settings.dtype, settings.compile, layout.num_blocks,
+                 self.model.kv_cache_bytes / 2**20,
+                 f", {self.graphs.num_graphs} CUDA graphs" if self.graphs else "")
+
+    def _compiled(self) -> Callable[..., torch.Tensor]:
+        import torch.fx.experimental._config as fx_config
+
+        self.engine_dir.use_for_compiler_caches()
+        # distinct symbols for token, row and sampled counts even when equal in the warm-up
+        fx_config.use_duck_shape = False
+        return torch.compile(self.model, dynamic=True, fullgraph=True)  # type: ignore[return-value]
+
+    def _warm_up(self) -> None:
+        """Compile (or load from the cache) the mixed-step and decode-step graphs now."""
+        scratch = (self.model.scratch_block,)
+        with torch.inference_mode():
+            self.forward([EngineRow(0, (0, 0), 0, True, scratch)])  # a prefill chunk
+            self.forward([EngineRow(0, (0,), 0, True, scratch)])  # decode only
+
+    def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
+        """(R, V) float32 logits of the sampled rows, in order."""
+        with torch.inference_mode():
+            logits = None
+            if self.graphs is not None and all(len(r.token_ids) == 1 for r in rows):
+                logits = self.graphs.run(rows)
+            if logits is None:
+                batch = build_step_batch(rows, self.layout.block_size, self.model.scratch_block)
+                if self.device.type != "cpu":
+                    batch = batch.to(self.device)
+                logits = self._forward(*batch.forward_args())[: batch.num_sampled]
+            return logits.cpu().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "device": str(self.device),
+            "device_name": self.engine_dir.fields.get("device_arch"),
+            "dtype": self.settings.dtype,
+            "compile": self.settings.compile,
+            "cuda_graphs": self.graphs.num_graphs if self.graphs else 0,
+            "kv_blocks": self.layout.num_blocks,
+            "kv_cache_bytes": self.model.kv_cache_bytes,
+            "load_s": round(self.load_s, 2),
+            "compiled_engine_reused": self.engine_dir.reused,
+        }
+
