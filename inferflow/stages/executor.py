@@ -373,7 +373,8 @@ class TorchExecutor(ExecutorStage):
         return KVBudget(room, per_token, f"executor.kv_cache_memory={fraction} of the GPU's "
                         f"{human(total)}, less {human(total - free)} in use and the weights")
 
-    def settings(self) -> Any:
+    def torch_settings(self) -> Any:
+        """The runner's ``TorchSettings`` from these fields."""
         from inferflow.runtimes.torch_engine.runner import TorchSettings
 
         return TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
@@ -386,7 +387,7 @@ class TorchExecutor(ExecutorStage):
         from inferflow.runtimes.torch_engine.runner import TorchRunner
         from inferflow.sampling.sampler import Sampler
 
-        runner = TorchRunner(checkpoint, self.settings(), layout)
+        runner = TorchRunner(checkpoint, self.torch_settings(), layout)
         self._executor = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
 
     @property

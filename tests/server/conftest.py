@@ -14,7 +14,7 @@ from server_harness import LIMITED_KEYS, ServerProcess, start_server
 
 
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+def default_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """The default graph (tiny model, continuous batching), open API, default limits; traces go
     to ``traces.jsonl`` in the server's folder."""
     folder = tmp_path_factory.mktemp("traces")
@@ -22,6 +22,32 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
         tmp_path_factory, "server", ["tracing=file", f"tracing.file_path={folder / 'traces.jsonl'}"]
     )
     srv.traces_path = folder / "traces.jsonl"  # type: ignore[attr-defined]
+    yield srv
+    srv.terminate()
+
+
+@pytest.fixture(scope="session")
+def server(default_server: ServerProcess) -> ServerProcess:
+    """The default server (ONNX Runtime executor); modules that test both executors override
+    this name with ``server_per_executor``."""
+    return default_server
+
+
+@pytest.fixture(params=["onnxruntime", "torch"])
+def server_per_executor(request: pytest.FixtureRequest) -> ServerProcess:
+    """The default server, then the torch one: a test taking this runs on both executors."""
+    name = "default_server" if request.param == "onnxruntime" else "torch_server"
+    srv: ServerProcess = request.getfixturevalue(name)
+    assert srv.get("/version").json()["engine"]["backend"] == request.param
+    return srv
+
+
+@pytest.fixture(scope="session")
+def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """The default graph on ``executor=torch`` (paged KV, Inductor-compiled), started as a user
+    would: ``python -m inferflow executor=torch``."""
+    pytest.importorskip("torch")
+    srv = start_server(tmp_path_factory, "torch", ["executor=torch", "tracing=off"])
     yield srv
     srv.terminate()
 

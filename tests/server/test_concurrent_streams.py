@@ -1,4 +1,5 @@
-"""Many concurrent streams through continuous batching give the same text as one at a time."""
+"""Many concurrent streams through continuous batching give the same text as one at a time, on
+both executors (slot KV and paged KV)."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ async def _all_at_once(server: ServerProcess) -> list[tuple[str, set[str], str |
         await client.close()
 
 
-def test_concurrent_streams_match_sequential_greedy(server: ServerProcess) -> None:
+def test_concurrent_streams_match_sequential_greedy(server_per_executor: ServerProcess) -> None:
+    server = server_per_executor
     client = server.client()
     sequential = []
     for prompt in prompts():

@@ -1,9 +1,17 @@
-"""The OpenAI surface against a real server, through the ``openai`` client."""
+"""The OpenAI surface against a real server, through the ``openai`` client, on both executors:
+ONNX Runtime (slot KV, the default) and torch (paged KV)."""
 
 from __future__ import annotations
 
 import httpx
+import pytest
 from server_harness import MODEL, ServerProcess
+
+
+@pytest.fixture
+def server(server_per_executor: ServerProcess) -> ServerProcess:
+    """Every test of this module runs on both executors."""
+    return server_per_executor
 
 PROMPT = "The quick brown fox"
 
@@ -151,6 +159,8 @@ def test_models_health_ready_version(server: ServerProcess) -> None:
     version = server.get("/version").json()
     assert version["model"]["name"] == MODEL
     assert version["engine"]["backend"] and version["engine"]["runtime_version"]
+    paged = version["engine"]["backend"] == "torch"
+    assert version["engine"]["layout"]["paged"] is paged
     assert version["runtime"]["litserve"] == "0.2.19"
     assert version["inferflow"]
 

@@ -83,8 +83,8 @@ def _format(schema: dict) -> dict:
     }
 
 
-def test_json_schema_answers_always_validate(server: ServerProcess) -> None:
-    client = server.client()
+def test_json_schema_answers_always_validate(server_per_executor: ServerProcess) -> None:
+    client = server_per_executor.client()
     for seed in SEEDS:
         chat = client.chat.completions.create(
             model=MODEL,
