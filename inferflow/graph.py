@@ -111,12 +111,12 @@ class ServingGraph:
         arch = parse_model_config(self.model_path / "config.json")
         limit = arch.max_position_embeddings
         wanted = min(limit, self.model.max_model_len or limit)
-        budget = None
-        if not is_embedding_model(self.model):
-            budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
         slots = self.executor.max_slots or self.batching.max_num_seqs
         fit = paged_context if self.executor.pages_kv else served_context
         try:
+            budget = None
+            if not is_embedding_model(self.model):
+                budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
             return fit(wanted, slots, self.cache.block_size, self.cache.num_blocks, budget)
         except ValueError as exc:
             raise ConfigError(str(exc), "executor.kv_cache_memory") from None

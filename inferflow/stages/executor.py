@@ -363,12 +363,13 @@ class TorchExecutor(ExecutorStage):
         from inferflow.scheduling.kv_budget import KVBudget, human
 
         if not torch.cuda.is_available():
-            raise ValueError(f"device: {self.device}: torch sees no CUDA device")
+            raise ValueError(f"executor.device: {self.device}: torch sees no CUDA device "
+                             f"(torch {torch.__version__}, CUDA {torch.version.cuda})")
         free, total = torch.cuda.mem_get_info(torch.device(str(self.device)))
         weights = arch.num_parameters * self.itemsize
         room = int(fraction * total) - (total - free) - weights
         if room <= 0:
-            raise ValueError(f"kv_cache_memory: {fraction} of {human(total)} leaves no room for "
+            raise ValueError(f"executor.kv_cache_memory: {fraction} of {human(total)} leaves no room for "
                              f"KV after {human(total - free)} in use and {human(weights)} of weights")
         return KVBudget(room, per_token, f"executor.kv_cache_memory={fraction} of the GPU's "
                         f"{human(total)}, less {human(total - free)} in use and the weights")

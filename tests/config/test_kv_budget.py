@@ -82,3 +82,51 @@ def test_a_budget_too_small_for_the_slots_is_one_config_error(tiny_checkpoint: P
     with pytest.raises(ConfigError, match="holds 100 tokens") as info:
         graph_for("executor.kv_cache_memory=100KiB").check_engine_settings()
     assert info.value.key == "executor.kv_cache_memory"
+
+
+# -- the paged executor (executor=torch): the budget is the block pool -------------------------
+
+
+def test_a_paged_executor_turns_the_budget_into_blocks(tiny_checkpoint: Path) -> None:
+    arch = parse_model_config(tiny_checkpoint / "config.json")
+    per_token = kv_bytes_per_token(arch, 4)
+    graph = graph_for("executor=torch", "executor.kv_cache_memory=8MiB",
+                      "batching.max_num_seqs=200")
+    layout = graph.kv_layout()
+    assert layout.paged and layout.max_slots == 200  # rows, not reservations
+    assert layout.num_blocks == 8 * 1024**2 // (per_token * layout.block_size)
+    # one sequence may use the whole pool; more sequences do not shorten the context
+    assert layout.max_model_len == min(arch.max_position_embeddings,
+                                       layout.num_blocks * layout.block_size)
+    assert graph.kv_budget_note() is None or "whole paged KV pool" in graph.kv_budget_note()
+
+
+def test_a_paged_pool_smaller_than_the_context_says_so(tiny_checkpoint: Path) -> None:
+    graph = graph_for("executor=torch", "executor.kv_cache_memory=256KiB")
+    assert graph.max_model_len == graph.kv_layout().num_blocks * 16 < 2048
+    note = graph.kv_budget_note()
+    assert note is not None and "whole paged KV pool" in note and "256KiB" in note
+
+
+def test_auto_paged_budget_stops_at_twice_what_the_sequences_need() -> None:
+    layout = graph_for("executor=torch", "batching.max_num_seqs=4").kv_layout()
+    assert layout.num_blocks <= 2 * 4 * -(-layout.max_model_len // layout.block_size)
+
+
+def test_cache_num_blocks_wins_over_the_paged_budget() -> None:
+    layout = graph_for("executor=torch", "cache.num_blocks=100").kv_layout()
+    assert layout.num_blocks == 100 and layout.paged
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("executor.kv_cache_memory=0.5", "fraction of GPU memory needs device=cuda"),
+        ("executor.kv_cache_memory=1.5", r"must be in \(0, 1\]"),
+        ("executor.device=tpu", "must be cpu, cuda or cuda:N"),
+        ("executor.threads=-1", "threads"),
+    ],
+)
+def test_bad_torch_executor_settings_name_the_key(override: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        graph_for("executor=torch", override)
