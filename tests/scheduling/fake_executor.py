@@ -7,7 +7,12 @@
 - The sampled token = a deterministic hash of the slot's content ``[0, start_pos + len)`` (greedy).
 
 A wrong prefix copy, a missing load, a wrong ``start_pos`` or stale content from the slot's previous
-owner therefore changes the output; reading a never-written position raises. ``reference_output``
+owner therefore changes the output; reading a never-written position raises.
+
+``paged=True`` simulates a paged executor instead: the pool blocks are the only KV; a chunk writes
+its tokens into the blocks of its ``block_table`` and the sampled token hashes what the table's
+blocks hold for ``[0, start_pos + len)``. A block shared while another request writes into it, a
+table missing a block or a prefix hit on a block that was reused shows up as a changed output. ``reference_output``
 is the independent oracle: the same hash applied to the sequence itself, no scheduler involved.
 """
 
@@ -64,6 +69,7 @@ class FakeExecutor:
     num_blocks: int
     block_size: int
     vocab_size: int = 64
+    paged: bool = False
     slots: list[list[int | None]] = field(init=False)
     pool: list[tuple[int, ...] | None] = field(init=False)
     history: list[StepRecord] = field(default_factory=list)
@@ -75,6 +81,8 @@ class FakeExecutor:
         self.pool = [None] * self.num_blocks
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
+        if self.paged:
+            return self._execute_paged(plan)
         self._check_plan(plan)
         self.plans.append(plan)
         self._forget(plan.finished_request_ids)
@@ -106,6 +114,35 @@ class FakeExecutor:
             self.pool[save.block_id] = tuple(content)  # type: ignore[arg-type]
         self.history.append(self._record(plan))
         return ExecutorOutput(sampled=sampled)
+
+    def _execute_paged(self, plan: SchedulerOutput) -> ExecutorOutput:
+        assert not plan.kv_loads and not plan.kv_saves, "a paged plan copies nothing"
+        self.plans.append(plan)
+        bs = self.block_size
+        blocks = self.paged_blocks
+        sampled = {}
+        for chunk in plan.chunks:
+            end = chunk.start_pos + len(chunk.token_ids)
+            assert len(chunk.block_table) == -(-end // bs), f"{chunk.request_id}: table size"
+            for offset, token in enumerate(chunk.token_ids):
+                pos = chunk.start_pos + offset
+                blocks[chunk.block_table[pos // bs]][pos % bs] = token
+        for chunk in plan.chunks:  # reads after every write of the step, as one forward pass
+            end = chunk.start_pos + len(chunk.token_ids)
+            if chunk.sample:
+                content = [blocks[chunk.block_table[p // bs]][p % bs] for p in range(end)]
+                assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
+                tok = next_token(content, self.vocab_size)  # type: ignore[arg-type]
+                logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
+                sampled[chunk.request_id] = SampledToken(tok, logprob)
+        self.history.append(self._record(plan))
+        return ExecutorOutput(sampled=sampled)
+
+    @property
+    def paged_blocks(self) -> list[list[int | None]]:
+        if not hasattr(self, "_paged_blocks"):
+            self._paged_blocks = [[None] * self.block_size for _ in range(self.num_blocks)]
+        return self._paged_blocks
 
     def _forget(self, request_ids: frozenset[str]) -> None:
         for slot, owner in list(self._owner.items()):

@@ -85,7 +85,7 @@ class Harness:
         cfg = self.config
         self.scheduler = Scheduler(cfg, clock=FakeClock())
         self.executor = FakeExecutor(
-            cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB
+            cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged
         )
 
     def add(self, *requests: Request) -> None:

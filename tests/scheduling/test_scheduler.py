@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sched_factories import Harness, clone, expected, make_config, make_request
+from sched_factories import Harness, clone, expected, make_config, make_request, run_alone_outputs
 
 from inferflow.scheduling import RequestStatus, Scheduler, SchedulerConfigError
 from inferflow.scheduling.plan import KVBlockCopy
@@ -309,3 +309,29 @@ def test_impossible_requests_and_configs_are_refused() -> None:
         assert err.value.field == field
     with pytest.raises(SchedulerConfigError, match="max_model_len"):
         make_config(enable_chunked_prefill=False, max_num_batched_tokens=32)
+
+
+# -- paged layout: block tables instead of copies ------------------------------------------------
+
+
+def test_a_paged_plan_carries_block_tables_and_registers_full_blocks_after_the_step() -> None:
+    h = Harness(make_config(paged=True, block_size=4, max_num_batched_tokens=32))
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]  # two full blocks
+    h.add(make_request("a", [*shared, 9], max_tokens=3))
+    plan = h.scheduler.schedule()
+    (chunk,) = plan.chunks
+    assert chunk.block_table == tuple(h.scheduler.kv.block_ids("a")) and len(chunk.block_table) == 3
+    assert not plan.kv_loads and not plan.kv_saves
+    # the prompt's two full blocks are not in the prefix cache until the step has run
+    assert h.scheduler.kv.find_prefix([*shared, 10]).num_tokens == 0
+    h.scheduler.update(plan, h.executor.execute(plan))
+    assert h.scheduler.kv.find_prefix([*shared, 10]).block_ids == chunk.block_table[:2]
+    h.add(make_request("b", [*shared, 10], max_tokens=3))
+    h.step()
+    kv = h.scheduler.kv
+    assert kv.block_ids("b")[:2] == kv.block_ids("a")[:2]  # the same physical blocks
+    assert [kv.pool.ref_cnt(b) for b in kv.block_ids("a")[:2]] == [2, 2]
+    h.run()
+    assert h.outputs() == run_alone_outputs([make_request("a", [*shared, 9], max_tokens=3),
+                                             make_request("b", [*shared, 10], max_tokens=3)],
+                                            h.config)

@@ -3,6 +3,7 @@ a request, and every request that is not cancelled ends with its full reference 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, event, given, settings
@@ -101,6 +102,23 @@ def test_tight_memory_workloads_preempt_and_still_match(
     cfg: SchedulerConfig, plan: list[Arrival]
 ) -> None:
     run_workload(cfg, plan)
+
+
+@SETTINGS
+@given(cfg=configs(), plan=arrivals())
+def test_paged_workloads_finish_with_reference_outputs_and_no_leaks(
+    cfg: SchedulerConfig, plan: list[Arrival]
+) -> None:
+    """The same workloads with the KV in the pool's blocks (block tables, shared prefix blocks)."""
+    run_workload(dataclasses.replace(cfg, paged=True), plan)
+
+
+@SETTINGS
+@given(cfg=tight_configs(), plan=arrivals(min_requests=4))
+def test_paged_tight_memory_workloads_preempt_and_still_match(
+    cfg: SchedulerConfig, plan: list[Arrival]
+) -> None:
+    run_workload(dataclasses.replace(cfg, paged=True), plan)
 
 
 def run_workload(cfg: SchedulerConfig, plan: list[Arrival]) -> None:
