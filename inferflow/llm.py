@@ -23,7 +23,9 @@ class LLM:
 
     Keyword arguments are engine settings (``precision``, ``max_slots``, ``max_model_len``,
     ``graph_form``, ``intra_op_threads``, ...) and scheduler settings (``max_num_seqs``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``mode``, ...).
+    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``mode``, ...). ``backend="torch"``
+    runs the torch executor (paged KV) and takes its settings instead of ONNX Runtime's:
+    ``LLM(path, backend="torch", device="cuda", dtype="bfloat16", kv_cache_memory="0.9")``.
     """
 
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:

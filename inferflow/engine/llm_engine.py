@@ -121,12 +121,41 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
+        """``backend="torch"`` builds the torch executor (paged KV; see ``torch_from_path``)."""
         # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
         physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
+        if eng.pop("backend", None) == "torch":
+            return cls.torch_from_path(path, SchedulerConfig(**sched), **eng)
         return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched))
+
+    @classmethod
+    def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
+                        max_model_len: int | None = None, block_size: int = 16,
+                        num_blocks: int = 0, **executor_kwargs: Any) -> LLMEngine:
+        """The torch executor (``TorchExecutor`` fields: ``device``, ``dtype``, ``compile``,
+        ``kv_cache_memory``, ...) over a paged pool of ``num_blocks`` blocks (0: what
+        ``kv_cache_memory`` holds, as the server sizes it); ``budgets.max_num_seqs`` rows."""
+        from inferflow.scheduling.kv_budget import paged_context, weights_bytes
+        from inferflow.stages.executor import TorchExecutor
+
+        checkpoint = load_checkpoint(path)
+        budgets = budgets or SchedulerConfig()
+        executor = TorchExecutor(**executor_kwargs)
+        limit = checkpoint.config.max_position_embeddings
+        wanted = min(limit, max_model_len or limit)
+        budget = executor.kv_budget(checkpoint.config, weights_bytes(checkpoint.shards))
+        context = paged_context(wanted, budgets.max_num_seqs, block_size, num_blocks, budget)
+        layout = KVLayout(budgets.max_num_seqs, context.served, block_size, context.num_blocks,
+                          paged=True)
+        executor.limit_steps(budgets.max_num_batched_tokens)
+        executor.load(checkpoint, layout)
+        scheduler = Scheduler(dataclasses.replace(
+            budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
+            block_size=layout.block_size, num_blocks=layout.num_blocks, paged=True))
+        return cls.from_components(checkpoint, executor, scheduler, StreamingDetokenizer())
 
     @property
     def engine(self) -> Any:

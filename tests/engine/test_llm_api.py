@@ -73,3 +73,17 @@ def test_use_tqdm_shows_progress_on_stderr(llm: LLM, capsys: pytest.CaptureFixtu
     assert f"{len(PROMPTS)}/{len(PROMPTS)}" in capsys.readouterr().err
     llm.generate(PROMPTS, greedy(2))  # the default: silent
     assert capsys.readouterr().err == ""
+
+
+def test_the_torch_backend_generates_what_onnx_runtime_does(
+    llm: LLM, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """``LLM(path, backend="torch", ...)``: the paged torch executor, sized by kv_cache_memory."""
+    pytest.importorskip("torch")
+    path = make_named_checkpoint(tmp_path_factory.mktemp("llm_torch"), "gqa8x2")
+    paged = LLM(path, backend="torch", compile="eager", kv_cache_memory="2MiB",
+                max_num_seqs=4, max_num_batched_tokens=64)
+    layout = paged.engine.layout
+    assert layout.paged and layout.num_blocks * layout.block_size * 1024 <= 2 * 1024**2
+    got = [o.outputs[0].token_ids for o in paged.generate(PROMPTS, greedy(20))]
+    assert got == [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy(20))]

@@ -14,9 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from inferflow.runtimes.step_inputs import EngineRow  # noqa: E402
-from inferflow.runtimes.torch_engine.attention import (  # noqa: E402
-    paged_attention,
-)
+from inferflow.runtimes.torch_engine.attention import KV_CACHES, paged_attention  # noqa: E402
 from inferflow.runtimes.torch_engine.runner import graph_buckets  # noqa: E402
 from inferflow.runtimes.torch_engine.step_batch import build_step_batch  # noqa: E402
 
@@ -82,10 +80,13 @@ def test_paged_attention_equals_dense_attention_on_scattered_blocks() -> None:
     q = torch.randn(sum(news), hq, d)
     k = torch.cat([full_k[r][-news[r]:] for r in range(2)])
     v = torch.cat([full_v[r][-news[r]:] for r in range(2)])
-    out = paged_attention(q, k, v, k_cache, v_cache, torch.tensor(slots),
-                          torch.tensor(tables, dtype=torch.int32),
+    cache_id = KV_CACHES.register([(k_cache, v_cache)])
+    out = paged_attention(q, k, v, torch.tensor(slots), torch.tensor(tables, dtype=torch.int32),
                           torch.tensor(lens, dtype=torch.int32),
-                          torch.tensor([0, 4, 5], dtype=torch.int32), 0.35, False)
+                          torch.tensor([0, 4, 5], dtype=torch.int32), cache_id, 0, 0.35, False)
+    KV_CACHES.release(cache_id)
+    # the new tokens' K/V were written into their blocks
+    assert torch.equal(k_cache[2, 2], full_k[0][6]) and torch.equal(v_cache[3, 1], full_v[1][9])
     torch.testing.assert_close(out[:4], dense_attention(q[:4], full_k[0], full_v[0], 0.35))
     torch.testing.assert_close(out[4:], dense_attention(q[4:], full_k[1], full_v[1], 0.35))
 

@@ -14,6 +14,7 @@ forward returns logits only for ``sample_index`` (R,), the last token of each sa
 
 from __future__ import annotations
 
+import weakref
 from typing import cast
 
 import numpy as np
@@ -24,7 +25,7 @@ from torch import nn
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
 from inferflow.models.rope import cos_sin_cache
-from inferflow.runtimes.torch_engine.attention import paged_attention
+from inferflow.runtimes.torch_engine.attention import KV_CACHES, paged_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,7 +80,7 @@ class DecoderLayer(nn.Module):
 
 
 class TorchLlama(nn.Module):
-    """The decoder plus its paged KV cache (buffers ``k_cache_{i}``/``v_cache_{i}``, each
+    """The decoder plus its paged KV cache (``kv_caches[i]`` = K, V of layer i, each
     ``(num_blocks + 1, block_size, Hkv, D)``; the last block is scratch for padding tokens)."""
 
     def __init__(self, arch: ModelArch, weights: ModelWeights, num_blocks: int, block_size: int,
@@ -97,14 +98,16 @@ class TorchLlama(nn.Module):
         self.register_buffer("cos", torch.from_numpy(np.concatenate([cos, cos], -1)).to(device, dtype))
         self.register_buffer("sin", torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
         shape = (num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
-        for i in range(arch.num_layers):
-            self.register_buffer(f"k_cache_{i}", zeros(shape, dtype, device))
-            self.register_buffer(f"v_cache_{i}", zeros(shape, dtype, device))
+        # not buffers: the attention op finds them by id (see attention.KVCacheRegistry)
+        self.kv_caches = [(zeros(shape, dtype, device), zeros(shape, dtype, device))
+                          for _ in range(arch.num_layers)]
+        self.cache_id = KV_CACHES.register(self.kv_caches)
+        weakref.finalize(self, KV_CACHES.release, self.cache_id)  # the blocks go with the model
         self.scratch_block = num_blocks
         self.block_size = block_size
 
     def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return getattr(self, f"k_cache_{layer}"), getattr(self, f"v_cache_{layer}")
+        return self.kv_caches[layer]
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -130,9 +133,9 @@ class TorchLlama(nn.Module):
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
             q = rotate(q.reshape(n, hq, d), cos, sin)
             k = rotate(k.reshape(n, hkv, d), cos, sin)
-            k_cache, v_cache = self.kv_cache(i)
-            attn = paged_attention(q, k, v.reshape(n, hkv, d), k_cache, v_cache, slot_mapping,
-                                   block_tables, seq_lens, query_start, self.scale, decode_only)
+            attn = paged_attention(q, k, v.reshape(n, hkv, d), slot_mapping, block_tables,
+                                   seq_lens, query_start, self.cache_id, i, self.scale,
+                                   decode_only)
             x = x + attn.reshape(n, hq * d) @ layer.wo
             h = rms_norm(x, layer.post_norm, self.eps)
             gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
