@@ -9,8 +9,8 @@ Each executor's engine is built from the same config a server composes (``execut
 executor.kv_cache_memory=<budget> model.max_model_len=<len>``), then ``--requests`` requests of
 ``--prompt-len`` + ``--output-len`` tokens are added at once and stepped to the end (engine
 steps, no HTTP, no timing). Per executor it records the reserved KV bytes, the sequences running
-at the busiest step and at the median step, and the KV bytes per running sequence (reserved /
-busiest). The slot executor is given the most slots for which the budget still serves
+at the busiest step and at the median step while requests still wait (memory or slots decide,
+not the number of requests), and the KV bytes per running sequence (reserved / that median). The slot executor is given the most slots for which the budget still serves
 ``--max-model-len`` (its slots are reserved at full length); the paged one ``max_num_seqs``
 ``--max-num-seqs`` and admits by free blocks. Writes ``benchmarks/results/kv_capacity.json``.
 """
@@ -73,11 +73,14 @@ def measure(g: ServingGraph, args: argparse.Namespace) -> dict:
     prompt = [1] + [5 + i % 200 for i in range(args.prompt_len - 1)]
     for i in range(args.requests):
         engine.add_request(str(i), prompt, params)
-    running, finished = [], 0
+    running, saturated, finished = [], [], 0
     while engine.has_unfinished_requests():
         finished += sum(out.finished for out in engine.step())
         running.append(len(engine.scheduler.running))
+        if len(engine.scheduler.waiting):  # memory (or slots), not the request count, decides
+            saturated.append(running[-1])
     busiest = max(running)
+    steady = statistics.median(saturated or running)
     return {
         "executor": g.executor.backend,
         "paged": layout.paged,
@@ -86,8 +89,8 @@ def measure(g: ServingGraph, args: argparse.Namespace) -> dict:
         "kv_reserved_bytes": reserved,
         "kv_bytes_per_token": per_token,
         "busiest_running": busiest,
-        "median_running": statistics.median(running),
-        "kv_bytes_per_running_sequence": reserved // busiest,
+        "median_running_while_requests_wait": steady,
+        "kv_bytes_per_running_sequence": int(reserved / steady),
         "preemptions": engine.stats().num_preemptions,
         "steps": len(running),
         "finished": finished,
@@ -122,7 +125,7 @@ def main() -> int:
           f"max_model_len {args.max_model_len}: ideal {result['ideal_concurrency']} at once")
     for r in rows:
         print(f"  {r['executor']:<12} paged={r['paged']!s:<5} busiest {r['busiest_running']:>4} "
-              f"median {r['median_running']:>6} KV/seq {r['kv_bytes_per_running_sequence'] / 2**20:.2f} MiB "
+              f"median while requests wait {r['median_running_while_requests_wait']:>6} KV/seq {r['kv_bytes_per_running_sequence'] / 2**20:.2f} MiB "
               f"preemptions {r['preemptions']}")
     return 0
 

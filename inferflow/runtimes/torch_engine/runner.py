@@ -153,10 +153,10 @@ class TorchRunner:
         # distinct symbols for token, row and sampled counts even when equal in the warm-up
         fx_config.use_duck_shape = False
         # CPU: freezing folds the weights in as constants, so Inductor prepacks them for oneDNN's
-        # matmuls (measured on the ~100M model, 2 cores: a batch-1 decode step 57 -> 30 ms); the
+        # matmuls (measured on the ~100M model, 2 cores, same minute: a batch-1 decode step 57 -> 30 ms); the
         # engine folder's key has the weights' digest, so frozen artifacts are never reused for
         # other weights
-        options = {"freezing": True} if self.device.type == "cpu" else {}
+        options: dict[str, Any] = {"freezing": self.device.type == "cpu"}
         return torch.compile(self.model, dynamic=True, fullgraph=True,  # type: ignore[return-value]
                              options=options)
 
