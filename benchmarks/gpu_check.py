@@ -10,8 +10,9 @@
 5. a short serving run: ``python -m inferflow ... executor=torch executor.device=cuda``, 64
    streamed requests at concurrency 32.
 
-``--device cpu`` runs checks 1, 4 and 5 on the CPU with the same code (a rehearsal of the
-script where there is no GPU; the kernel and graph checks need CUDA and are skipped).
+``--device cpu`` runs checks 1, 4 (float32, batch 1 and 8) and 5 on the CPU with the same code
+(a rehearsal of the script where there is no GPU; the kernel and graph checks need CUDA and are
+skipped; ``GPU_CHECK_TIMEOUT=900`` gives it the time a CPU needs).
 
 Prints one line per check and writes ``$OUT/gpu_check.json`` (or
 ``benchmarks/results/gpu_check.json``). Exit status 0 only when every check passed.
@@ -140,10 +141,12 @@ def check_graph_replay() -> None:
 def check_decode_throughput() -> None:
     path = WORK / "llama-100m"
     make_checkpoint(path, SPEC_100M, seed=0)
-    e = engine(path, "bfloat16", max_num_seqs=128, num_blocks=128 * 16, max_model_len=256)
+    dtype, batches = ("bfloat16", (1, 32, 128)) if DEVICE == "cuda" else ("float32", (1, 8))
+    e = engine(path, dtype, max_num_seqs=max(batches), num_blocks=max(batches) * 16,
+               max_model_len=256)
     runner = e.model_executor.runner
     figures = {}
-    for batch in (1, 32, 128):
+    for batch in batches:
         rows = [EngineRow(i, (5,), 64, True, tuple(range(i * 16, i * 16 + 16)))
                 for i in range(batch)]
         for _ in range(5):
@@ -154,7 +157,7 @@ def check_decode_throughput() -> None:
             runner.forward(rows)
         sync()
         figures[f"batch_{batch}_tok_s"] = round(batch * steps / (time.perf_counter() - start), 1)
-    record("decode_throughput_100m_bf16", True, figures)
+    record(f"decode_throughput_100m_{dtype}", True, figures)
 
 
 def check_serving() -> None:
@@ -165,7 +168,8 @@ def check_serving() -> None:
     env_home = WORK / "home"
     os.environ["INFERFLOW_HOME"] = str(env_home)
     overrides = ["+model=local", f"model.path={path}", "executor=torch", f"executor.device={DEVICE}",
-                 "executor.dtype=bfloat16", f"server.port={port}", "tracing=off",
+                 f"executor.dtype={'bfloat16' if DEVICE == 'cuda' else 'float32'}",
+                 f"executor.cache_dir={WORK / 'engines'}", f"server.port={port}", "tracing=off",
                  "batching.max_num_seqs=64"]
     out_dir = WORK / "serve"
     with managed_server([sys.executable, "-m", "inferflow", *overrides], port,

@@ -4,6 +4,7 @@
 # batch 1/32/128 and a short serving run. See benchmarks/gpu_check.py; results in
 # $OUT/gpu_check.json (or benchmarks/results/gpu_check.json).
 #   bash benchmarks/gpu_check.sh
+#   GPU_CHECK_TIMEOUT=900 bash benchmarks/gpu_check.sh --device cpu    # a rehearsal on the CPU
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -12,4 +13,4 @@ if ! python3 -c "import torch, triton, transformers, inferflow" 2>/dev/null; the
     echo "  pip install -e '.[torch]' transformers"
     exit 2
 fi
-exec timeout 360 python3 benchmarks/gpu_check.py "$@"
+exec timeout "${GPU_CHECK_TIMEOUT:-360}" python3 benchmarks/gpu_check.py "$@"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from inferflow.engine.llm_engine import LLMEngine
@@ -90,3 +91,28 @@ def torch_greedy(runner: object, prompt: list[int], n: int,
         all_logits.append(logits)
         pos += 1
     return tokens, all_logits
+
+
+def run_greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, together: bool,
+               after_each: Callable[[LLMEngine], None] | None = None) -> list[list[int]]:
+    """Greedy outputs of ``prompts`` (``ignore_eos``), all queued at once (``together``) or one
+    after the other, ``after_each(engine)`` running after each one finished."""
+    from inferflow.sampling_params import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    done: dict[str, list[int]] = {}
+
+    def drain() -> None:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.finished:
+                    done[out.request_id] = out.outputs[0].token_ids
+
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), p, params)
+        if not together:
+            drain()
+            if after_each is not None:
+                after_each(engine)
+    drain()
+    return [done[str(i)] for i in range(len(prompts))]

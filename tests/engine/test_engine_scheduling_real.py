@@ -6,12 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_factories import PROMPTS, make_named_checkpoint
+from engine_factories import PROMPTS, make_named_checkpoint, run_greedy
 
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.runtimes.config import EngineConfig
-from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
 
 SYSTEM = "System: You are a helpful assistant. Answer briefly and truthfully, please. " * 3
@@ -31,22 +30,7 @@ def clobber_slots(engine: LLMEngine) -> None:
 
 
 def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, together: bool) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    done: dict[str, list[int]] = {}
-
-    def drain() -> None:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.outputs[0].token_ids
-
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-        if not together:
-            drain()
-            clobber_slots(engine)
-    drain()
-    return [done[str(i)] for i in range(len(prompts))]
+    return run_greedy(engine, prompts, max_tokens, together, after_each=clobber_slots)
 
 
 def make(ckpt: Path, *, prefix: bool, num_blocks: int = 0, slots: int = 4) -> LLMEngine:

@@ -17,6 +17,7 @@ from engine_factories import (
     PROMPTS,
     make_named_checkpoint,
     make_torch_engine,
+    run_greedy,
     torch_greedy,
 )
 
@@ -95,25 +96,7 @@ def test_bfloat16_engine_tracks_transformers_in_bfloat16(ckpt: Path, tmp_path: P
     np.testing.assert_allclose(logits[0], ref_logits[len(prompt) - 1], atol=0.1, rtol=0)
 
 
-def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, together: bool,
-        on_step: object = None) -> list[list[int]]:
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
-    done: dict[str, list[int]] = {}
-
-    def drain() -> None:
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                if out.finished:
-                    done[out.request_id] = out.outputs[0].token_ids
-            if on_step is not None:
-                on_step(engine)  # type: ignore[operator]
-
-    for i, p in enumerate(prompts):
-        engine.add_request(str(i), p, params)
-        if not together:
-            drain()
-    drain()
-    return [done[str(i)] for i in range(len(prompts))]
+run = run_greedy
 
 
 def test_mixed_prefill_and_decode_batches_equal_each_request_alone(ckpt: Path) -> None:
