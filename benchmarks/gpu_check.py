@@ -46,7 +46,7 @@ from inferflow.scheduling.config import SchedulerConfig  # noqa: E402
 from inferflow.scheduling.layout import KVLayout  # noqa: E402
 from inferflow.scheduling.scheduler import Scheduler  # noqa: E402
 from inferflow.stages.detokenizer import StreamingDetokenizer  # noqa: E402
-from inferflow.stages.executor import TorchExecutor  # noqa: E402
+from inferflow.stages.torch_executor import TorchExecutor  # noqa: E402
 
 WORK = Path(tempfile.mkdtemp(prefix="inferflow-gpu-check-"))
 RESULTS: dict[str, Any] = {"device": None, "checks": {}}

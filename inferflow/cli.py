@@ -330,6 +330,7 @@ def check(graph: ServingGraph) -> str:
 
 
 def _check_llm(graph: ServingGraph) -> list[str]:
+    from inferflow.scheduling.kv_budget import describe_layout
     from inferflow.stages.base import StageRequest
 
     graph.setup_stages()
@@ -339,22 +340,8 @@ def _check_llm(graph: ServingGraph) -> list[str]:
         "request stages: "
         + " -> ".join(f"{s.name} ({type(s).__name__})" for s in graph.request_stages),
         f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",
-        f"kv: {_describe_layout(graph)}",
+        f"kv: {describe_layout(graph.kv_layout(), graph.served_context.budget)}",
     ]
-
-
-def _describe_layout(graph: ServingGraph) -> str:
-    from inferflow.scheduling.kv_budget import human
-
-    layout, budget = graph.kv_layout(), graph.served_context.budget
-    pool = f"{layout.num_blocks} blocks x {layout.block_size} tokens"
-    where = f" in {budget.describe()}" if budget is not None else ""
-    if layout.paged:
-        if budget is not None:
-            size = human(layout.num_blocks * layout.block_size * budget.bytes_per_token)
-            where = f" = {size} (budget: {budget.describe()})"
-        return f"paged, {pool}{where}; up to {layout.max_slots} sequences"
-    return f"{layout.max_slots} slots x {layout.max_model_len} positions + a pool of {pool}{where}"
 
 
 def _fields(obj: Any) -> str:

@@ -37,9 +37,10 @@ from inferflow.stages.batching import (
 )
 from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
-from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor, TorchExecutor
+from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
 from inferflow.stages.tokenizer import CheckpointTokenizer
+from inferflow.stages.torch_executor import TorchExecutor
 from inferflow.stages.validator import RequestValidator
 from inferflow.telemetry.config import OtlpProtocol, TracingConfig, TracingExporter
 

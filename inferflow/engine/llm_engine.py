@@ -139,7 +139,7 @@ class LLMEngine:
         ``kv_cache_memory``, ...) over a paged pool of ``num_blocks`` blocks (0: what
         ``kv_cache_memory`` holds, as the server sizes it); ``budgets.max_num_seqs`` rows."""
         from inferflow.scheduling.kv_budget import paged_context, weights_bytes
-        from inferflow.stages.executor import TorchExecutor
+        from inferflow.stages.torch_executor import TorchExecutor
 
         checkpoint = load_checkpoint(path)
         budgets = budgets or SchedulerConfig()

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferflow.models.config import ModelArch
+from inferflow.scheduling.layout import KVLayout
 
 AUTO = "auto"
 _UNITS = {
@@ -197,3 +198,16 @@ def paged_context(
         blocks = slots * -(-wanted // block_size)
     served = min(wanted, blocks * block_size)
     return ServedContext(wanted, served, slots, budget, blocks)
+
+
+def describe_layout(layout: KVLayout, budget: KVBudget | None) -> str:
+    """One line for ``task=check``: the paged pool, or the slots and their pool, and the budget."""
+    pool = f"{layout.num_blocks} blocks x {layout.block_size} tokens"
+    if layout.paged:
+        where = ""
+        if budget is not None:
+            size = human(layout.num_blocks * layout.block_size * budget.bytes_per_token)
+            where = f" = {size} (budget: {budget.describe()})"
+        return f"paged, {pool}{where}; up to {layout.max_slots} sequences"
+    where = f" in {budget.describe()}" if budget is not None else ""
+    return f"{layout.max_slots} slots x {layout.max_model_len} positions + a pool of {pool}{where}"

@@ -65,7 +65,7 @@ def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.scheduler import Scheduler
     from inferflow.stages.detokenizer import StreamingDetokenizer
-    from inferflow.stages.executor import TorchExecutor
+    from inferflow.stages.torch_executor import TorchExecutor
 
     checkpoint = load_checkpoint(path)
     layout = KVLayout(max_num_seqs, max_model_len, block_size, num_blocks, paged=True)
