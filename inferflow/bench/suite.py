@@ -46,12 +46,13 @@ def log_excerpt(path: Path, lines: int = 20) -> str:
     return "\n".join(head + text[-lines:])
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path) -> None:
-    """Poll ``GET {url}/ready`` until it answers 200; fail early when the process exits."""
+def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path,
+               ready_path: str = "/ready") -> None:
+    """Poll ``GET {url}{ready_path}`` until it answers 200; fail early when the process exits."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/ready", timeout=5.0).status_code == 200:
+            if httpx.get(f"{url}{ready_path}", timeout=5.0).status_code == 200:
                 return
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)  # doubles as the poll interval
@@ -73,20 +74,23 @@ def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 30.0) -> No
 
 @contextlib.contextmanager
 def managed_server(
-    cmd: Sequence[str], port: int, log: Path, timeout: float, cwd: Path | None = None
+    cmd: Sequence[str], port: int, log: Path, timeout: float, cwd: Path | None = None,
+    env: dict[str, str] | None = None, ready_path: str = "/ready",
 ) -> Iterator[str]:
     """Start ``cmd`` (serving on ``port``), yield its base URL once ready, always stop it.
 
     The process gets its own session, so stopping it also stops its workers; its output goes to
-    ``log``."""
+    ``log``. ``env`` adds to the environment; ``ready_path`` is where a peer server says it is
+    ready (llama-server and vLLM: ``/health``)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True
+            list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+            env={**os.environ, **env} if env else None,
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(proc, url, timeout, log)
+        wait_ready(proc, url, timeout, log, ready_path)
         yield url
     finally:
         stop_process_group(proc)

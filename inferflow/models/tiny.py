@@ -63,6 +63,18 @@ SPEC_100M = TinySpec(
     max_position_embeddings=2048,
 )
 
+# A ~4.5M-parameter Llama (6 layers, hidden 256, vocab 1,024): per-step overhead, not compute,
+# bounds it on a CPU, so it is the benchmarks' probe of the serving path itself.
+SPEC_4M5 = TinySpec(
+    hidden_size=256,
+    intermediate_size=640,
+    num_layers=6,
+    num_heads=8,
+    num_kv_heads=2,
+    vocab_size=1024,
+    max_position_embeddings=2048,
+)
+
 
 def _filler_text(num_words: int = 60000, seed: int = 1234) -> str:
     """Seeded pseudo-words: enough distinct substrings for BPE to learn up to ~100k tokens (the

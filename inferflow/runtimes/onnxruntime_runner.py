@@ -21,10 +21,18 @@ from inferflow.models.errors import CheckpointError
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec, build_llama_graph
 from inferflow.runtimes.config import EngineConfig
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
-from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arrays, split_calls
+from inferflow.runtimes.step_inputs import (
+    EngineRow,
+    StepArrays,
+    build_step_arrays,
+    split_calls,
+    split_padding,
+)
 from inferflow.scheduling.plan import KVBlockCopy
 
 log = logging.getLogger(__name__)
+
+MAX_BINDINGS = 64  # slot windows whose IOBinding is kept (binding one is ~50 calls into ORT)
 
 
 def _build(checkpoint: Checkpoint, spec: GraphSpec) -> onnx.ModelProto:
@@ -60,7 +68,7 @@ class OnnxRuntimeRunner:
         # kv[layer][0] is K, kv[layer][1] is V.
         self.kv = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
         self.pool = [(np.zeros(pool, dtype), np.zeros(pool, dtype)) for _ in range(cfg.num_layers)]
-        self._bindings: dict[int, ort.IOBinding] = {}  # batch size -> binding (KV bound once)
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
         self._total_seq_len = np.array(self.capacity, np.int32)
 
     def cache_fields(self, checkpoint: Checkpoint) -> dict[str, object]:
@@ -125,29 +133,37 @@ class OnnxRuntimeRunner:
                                  f"{len(r.token_ids)} tokens, capacity {self.capacity}")
         out = np.empty((sum(r.sample for r in rows), self.model_config.vocab_size), np.float32)
         sample_pos = {i: k for k, i in enumerate(i for i, r in enumerate(rows) if r.sample)}
-        for call in split_calls(rows, self.capacity):
+        gqa = self.spec.form == "gqa"
+        calls = split_calls(rows, self.capacity)
+        if gqa:  # a window of slots per call: a lone prefill chunk is not padded to B rows
+            calls = [part for call in calls for part in split_padding(rows, call)]
+        for call in calls:
             call_rows = [rows[i] for i in call]
-            arrays = build_step_arrays(call_rows, slot_range=self.spec.form == "gqa")
+            arrays = build_step_arrays(call_rows, slot_range=gqa, window=gqa)
             logits = self._run_gqa(arrays) if self.spec.form == "gqa" else self._run_canonical(arrays)
             for k, j in enumerate(arrays.sampled_rows):
                 out[sample_pos[call[j]]] = logits[k]
         return out
 
-    def _binding(self, batch: int) -> ort.IOBinding:
-        """IOBinding for calls over slots [0, batch): KV views bound once, as past and present."""
-        binding = self._bindings.get(batch)
+    def _binding(self, lo: int, batch: int) -> ort.IOBinding:
+        """IOBinding for calls over slots [lo, lo + batch): KV views bound as past and present
+        (the same memory), kept for the most recent windows."""
+        binding = self._bindings.pop((lo, batch), None)
         if binding is None:
-            binding = self._bindings[batch] = self.session.io_binding()
+            binding = self.session.io_binding()
             for i, (k, v) in enumerate(self.kv):
                 for kind, buf in (("key", k), ("value", v)):
-                    view = buf[:batch]  # (B, Hkv, C, D), contiguous: slots are the leading axis
+                    view = buf[lo:lo + batch]  # (B, Hkv, C, D), contiguous: slots lead
                     args = ("cpu", 0, buf.dtype, list(view.shape), view.ctypes.data)
                     binding.bind_input(f"past_{kind}_{i}", *args)
                     binding.bind_output(f"present_{kind}_{i}", *args)  # same memory: in place
+        self._bindings[(lo, batch)] = binding  # most recently used last
+        while len(self._bindings) > MAX_BINDINGS:
+            del self._bindings[next(iter(self._bindings))]
         return binding
 
     def _run_gqa(self, a: StepArrays) -> np.ndarray:
-        binding = self._binding(len(a.slots))
+        binding = self._binding(int(a.slots[0]), len(a.slots))
         feeds = {"input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
                  "logits_index": a.logits_index, "seqlens_k": a.seqlens_k,
                  "total_seq_len": self._total_seq_len, "query_seqlens": a.query_seqlens}

@@ -57,16 +57,41 @@ def split_calls(rows: Sequence[EngineRow], capacity: int) -> list[list[int]]:
     return [sorted(c) for c in calls]
 
 
-def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool) -> StepArrays:
+PAD_RATIO = 4  # a call is split when its padded (B, S) grid is this many times its tokens
+
+
+def split_padding(rows: Sequence[EngineRow], call: list[int]) -> list[list[int]]:
+    """Split one call whose padded grid is mostly padding: its decode rows (one token each)
+    stay together, every multi-token row runs alone.
+
+    The in-place form pads a call to (B, S): B the slots from its lowest to its highest, S its
+    longest chunk, so one prefill chunk beside many decodes costs B x S positions in the
+    attention's gathers for S + B - 1 tokens. A separate call reads the weights once more, which
+    costs less than that padding as soon as it is ``PAD_RATIO`` times the tokens.
+    """
+    lengths = [len(rows[i].token_ids) for i in call]
+    slots = [rows[i].slot for i in call]
+    grid = (max(slots) - min(slots) + 1) * max(lengths)
+    if grid <= PAD_RATIO * sum(lengths):
+        return [call]
+    decodes = [i for i, n in zip(call, lengths, strict=True) if n == 1]
+    return ([decodes] if decodes else []) + [[i] for i, n in zip(call, lengths, strict=True) if n > 1]
+
+
+def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
+                      window: bool = False) -> StepArrays:
     """Arrays for one call over ``rows``.
 
-    ``slot_range=True`` (in-place GQA form): batch entry b is slot b for b in [0, max slot];
-    slots without a row are idle (query_seqlens 0). ``False`` (canonical form): entry b is rows[b].
+    ``slot_range=True`` (in-place GQA form): batch entry b is slot lo + b for b in
+    [0, max slot - lo], lo = 0, or with ``window`` the call's lowest slot (the engine binds
+    that window of its slot buffers); slots without a row are idle (query_seqlens 0).
+    ``False`` (canonical form): entry b is rows[b].
     """
     if slot_range:
-        batch = max(r.slot for r in rows) + 1
-        entry_of = {r.slot: r.slot for r in rows}
-        slots = np.arange(batch, dtype=np.int64)
+        lo = min(r.slot for r in rows) if window else 0
+        batch = max(r.slot for r in rows) + 1 - lo
+        entry_of = {r.slot: r.slot - lo for r in rows}
+        slots = np.arange(lo, lo + batch, dtype=np.int64)
     else:
         batch = len(rows)
         entry_of = {r.slot: b for b, r in enumerate(rows)}

@@ -55,6 +55,12 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p
 
 
+def _plain_greedy(row: SampleRow) -> bool:
+    p = row.params
+    return (p.greedy and p.logprobs is None and row.token_bitmask is None
+            and row.num_output_tokens >= p.min_tokens)
+
+
 class Sampler:
     """Samples one token per row; keeps one RNG per request (seeded ones are reproducible)."""
 
@@ -77,8 +83,19 @@ class Sampler:
         return rng
 
     def sample(self, logits: np.ndarray, rows: Sequence[SampleRow]) -> list[SampledToken]:
-        """logits (R, V) -> one SampledToken per row, in order."""
-        return [self._sample_one(logits[i], row) for i, row in enumerate(rows)]
+        """logits (R, V) -> one SampledToken per row, in order.
+
+        Plain greedy rows (no bitmask, no logprobs, past ``min_tokens``) take one argmax over
+        all of them; every other row goes through ``_sample_one``. Same tokens either way."""
+        plain = [i for i, row in enumerate(rows) if _plain_greedy(row)]
+        out: list[SampledToken | None] = [None] * len(rows)
+        if plain:
+            for i, token in zip(plain, np.argmax(logits[plain], axis=-1).tolist(), strict=True):
+                out[i] = SampledToken(token)
+        for i, row in enumerate(rows):
+            if out[i] is None:
+                out[i] = self._sample_one(logits[i], row)
+        return out  # type: ignore[return-value]  # every entry is filled above
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
         params = row.params

@@ -63,8 +63,8 @@ class BatchingStage(EngineStage):
 
     kind: ClassVar[str] = "batching"
     mode: ClassVar[str] = "continuous"
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 64  # every client of a c64 load runs at once (slots are cheap on CPU)
+    max_num_batched_tokens: int = 2048  # a prefill burst in few steps (docs/performance.md)
     policy: SchedulingPolicy = SchedulingPolicy.fcfs
     max_batch_size: int | None = None  # deprecated spelling of max_num_seqs
 

@@ -136,12 +136,13 @@ def test_a_response_stage_transforms_or_rejects_updates() -> None:
     ("overrides", "message"),
     [
         (
-            ["batching.max_num_seqs=1024"],  # 1024 running rows > the 512-token step budget
+            # 1024 running rows > a 512-token step budget
+            ["batching.max_num_seqs=1024", "batching.max_num_batched_tokens=512"],
             r"^batching\.max_num_batched_tokens: 512 < 1024 running sequences.*"
             r"raise batching\.max_num_batched_tokens",
         ),
         (
-            ["batching.enable_chunked_prefill=false"],
+            ["batching.enable_chunked_prefill=false", "batching.max_num_batched_tokens=512"],
             r"^batching\.max_num_batched_tokens: must be >= max_model_len \(2048\) without chunked",
         ),
         (["batching=static", "batching.max_num_batched_tokens=4"], r"^batching\.max_num_batched"),
@@ -159,6 +160,7 @@ def test_engine_settings_the_worker_would_refuse_are_refused_up_front(
 def test_task_check_refuses_them_in_one_line(cli_env: dict[str, str], workdir: Any) -> None:
     from cfg_helpers import run_cli
 
-    proc = run_cli(["batching.max_num_seqs=1024", "task=check"], cli_env, workdir)
+    proc = run_cli(["batching.max_num_seqs=1024", "batching.max_num_batched_tokens=512",
+                    "task=check"], cli_env, workdir)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "batching.max_num_batched_tokens" in proc.stderr

@@ -9,7 +9,7 @@ import pytest
 from engine_factories import PROMPTS, greedy, make_engine, make_named_checkpoint
 
 from inferflow.models.checkpoint import load_checkpoint
-from inferflow.runtimes.step_inputs import EngineRow, build_step_arrays, split_calls
+from inferflow.runtimes.step_inputs import EngineRow, build_step_arrays, split_calls, split_padding
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +38,26 @@ def test_split_calls_keeps_padded_chunks_inside_slots() -> None:
     rows = [EngineRow(0, (1, 2, 3, 4), 0, True), EngineRow(1, (5,), 15, True), EngineRow(2, (6,), 3, True)]
     assert split_calls(rows, capacity=16) == [[0, 2], [1]]
     assert split_calls(rows, capacity=64) == [[0, 1, 2]]
+
+
+def test_window_arrays_start_at_the_lowest_slot() -> None:
+    rows = [EngineRow(6, (7, 8), 0, True), EngineRow(4, (5,), 10, True)]
+    a = build_step_arrays(rows, slot_range=True, window=True)
+    assert a.slots.tolist() == [4, 5, 6]  # slots 0..3 are not in the call at all
+    assert a.query_seqlens.tolist() == [1, 0, 2]
+    assert a.pad_index.tolist() == [[2, 3], [3, 3], [0, 1]]
+
+
+def test_a_call_mostly_padding_is_split() -> None:
+    decodes = [EngineRow(s, (1,), 20, True) for s in range(6)]
+    prefill = EngineRow(7, tuple(range(40)), 0, True)
+    rows = [*decodes, prefill]
+    # an 8 x 40 grid for 46 tokens: the decodes run together, the prefill chunk alone
+    assert split_padding(rows, list(range(7))) == [[0, 1, 2, 3, 4, 5], [6]]
+    # decodes alone, or a short chunk beside them: no split
+    assert split_padding(rows, list(range(6))) == [list(range(6))]
+    short = [*decodes, EngineRow(6, (1, 2, 3), 0, True)]
+    assert split_padding(short, list(range(7))) == [list(range(7))]
 
 
 @pytest.mark.parametrize("form", ["gqa", "canonical"])
@@ -70,6 +90,33 @@ def test_batch_of_different_lengths_equals_each_alone(ckpt: Path, form: str) -> 
                 outputs[r.slot].append(tok_id)
                 pending[r.slot] = [tok_id]
     assert [outputs[i] for i in range(4)] == alone
+
+
+def test_a_split_step_equals_each_alone(ckpt: Path) -> None:
+    """A whole prompt at slot 7 beside decodes at slots 0-1 runs as separate calls (the padded
+    grid would be mostly padding); the tokens are those of each prompt alone."""
+    tok = load_checkpoint(ckpt).tokenizer
+    prompts = [tok.encode(p) for p in PROMPTS[:3]]
+    alone = [greedy(make_engine(ckpt), p, 8)[0] for p in prompts]
+    engine = make_engine(ckpt, max_slots=8)
+    slot_of = {0: 0, 1: 1, 2: 7}
+    outputs: dict[int, list[int]] = {i: [] for i in range(3)}
+    pos = {i: 0 for i in range(3)}
+    pending = {i: list(prompts[i]) for i in range(3)}
+    for step in range(30):
+        rows = [EngineRow(slot_of[i], tuple(pending[i]), pos[i], True) for i in range(3)
+                if (i != 2 or step >= 3) and len(outputs[i]) < 8]
+        if not rows:
+            break
+        if step == 3:
+            assert len(split_padding(rows, list(range(len(rows))))) == 2
+        logits = engine.forward(rows)
+        for k, r in enumerate(rows):
+            i = next(i for i, s in slot_of.items() if s == r.slot)
+            pos[i] += len(r.token_ids)
+            outputs[i].append(int(np.argmax(logits[k])))
+            pending[i] = [outputs[i][-1]]
+    assert [outputs[i] for i in range(3)] == alone
 
 
 def test_gqa_and_canonical_forms_agree(ckpt: Path) -> None:

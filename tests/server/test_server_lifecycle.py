@@ -41,7 +41,7 @@ def test_one_start_line_once_ready_and_no_poll_access_logs(server: ServerProcess
     assert len(lines) == 1
     line = lines[0]
     assert f"{MODEL} (version 1) at http://127.0.0.1:{server.port}/v1" in line
-    assert "executor onnxruntime fp32" in line and "batching continuous (max_num_seqs 16)" in line
+    assert "executor onnxruntime fp32" in line and "batching continuous (max_num_seqs 64)" in line
     assert "cache prefix" in line and "tracing file " in line
     assert '"GET /ready' not in log and '"GET /metrics' not in log  # polls are not logged
 

