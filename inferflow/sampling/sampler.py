@@ -61,6 +61,14 @@ def _plain_greedy(row: SampleRow) -> bool:
             and row.num_output_tokens >= p.min_tokens)
 
 
+def _plain_random(row: SampleRow, vocab: int) -> bool:
+    """Sampled at a temperature with nothing else to apply (no top-k/top-p, mask, logprobs)."""
+    p = row.params
+    return (not p.greedy and p.top_p >= 1.0 and (p.top_k <= 0 or p.top_k >= vocab)
+            and p.logprobs is None and row.token_bitmask is None
+            and row.num_output_tokens >= p.min_tokens)
+
+
 class Sampler:
     """Samples one token per row; keeps one RNG per request (seeded ones are reproducible)."""
 
@@ -85,17 +93,37 @@ class Sampler:
     def sample(self, logits: np.ndarray, rows: Sequence[SampleRow]) -> list[SampledToken]:
         """logits (R, V) -> one SampledToken per row, in order.
 
-        Plain greedy rows (no bitmask, no logprobs, past ``min_tokens``) take one argmax over
-        all of them; every other row goes through ``_sample_one``. Same tokens either way."""
+        Plain rows (no bitmask, no logprobs, past ``min_tokens``) run batched: greedy ones as one
+        argmax, temperature-only ones as one draw (``_draw``); every other row goes through
+        ``_sample_one``. Which path a row takes depends only on its own parameters."""
         plain = [i for i, row in enumerate(rows) if _plain_greedy(row)]
         out: list[SampledToken | None] = [None] * len(rows)
         if plain:
             for i, token in zip(plain, np.argmax(logits[plain], axis=-1).tolist(), strict=True):
                 out[i] = SampledToken(token)
+        drawn = [i for i, row in enumerate(rows) if _plain_random(row, logits.shape[-1])]
+        if drawn:
+            tokens = self._draw([rows[i] for i in drawn], logits[drawn])
+            for i, token in zip(drawn, tokens, strict=True):
+                out[i] = SampledToken(token)
         for i, row in enumerate(rows):
             if out[i] is None:
                 out[i] = self._sample_one(logits[i], row)
         return out  # type: ignore[return-value]  # every entry is filled above
+
+    def _draw(self, rows: Sequence[SampleRow], logits: np.ndarray) -> list[int]:
+        """Temperature-only rows, all at once: one inverse-CDF draw each over the unnormalised
+        exp((x - max) / T). Row-wise operations only, so a row's token does not depend on the
+        other rows of the batch (a single row is the same computation with R = 1)."""
+        temps = np.array([row.params.temperature for row in rows], np.float64)[:, None]
+        x = logits.astype(np.float64) / temps  # (R, V)
+        cdf = np.cumsum(np.exp(x - x.max(axis=-1, keepdims=True)), axis=-1)
+        tokens = []
+        for k, row in enumerate(rows):
+            u = self._rng(row).random() * cdf[k, -1]
+            # side="right": a token whose probability underflowed to 0 is never chosen
+            tokens.append(min(int(np.searchsorted(cdf[k], u, side="right")), cdf.shape[1] - 1))
+        return tokens
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
         params = row.params

@@ -52,6 +52,22 @@ def test_seed_reproducible_and_independent_of_request_id() -> None:
     assert draw(params, 30) != draw(SamplingParams(temperature=1.0, seed=43), 30)
 
 
+def test_a_row_samples_the_same_alone_or_in_any_batch() -> None:
+    """Batched paths (greedy argmax, temperature-only draw) and per-row paths (top-k, logprobs)
+    mixed in one step: every seeded row gets the token it gets alone."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(5, 50)).astype(np.float32)
+    params = [SamplingParams(temperature=0.7, seed=1), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.3, seed=2), SamplingParams(top_k=5, seed=3),
+              SamplingParams(temperature=1.0, seed=4, logprobs=2)]
+    for k in range(20):  # the k-th token of each request
+        rows = [SampleRow(f"r{i}", p, k) for i, p in enumerate(params)]
+        together = [t.token_id for t in Sampler().sample(logits, rows)]
+        alone = [Sampler().sample(logits[i:i + 1], [row])[0].token_id
+                 for i, row in enumerate(rows)]
+        assert together == alone
+
+
 def test_min_tokens_blocks_eos_and_stop_tokens() -> None:
     logits = np.array([0.0, 0.0, 0.0, 0.0, 9.0, 8.0], dtype=np.float32)  # EOS (4) is the argmax
     params = SamplingParams(temperature=0.0, min_tokens=2, max_tokens=4, stop_token_ids=[5])
