@@ -131,18 +131,21 @@ class OnnxRuntimeRunner:
             if not r.token_ids or r.start_pos + len(r.token_ids) > self.capacity or not 0 <= r.slot < self.num_slots:
                 raise ValueError(f"row does not fit the engine: slot {r.slot}, start {r.start_pos}, "
                                  f"{len(r.token_ids)} tokens, capacity {self.capacity}")
-        out = np.empty((sum(r.sample for r in rows), self.model_config.vocab_size), np.float32)
-        sample_pos = {i: k for k, i in enumerate(i for i, r in enumerate(rows) if r.sample)}
         gqa = self.spec.form == "gqa"
         calls = split_calls(rows, self.capacity)
         if gqa:  # a window of slots per call: a lone prefill chunk is not padded to B rows
             calls = [part for call in calls for part in split_padding(rows, call)]
+        results = []
         for call in calls:
-            call_rows = [rows[i] for i in call]
-            arrays = build_step_arrays(call_rows, slot_range=gqa, window=gqa)
-            logits = self._run_gqa(arrays) if self.spec.form == "gqa" else self._run_canonical(arrays)
-            for k, j in enumerate(arrays.sampled_rows):
-                out[sample_pos[call[j]]] = logits[k]
+            arrays = build_step_arrays([rows[i] for i in call], slot_range=gqa, window=gqa)
+            logits = self._run_gqa(arrays) if gqa else self._run_canonical(arrays)
+            results.append(([call[j] for j in arrays.sampled_rows], logits))
+        if len(results) == 1:  # one call over all rows: its logits are already in row order
+            return results[0][1]
+        out = np.empty((sum(r.sample for r in rows), self.model_config.vocab_size), np.float32)
+        sample_pos = {i: k for k, i in enumerate(i for i, r in enumerate(rows) if r.sample)}
+        for sampled, logits in results:
+            out[[sample_pos[i] for i in sampled]] = logits
         return out
 
     def _binding(self, lo: int, batch: int) -> ort.IOBinding:

@@ -61,6 +61,9 @@ def _plain_greedy(row: SampleRow) -> bool:
             and row.num_output_tokens >= p.min_tokens)
 
 
+_BLOCK = 64  # tokens per block of the two-level draw
+
+
 def _plain_random(row: SampleRow, vocab: int) -> bool:
     """Sampled at a temperature with nothing else to apply (no top-k/top-p, mask, logprobs)."""
     p = row.params
@@ -75,6 +78,7 @@ class Sampler:
     def __init__(self, eos_token_ids: Iterable[int] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
         self._rngs: dict[str, np.random.Generator] = {}
+        self._buf = np.empty((0, 0), np.float32)  # _draw's scratch
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
@@ -103,7 +107,8 @@ class Sampler:
                 out[i] = SampledToken(token)
         drawn = [i for i, row in enumerate(rows) if _plain_random(row, logits.shape[-1])]
         if drawn:
-            tokens = self._draw([rows[i] for i in drawn], logits[drawn])
+            picked = logits if len(drawn) == len(rows) else logits[drawn]
+            tokens = self._draw([rows[i] for i in drawn], picked)
             for i, token in zip(drawn, tokens, strict=True):
                 out[i] = SampledToken(token)
         for i, row in enumerate(rows):
@@ -111,18 +116,38 @@ class Sampler:
                 out[i] = self._sample_one(logits[i], row)
         return out  # type: ignore[return-value]  # every entry is filled above
 
+    def _scratch(self, rows: int, cols: int) -> np.ndarray:
+        """A (rows, cols) float32 work buffer kept between steps (grown when a step needs more)."""
+        if self._buf.shape[0] < rows or self._buf.shape[1] != cols:
+            self._buf = np.empty((max(rows, self._buf.shape[0]), cols), np.float32)
+        return self._buf[:rows]
+
     def _draw(self, rows: Sequence[SampleRow], logits: np.ndarray) -> list[int]:
         """Temperature-only rows, all at once: one inverse-CDF draw each over the unnormalised
-        exp((x - max) / T). Row-wise operations only, so a row's token does not depend on the
-        other rows of the batch (a single row is the same computation with R = 1)."""
-        temps = np.array([row.params.temperature for row in rows], np.float64)[:, None]
-        x = logits.astype(np.float64) / temps  # (R, V)
-        cdf = np.cumsum(np.exp(x - x.max(axis=-1, keepdims=True)), axis=-1)
+        weights exp((x - max) / T), searched in two levels (blocks of ``_BLOCK`` tokens, then
+        within the chosen block) so no (R, V) cumulative sum is built. Row-wise operations
+        only: a row's token does not depend on the other rows (alone it is the same, R = 1)."""
+        temps = np.array([row.params.temperature for row in rows], np.float32)[:, None]
+        vocab = logits.shape[1]
+        padded = -(-vocab // _BLOCK) * _BLOCK
+        w = self._scratch(len(rows), padded)  # reused: fresh pages cost more than the math
+        x = w[:, :vocab]
+        np.divide(logits, temps, out=x)
+        x -= x.max(axis=-1, keepdims=True)
+        np.exp(x, out=x)
+        w[:, vocab:] = 0.0  # padding weighs 0: never drawn
+        blocks = w.reshape(len(rows), -1, _BLOCK)
+        cum = np.cumsum(blocks.sum(axis=-1, dtype=np.float64), axis=-1)  # (R, V / _BLOCK)
         tokens = []
         for k, row in enumerate(rows):
-            u = self._rng(row).random() * cdf[k, -1]
-            # side="right": a token whose probability underflowed to 0 is never chosen
-            tokens.append(min(int(np.searchsorted(cdf[k], u, side="right")), cdf.shape[1] - 1))
+            u = self._rng(row).random() * cum[k, -1]
+            # side="right": a block (or token) whose weight is 0 is never chosen
+            b = min(int(np.searchsorted(cum[k], u, side="right")), cum.shape[1] - 1)
+            within = np.cumsum(blocks[k, b], dtype=np.float64) + (cum[k, b - 1] if b else 0.0)
+            j = int(np.searchsorted(within, u, side="right"))
+            if j >= _BLOCK:  # rounding put u past the block's last weight: take that token
+                j = int(np.flatnonzero(blocks[k, b])[-1])
+            tokens.append(b * _BLOCK + j)
         return tokens
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
