@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -36,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.peers import MODELS, checkpoint, gguf  # noqa: E402
+from benchmarks.peers import MODELS, checkpoint, gguf, q8_gguf  # noqa: E402
 from inferflow.bench.suite import free_port, managed_server  # noqa: E402
 from inferflow.models.checkpoint import load_checkpoint  # noqa: E402
 from inferflow.runtimes.config import EngineConfig  # noqa: E402
@@ -71,19 +70,6 @@ def llama_forced(url: str, prompt: list[int], tokens: list[int]) -> list[int]:
                 "top_k": 1, "return_tokens": True, "ignore_eos": True})
             r.raise_for_status()
             out.append(int(r.json()["tokens"][0]))
-    return out
-
-
-def q8_gguf(hf_dir: Path, peers_dir: Path) -> Path:
-    """The checkpoint as a Q8_0 GGUF (llama.cpp's converter; ``peers.sh gguf`` patched it)."""
-    out = hf_dir.with_suffix(".q8_0.gguf")
-    if not out.exists():
-        gguf(hf_dir, peers_dir)  # makes sure the converter is unpacked and patched
-        src = next((peers_dir / "src").glob("llama_cpp_python-*/vendor/llama.cpp"))
-        subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir),
-                        "--outtype", "q8_0", "--outfile", str(out)], check=True,
-                       env={**os.environ, "PYTHONPATH": str(src / "gguf-py")},
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return out
 
 

@@ -19,7 +19,8 @@ all released at once under each concurrency cap, 2 warm-up requests. Servers:
 
 A server that is not installed is skipped with a note. Writes
 ``benchmarks/results/peers/<model>-<server>-c<N>.json`` per point and ``peers.md`` (a table of
-output tok/s, TTFT and TPOT mean and p99, and inferflow's ratios to each peer).
+output tok/s, TTFT and TPOT mean and p99, and inferflow's ratios to each peer; a Q8_0 peer is
+compared with ``inferflow-int8``).
 """
 
 from __future__ import annotations
@@ -79,25 +80,43 @@ def gguf(hf_dir: Path, peers_dir: Path) -> Path:
     return out
 
 
+def q8_gguf(hf_dir: Path, peers_dir: Path) -> Path:
+    """The checkpoint as a Q8_0 GGUF (llama.cpp's converter; ``peers.sh gguf`` patched it)."""
+    out = hf_dir.with_suffix(".q8_0.gguf")
+    if not out.exists():
+        gguf(hf_dir, peers_dir)  # makes sure the converter is unpacked and patched
+        src = next((peers_dir / "src").glob("llama_cpp_python-*/vendor/llama.cpp"))
+        subprocess.run([sys.executable, str(src / "convert_hf_to_gguf.py"), str(hf_dir),
+                        "--outtype", "q8_0", "--outfile", str(out)], check=True,
+                       env={**os.environ, "PYTHONPATH": str(src / "gguf-py")},
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return out
+
+
 def servers(names: Sequence[str], hf_dir: Path, port: int, peers_dir: Path,
             notes: list[str]) -> list[Server]:
     cores = str(os.cpu_count() or 1)
     found = []
     for name in names:
-        if name == "inferflow":
+        if name in ("inferflow", "inferflow-int8"):
+            int8 = ["executor.precision=int8"] if name == "inferflow-int8" else []
             found.append(Server(name, port, [sys.executable, "-m", "inferflow", "+model=local",
-                                       f"model.path={hf_dir}", f"server.port={port}"],
-                                {}, "/ready", "f32 (ONNX Runtime)"))
-        elif name == "llama-server":
+                                       f"model.path={hf_dir}", f"server.port={port}", *int8],
+                                {}, "/ready",
+                                "int8 weights, int8 compute (MatMulNBits)" if int8
+                                else "f32 (ONNX Runtime)"))
+        elif name in ("llama-server", "llama-server-q8_0"):
             binary = peers_dir / "llama.cpp-build" / "bin" / "llama-server"
             if not binary.exists():
                 notes.append(f"llama-server skipped: {binary} missing (peers.sh llama-server)")
                 continue
-            found.append(Server(name, port, [str(binary), "-m", str(gguf(hf_dir, peers_dir)),
+            q8 = name == "llama-server-q8_0"
+            weights = q8_gguf(hf_dir, peers_dir) if q8 else gguf(hf_dir, peers_dir)
+            found.append(Server(name, port, [str(binary), "-m", str(weights),
                                        "--host", "127.0.0.1", "--port", str(port), "-c",
                                        str(64 * 512), "-np", "64", "-cb", "-t", cores, "-tb",
                                        cores, "--alias", hf_dir.name],
-                                {}, "/health", "f32 GGUF"))
+                                {}, "/health", "Q8_0 GGUF" if q8 else "f32 GGUF"))
         elif name == "vllm":
             python = peers_dir / "vllm-venv" / "bin" / "python"
             if not python.exists():
@@ -127,13 +146,15 @@ def table(results: Path, models: Sequence[str], names: Sequence[str],
              "|---" * 11 + "|"]
     for model in models:
         for c in levels:
-            ours = point(results, model, "inferflow", c)
             for name in names:
                 r = point(results, model, name, c)
                 if r is None:
                     continue
+                # a Q8_0 peer is compared with inferflow's int8, every other peer with its f32
+                ours = point(results, model, "inferflow-int8" if name.endswith("q8_0")
+                             else "inferflow", c)
                 ratio = ttft = "—"
-                if ours is not None and name != "inferflow" and r["output_throughput"]:
+                if ours is not None and not name.startswith("inferflow") and r["output_throughput"]:
                     ratio = f"{ours['output_throughput'] / r['output_throughput']:.2f}x"
                     ttft = f"{ours['p99_ttft_ms'] / r['p99_ttft_ms']:.2f}x"
                 lines.append(
@@ -148,9 +169,11 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default="4m5,100m", help=f"of {','.join(MODELS)}")
-    p.add_argument("--servers", default="inferflow,llama-server,vllm")
+    p.add_argument("--servers", default="inferflow,llama-server,vllm",
+                   help="of inferflow, inferflow-int8, llama-server, llama-server-q8_0, vllm")
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--table", default="peers.md", help="file name of the table (in results)")
     p.add_argument("--c1-prompts", type=int, default=16,
                    help="prompts at concurrency 1 (one at a time: fewer keep the run short)")
     p.add_argument("--input-len", type=int, default=256)
@@ -195,7 +218,7 @@ def main() -> int:
             f"{os.cpu_count()} cores.\n\n{md}\n")
     if notes:
         text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (args.results_dir / "peers.md").write_text(text)
+    (args.results_dir / args.table).write_text(text)
     print(text)
     return 1 if any("generator exit" in n for n in notes) else 0
 
