@@ -10,7 +10,8 @@ from server_harness import MODEL, start_server
 def test_the_served_context_is_what_the_kv_budget_holds(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    srv = start_server(tmp_path_factory, "kv-budget", ["executor.kv_cache_memory=8MiB"])
+    srv = start_server(tmp_path_factory, "kv-budget",
+                       ["executor.kv_cache_memory=8MiB", "batching.max_num_seqs=16"])
     try:
         card = srv.get("/v1/models").json()["data"][0]
         assert card["max_model_len"] == 256  # 8 MiB / 1 KiB per token / (16 slots + pool)
