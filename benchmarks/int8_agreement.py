@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx
@@ -35,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.peers import MODELS, checkpoint, gguf, q8_gguf  # noqa: E402
+from benchmarks.peers import MODELS, add_path_args, checkpoint, gguf, q8_gguf  # noqa: E402
 from inferflow.bench.suite import free_port, managed_server  # noqa: E402
 from inferflow.models.checkpoint import load_checkpoint  # noqa: E402
 from inferflow.runtimes.config import EngineConfig  # noqa: E402
@@ -80,12 +79,7 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--models-dir", type=Path,
-                   default=Path(tempfile.gettempdir()) / "inferflow-bench")
-    p.add_argument("--peers-dir", type=Path,
-                   default=Path(os.environ.get("PEERS_DIR",
-                                               Path.home() / ".cache" / "inferflow-peers")))
+    add_path_args(p, REPO / "benchmarks" / "results")
     args = p.parse_args()
     path = checkpoint(args.model, args.models_dir)
     vocab = MODELS[args.model].vocab_size

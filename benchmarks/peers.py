@@ -49,6 +49,17 @@ from inferflow.models.tiny import SPEC_4M5, SPEC_100M, TinySpec, make_checkpoint
 
 MODELS: dict[str, TinySpec] = {"4m5": SPEC_4M5, "100m": SPEC_100M}
 PEERS_TOOL = REPO.parent / "shared" / "tools" / "peers.sh"
+MODELS_DIR = Path(tempfile.gettempdir()) / "inferflow-bench"  # the seeded checkpoints
+PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "inferflow-peers"))
+
+
+def add_path_args(p: argparse.ArgumentParser, results: Path, peers: bool = True) -> None:
+    """``--results-dir``, ``--models-dir`` (and ``--peers-dir``): the benchmarks that run the
+    seeded checkpoints (and the peers) share them."""
+    p.add_argument("--results-dir", type=Path, default=results)
+    p.add_argument("--models-dir", type=Path, default=MODELS_DIR)
+    if peers:
+        p.add_argument("--peers-dir", type=Path, default=PEERS_DIR)
 
 
 @dataclass(frozen=True)
@@ -178,12 +189,7 @@ def main() -> int:
                    help="prompts at concurrency 1 (one at a time: fewer keep the run short)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
-    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results" / "peers")
-    p.add_argument("--models-dir", type=Path,
-                   default=Path(tempfile.gettempdir()) / "inferflow-bench")
-    p.add_argument("--peers-dir", type=Path,
-                   default=Path(os.environ.get("PEERS_DIR",
-                                               Path.home() / ".cache" / "inferflow-peers")))
+    add_path_args(p, REPO / "benchmarks" / "results" / "peers")
     args = p.parse_args()
     models, names = args.models.split(","), args.servers.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]

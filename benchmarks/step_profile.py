@@ -35,11 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.peers import MODELS, add_path_args, checkpoint  # noqa: E402
 from inferflow.bench.cli import main as bench_main  # noqa: E402
 from inferflow.bench.suite import free_port, managed_server  # noqa: E402
-from inferflow.models.tiny import SPEC_4M5, SPEC_100M, make_checkpoint  # noqa: E402
-
-SPECS = {"4m5": SPEC_4M5, "100m": SPEC_100M}
 
 # (category, substring of a frame "func (file:line)"), checked from the innermost frame outwards:
 # the first frame that matches any rule names the sample's category.
@@ -120,7 +118,7 @@ def parse(raw: Path, roles: dict[int, str]) -> tuple[Counter[str], dict[str, Cou
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=sorted(SPECS), default="100m")
+    p.add_argument("--model", choices=sorted(MODELS), default="100m")
     p.add_argument("--concurrency", type=int, default=32)
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
@@ -128,14 +126,10 @@ def main() -> int:
     p.add_argument("--warmup-s", type=float, default=15.0, help="load before sampling starts")
     p.add_argument("--duration", type=float, default=20.0, help="seconds sampled")
     p.add_argument("--rate", type=int, default=100, help="samples per second per thread")
-    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--models-dir", type=Path,
-                   default=Path(tempfile.gettempdir()) / "inferflow-bench")
+    add_path_args(p, REPO / "benchmarks" / "results", peers=False)
     p.add_argument("overrides", nargs="*", help="Hydra overrides for the server (after --)")
     args = p.parse_args()
-    path = args.models_dir / f"llama-{args.model}"
-    if not (path / "tokenizer.json").exists():
-        make_checkpoint(path, SPECS[args.model], seed=0)
+    path = checkpoint(args.model, args.models_dir)
     port = free_port()
     cmd = [sys.executable, "-m", "inferflow", "+model=local", f"model.path={path}",
            f"server.port={port}", *args.overrides]
