@@ -288,6 +288,11 @@ def serve(graph: ServingGraph) -> None:
                 "task=check validates the graph without serving"
             ) from None
         raise
+    if str(getattr(graph.server, "runtime", "litserve")) == "ray":
+        from inferflow.server.ray.host import serve_on_ray
+
+        serve_on_ray(graph)
+        return
     from inferflow.server.process.runtime import ServerFailed
 
     try:

@@ -28,6 +28,7 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
+from inferflow.server_schema import LogLevel, RayServerConfig, ServerConfig, ServerRuntime
 from inferflow.stages.base import ConfigEnum, PassThroughStage
 from inferflow.stages.batching import (
     ContinuousBatching,
@@ -44,7 +45,9 @@ from inferflow.stages.torch_executor import TorchExecutor
 from inferflow.stages.validator import RequestValidator
 from inferflow.telemetry.config import OtlpProtocol, TracingConfig, TracingExporter
 
-__all__ = ["OtlpProtocol", "TracingConfig", "TracingExporter"]  # the schema of `tracing`
+# re-exported: the schemas of `tracing` and `server`
+__all__ = ["LogLevel", "OtlpProtocol", "RayServerConfig", "ServerConfig", "ServerRuntime", "TracingConfig",
+           "TracingExporter"]
 
 CONF_PACKAGE = "inferflow.conf"
 CONF_SOURCE = f"pkg://{CONF_PACKAGE}"
@@ -109,69 +112,6 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise ValueError(f"weight: must be >= 0, got {self.weight}")
-
-
-class LogLevel(ConfigEnum):
-    debug = "debug"
-    info = "info"
-    warning = "warning"
-    error = "error"
-
-
-@dataclass
-class ServerConfig:
-    """The HTTP frontend (read by ``inferflow.server.http.settings.ServerSettings.from_config``).
-
-    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth,
-    for every route but ``/health`` and ``/ready`` (``public_metrics`` opens ``/metrics``).
-    A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).
-    ``num_api_servers``: uvicorn processes sharing the port; ``workers``: LitServe inference
-    workers per device.
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_keys: list[str] = field(default_factory=list)
-    max_payload_bytes: int | None = 1_048_576
-    request_timeout_s: float | None = 600.0
-    max_waiting_requests: int | None = 256
-    rate_limit_requests_per_minute: int | None = None
-    rate_limit_tokens_per_minute: int | None = None
-    shutdown_grace_s: float = 30.0
-    num_api_servers: int = 1
-    workers: int = 1
-    log_level: LogLevel = LogLevel.info
-    public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)
-    worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
-    worker_watchdog_s: float | None = 30.0  # ... this long: the worker is killed and restarted
-    max_connections: int | None = 4096  # all API processes together; idle ones evicted first
-    timeout_header_s: float | None = 15.0  # a connection waiting for request headers: closed
-    timeout_body_s: float | None = 30.0  # a request body still arriving: 408
-    timeout_keep_alive_s: float = 5.0
-
-    def __post_init__(self) -> None:
-        if not 0 <= self.port <= 65535:
-            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
-        for name in ("num_api_servers", "workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "max_payload_bytes",
-            "request_timeout_s",
-            "max_waiting_requests",
-            "shutdown_grace_s",
-            "rate_limit_requests_per_minute",
-            "rate_limit_tokens_per_minute",
-            "worker_stall_timeout_s",
-            "worker_watchdog_s",
-            "max_connections",
-            "timeout_header_s",
-            "timeout_body_s",
-            "timeout_keep_alive_s",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name}: must be >= 0 or null, got {value}")
 
 
 class Task(ConfigEnum):
@@ -250,6 +190,7 @@ def register_configs(store: ConfigStore | None = None) -> None:
     """Store the root schema and every built-in option's schema (idempotent)."""
     cs = store or ConfigStore.instance()
     cs.store(name="inferflow_schema", node=InferflowConfig)
+    cs.store(name=schema_name("server", "ray"), node=RayServerConfig)
     for group, options in BUILTIN_OPTIONS.items():
         for option, cls in options.items():
             cs.store(name=schema_name(group, option), node=stage_schema(cls))

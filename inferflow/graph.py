@@ -29,6 +29,7 @@ from inferflow.config import (
     SLOTS,
     ConfigError,
     ModelConfig,
+    RayServerConfig,
     ServerConfig,
     TracingConfig,
     describe_omegaconf_error,
@@ -317,6 +318,12 @@ def _place_stages(
     return request_stages, response_stages
 
 
+def _server_schema(node: Any) -> type:
+    """``server=ray`` (``runtime: ray``) has its own schema; every other server is LitServe's."""
+    runtime = node.get("runtime") if node is not None else None
+    return RayServerConfig if str(runtime) == "ray" else ServerConfig
+
+
 def _typed(schema: type, node: Any, key: str) -> Any:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
@@ -386,7 +393,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
         guided=engine_stage("guided", NoGuidedDecoding),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
-        server=_typed(ServerConfig, cfg.get("server"), "server"),
+        server=_typed(_server_schema(cfg.get("server")), cfg.get("server"), "server"),
         tracing=_typed(TracingConfig, cfg.get("tracing"), "tracing"),
         config=cfg,
     )

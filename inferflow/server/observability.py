@@ -43,6 +43,7 @@ class TelemetrySettings:
     tracing: dict[str, Any] = field(default_factory=lambda: {"exporter": "off"})
     engine: str = "onnxruntime"  # the executor stage's backend: what really runs
     engine_version: str | None = None
+    replica_id: str | None = None  # Ray host: the engine replica (``service.instance.id``)
 
     def tracer(self) -> tuple[Any, Any]:
         """This process's (provider, tracer) from the ``tracing`` config."""
@@ -56,6 +57,8 @@ class TelemetrySettings:
         attrs = resource_attributes(
             model_name=self.model_name, engine=self.engine, engine_version=self.engine_version
         )
+        if self.replica_id is not None:
+            attrs["service.instance.id"] = self.replica_id
         provider = setup_tracing(TracingConfig.from_mapping(self.tracing), attrs)
         return provider, get_tracer(provider)
 
@@ -187,6 +190,13 @@ class WorkerTelemetry:
             error=error,
         )
         return timings.to_dict() if timings is not None else None
+
+    def metrics_text(self) -> str:
+        """This engine's Prometheus samples (its in-memory registry), as exposition text."""
+        from prometheus_client import generate_latest
+
+        metrics = self.telemetry.metrics
+        return generate_latest(metrics.registry).decode() if metrics is not None else ""
 
     def shutdown(self) -> None:
         from inferflow.telemetry import shutdown_tracing

@@ -70,6 +70,11 @@ class EngineAPI(ls.LitAPI):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
         # the supervisor decides when the worker stops (after the API processes drained).
         _configure_worker_logging(self.log_level)
+        self.load()
+
+    def load(self) -> None:
+        """Build the engine, warm it up, start telemetry and publish ``/version``'s description
+        (the Ray host's engine replica calls this directly: its process is Ray's)."""
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
         telemetry = None

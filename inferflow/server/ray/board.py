@@ -1,0 +1,103 @@
+"""Where the engine replicas publish their state for the ingress: one small Ray actor.
+
+A ``DeploymentHandle`` call reaches one replica, so ``/admin/stats``, ``/metrics`` and the
+readiness count cannot ask "every replica". Instead each replica reports (stats, executor stats,
+its Prometheus text) to the ``ReplicaBoard`` actor every ``REPORT_S``; the ingress reads the
+board. A replica that stopped reporting for ``STALE_S`` (dead, replaced, scaled down) drops off.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+REPORT_S = 0.5
+STALE_S = 5.0
+NAMESPACE = "inferflow"
+
+
+class ReplicaBoard:
+    """The latest report of each live replica (a Ray actor: ``ray.remote(ReplicaBoard)``)."""
+
+    def __init__(self) -> None:
+        self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+
+    def report(self, replica_id: str, report: dict[str, Any]) -> None:
+        self._reports[replica_id] = (time.time(), report)
+
+    def forget(self, replica_id: str) -> None:
+        self._reports.pop(replica_id, None)
+
+    def read(self) -> dict[str, dict[str, Any]]:
+        now = time.time()
+        for rid in [r for r, (t, _) in self._reports.items() if now - t > STALE_S]:
+            del self._reports[rid]
+        return {rid: report for rid, (_, report) in sorted(self._reports.items())}
+
+
+def board_actor(name: str) -> Any:
+    """The named board (created on first use; it lives as long as the Ray job that made it)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(ReplicaBoard).options(
+        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
+        max_restarts=-1).remote()
+
+
+def report_forever(name: str, replica_id: str, report: Callable[[], dict[str, Any]],
+                   stop: threading.Event) -> None:
+    """A replica's reporter thread: publish ``report()`` every ``REPORT_S`` until ``stop``."""
+    import ray
+
+    board = None
+    while not stop.wait(REPORT_S):
+        try:
+            board = board or board_actor(name)
+            ray.get(board.report.remote(replica_id, report()), timeout=5)
+        except Exception as exc:  # the board restarts; the next report recreates the handle
+            logger.debug("replica board: %s", exc)
+            board = None
+    try:
+        if board is not None:
+            board.forget.remote(replica_id)
+    except Exception:
+        pass
+
+
+def merge_metrics(texts: dict[str, str]) -> str:
+    """Prometheus texts of several replicas as one exposition, each sample labelled
+    ``replica="<id>"`` (families merged, so every metric's HELP/TYPE appears once)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Any] = {}
+    samples: dict[str, list[str]] = {}
+    for replica, text in texts.items():
+        for family in text_string_to_metric_families(text):
+            families.setdefault(family.name, family)
+            out = samples.setdefault(family.name, [])
+            for s in family.samples:
+                labels = {**s.labels, "replica": replica}
+                body = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                out.append(f"{s.name}{{{body}}} {_number(s.value)}")
+    lines = []
+    for name, family in families.items():
+        kind = family.type if family.type != "unknown" else "untyped"
+        lines += [f"# HELP {name} {family.documentation}", f"# TYPE {name} {kind}", *samples[name]]
+    return "\n".join(lines) + ("\n" if lines else "")
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    if value != value:
+        return "NaN"
+    if value in (float("inf"), float("-inf")):
+        return "+Inf" if value > 0 else "-Inf"
+    return repr(float(value))

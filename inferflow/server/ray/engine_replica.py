@@ -1,0 +1,186 @@
+"""One engine replica of the Ray host: the LLM engine, its scheduler and its loop in a Serve replica.
+
+Inside the replica process the engine runs exactly as in the single-machine engine worker:
+``EngineAPI.load`` builds and warms it up, and ``EngineLoop`` (the same class) drives it from its
+own threads. Only the two hand-offs differ::
+
+    generate(SubmitRequest)  -> queue.Queue -> intake thread -> Inbox -> engine thread
+    engine thread -> Outbox -> sender thread -> StreamTransport.send -> the request's stream
+                                                              (an asyncio queue on Serve's loop)
+
+``generate`` is a streaming handle method: it yields ``RequestUpdate``s (each the merge of what
+arrived since the previous yield, so a slow consumer gets fewer, larger updates) until the final
+one. A consumer that goes away cancels the generator, which cancels the request in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Any
+
+from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.messages import (
+    CancelRequest,
+    RequestUpdate,
+    StopWorker,
+    SubmitRequest,
+    UpdateBatch,
+)
+from inferflow.server.observability import TelemetrySettings
+from inferflow.server.process.runtime import GraphEngineFactory
+from inferflow.server.process.shared_state import SharedState
+from inferflow.server.ray.board import report_forever
+from inferflow.server.worker.api import EngineAPI
+from inferflow.server.worker.loop import EngineLoop
+
+logger = logging.getLogger(__name__)
+
+CONSUMER_ID = 0  # one consumer: the replica's streams, told apart by request id
+
+
+class _Stream:
+    """Updates of one request, pushed from the sender thread, read on Serve's event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.updates: list[RequestUpdate] = []
+        self.event = asyncio.Event()
+
+    def push(self, update: RequestUpdate) -> None:  # event-loop thread only
+        self.updates.append(update)
+        self.event.set()
+
+    async def next(self) -> RequestUpdate:
+        """Everything that arrived since the last call, merged into one update."""
+        while not self.updates:
+            self.event.clear()
+            await self.event.wait()
+        merged, rest = self.updates[0], self.updates[1:]
+        self.updates = []
+        for later in rest:
+            merged = merged.merge(later)
+        return merged
+
+
+class StreamTransport:
+    """The ``MessageTransport`` the worker's ``Outbox`` sends to: routes each update of a batch
+    to its request's stream (one ``call_soon_threadsafe`` per batch)."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, _Stream] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def open(self, request_id: str) -> _Stream:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        stream = self.streams[request_id] = _Stream(loop)
+        return stream
+
+    def close(self, request_id: str) -> None:
+        self.streams.pop(request_id, None)
+
+    def send(self, item: Any, consumer_id: int | None = None) -> None:
+        if isinstance(item, UpdateBatch) and self.loop is not None:
+            self.loop.call_soon_threadsafe(self._deliver, item)
+
+    def _deliver(self, batch: UpdateBatch) -> None:
+        for update in batch.updates:
+            stream = self.streams.get(update.request_id)
+            if stream is not None:
+                stream.push(update)
+
+
+class EngineReplica:
+    """The engine deployment's class (``serve.deployment`` options are set by the host).
+
+    ``config`` is the composed graph as a plain dict; every replica rebuilds the same graph.
+    """
+
+    def __init__(self, config: dict[str, Any], telemetry: TelemetrySettings, log_level: str,
+                 board_name: str | None = None, stall_timeout_s: float | None = 10.0) -> None:
+        from ray import serve
+
+        logging.basicConfig(level=log_level.upper())
+        context = serve.get_replica_context()
+        self.replica_id = context.replica_id.unique_id
+        self.stall_timeout_s = stall_timeout_s
+        self.shared = SharedState()
+        self.api = EngineAPI(GraphEngineFactory(config), self.shared, log_level=log_level,
+                             telemetry=replace(telemetry, replica_id=self.replica_id))
+        started = time.time()
+        self.api.load()  # build + warm up: the replica is not ready before this returns
+        logger.info("replica %s: engine ready in %.2f s", self.replica_id, time.time() - started)
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.transport = StreamTransport()
+        self.loop = EngineLoop()
+        self.engine_thread = threading.Thread(
+            target=self.loop, name="inferflow-engine", daemon=True,
+            args=(self.api, "cpu", 0, self.requests, self.transport, {}, None))
+        self.engine_thread.start()
+        self._stop = threading.Event()
+        if board_name is not None:
+            threading.Thread(target=report_forever, name="inferflow-board", daemon=True,
+                             args=(board_name, self.replica_id, self.report, self._stop)).start()
+
+    # --- the request path ----------------------------------------------------------------------
+    async def generate(self, request: SubmitRequest) -> AsyncIterator[RequestUpdate]:
+        """Run ``request``; yield its updates until the final one (streaming handle call)."""
+        stream = self.transport.open(request.request_id)
+        self.requests.put(replace(request, consumer_id=CONSUMER_ID))
+        final = False
+        try:
+            while not final:
+                update = await stream.next()
+                final = update.final
+                if final:
+                    update = replace(update, timings={**(update.timings or {}),
+                                                      "replica_id": self.replica_id})
+                yield update
+        finally:
+            self.transport.close(request.request_id)
+            if not final:  # the consumer left (client gone, ingress cancelled, timeout)
+                self.requests.put(CancelRequest(request.request_id, "client_disconnected"))
+
+    # --- state ---------------------------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        """What this replica publishes (``/admin/stats``, ``/metrics``, readiness)."""
+        telemetry = self.api.telemetry
+        return {"replica_id": self.replica_id, "pid": os.getpid(), "ready": self.shared.ready,
+                "stats": self.shared.stats(), "executor": self.shared.executor_stats(),
+                "info": self.shared.info(), "metrics": telemetry.metrics_text() if telemetry is not None else ""}
+
+    def stats(self) -> dict[str, Any]:
+        return self.report()
+
+    def queue_depth(self) -> float:
+        stats = self.shared.stats()
+        return float(stats.get("running", 0) + stats.get("waiting", 0))
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Ray Serve's custom autoscaling metric hook (read by ``queue_depth_policy``)."""
+        return {"queue_depth": self.queue_depth()}
+
+    def check_health(self) -> None:
+        """Ray Serve's health probe: a replica whose engine thread died or stalled is replaced."""
+        if not self.engine_thread.is_alive():
+            raise RuntimeError("the engine thread is not running")
+        stall = self.stall_timeout_s
+        if stall is not None and self.shared.heartbeat_age() > stall:
+            raise RuntimeError(f"the engine thread has not gone round for {stall} s")
+
+    def __del__(self) -> None:
+        """Serve's graceful shutdown: fail what is still running explicitly, stop the loop."""
+        stop = getattr(self, "_stop", None)
+        if stop is None:
+            return
+        stop.set()
+        self.requests.put(StopWorker(ErrorInfo(503, "the engine replica is shutting down",
+                                               code="shutting_down")))
+        self.engine_thread.join(timeout=5)

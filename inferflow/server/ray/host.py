@@ -1,0 +1,199 @@
+"""``server=ray``: deploy the composed graph on Ray Serve and run until SIGTERM/SIGINT.
+
+::
+
+    Ray Serve HTTP proxy (server.host:server.port)
+    └── ingress deployment (server.num_api_servers replicas): the OpenAI routes, request stages
+        └── DeploymentHandle, streaming, PrefixAffinityRouter
+            └── engine deployment (server.num_replicas, or autoscaled on queue depth):
+                one LLMEngine + scheduler + EngineLoop per replica
+    replica board (a Ray actor): each engine replica's stats and metrics for the ingress
+
+Without ``server.address`` a local Ray instance is started on 127.0.0.1 and shut down on exit;
+with one the app joins that cluster and only the app (and its board) is removed on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.request
+from typing import Any
+
+from inferflow.server_schema import RayRouting, RayServerConfig
+
+logger = logging.getLogger(__name__)
+
+READY_TIMEOUT_S = 900.0
+_NOT_APPLICABLE = ("max_connections", "timeout_header_s", "timeout_body_s", "timeout_keep_alive_s")
+
+
+def require_ray() -> None:
+    try:
+        import ray  # noqa: F401
+        from ray import serve  # noqa: F401
+    except ModuleNotFoundError:
+        raise SystemExit('server=ray needs Ray Serve: pip install "inferflow[ray]"') from None
+
+
+def engine_options(cfg: RayServerConfig, max_num_seqs: int, grace_s: float) -> dict[str, Any]:
+    """``serve.deployment`` options of the engine deployment, from the typed ``server`` config."""
+    from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
+
+    options: dict[str, Any] = {
+        "name": "engine",
+        "max_ongoing_requests": cfg.max_ongoing_requests or max_num_seqs,
+        "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
+        "health_check_period_s": 2.0,
+        "health_check_timeout_s": 30.0,
+        "graceful_shutdown_timeout_s": grace_s,
+        "graceful_shutdown_wait_loop_s": 0.5,
+    }
+    a = cfg.autoscaling
+    if a.enabled:
+        target = a.target_per_replica or max_num_seqs
+        options["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+            initial_replicas=a.min_replicas, target_ongoing_requests=target,
+            upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
+            metrics_interval_s=a.metrics_interval_s, look_back_period_s=a.look_back_period_s,
+            policy=AutoscalingPolicy(
+                policy_function="inferflow.server.ray.autoscaling:queue_depth_policy",
+                policy_kwargs={"target_per_replica": target}))
+    else:
+        options["num_replicas"] = cfg.num_replicas
+    if cfg.routing is RayRouting.prefix_aware:
+        options["request_router_config"] = RequestRouterConfig(
+            request_router_class="inferflow.server.ray.routing:PrefixAffinityRouter",
+            request_router_kwargs={"imbalance_threshold": cfg.prefix_imbalance_threshold},
+            request_routing_stats_period_s=1.0)
+    return options
+
+
+def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
+    """The Serve application (ingress bound to the engine deployment) for ``graph``."""
+    from ray import serve
+
+    from inferflow.server.process.runtime import telemetry_settings
+    from inferflow.server.ray.engine_replica import EngineReplica
+    from inferflow.server.ray.ingress import IngressDeployment
+
+    cfg: RayServerConfig = graph.server
+    config = graph.to_container()
+    telemetry = telemetry_settings(graph, config)
+    board = f"{cfg.app_name}-board"
+    engine = serve.deployment(EngineReplica).options(
+        **engine_options(cfg, graph.batching.max_num_seqs, cfg.shutdown_grace_s))
+    ingress = serve.deployment(serve.ingress()(IngressDeployment)).options(
+        name="ingress", num_replicas=cfg.num_api_servers, ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=max(cfg.max_connections or 4096, 1))
+    required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
+    stall = cfg.worker_stall_timeout_s
+    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, stall),
+                       config, telemetry, board, required)
+    return app, cfg
+
+
+def serve_on_ray(graph: Any) -> None:
+    """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
+    and, if this process started Ray, shut it down."""
+    require_ray()
+    import ray
+    from ray import serve
+
+    from inferflow.server.process.runtime import start_line
+    from inferflow.server.ray.board import NAMESPACE
+
+    cfg: RayServerConfig = graph.server
+    for key in _NOT_APPLICABLE:
+        if getattr(cfg, key) != getattr(RayServerConfig(), key):
+            logger.warning("server.%s does not apply under server=ray (Ray Serve's proxy holds "
+                           "the connections)", key)
+    local = cfg.address is None
+    if local:
+        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace=NAMESPACE,
+                 num_cpus=max(os.cpu_count() or 1, _cpus_needed(cfg)))
+    else:
+        ray.init(address=cfg.address, namespace=NAMESPACE)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
+    started_serve = not _serve_running()
+    try:
+        app, cfg = build_app(graph)
+        serve.start(http_options={"host": cfg.host, "port": cfg.port},
+                    proxy_location=str(cfg.proxy_location))
+        serve.run(app, name=cfg.app_name, route_prefix="/", blocking=False)
+        _wait_ready(f"http://{_local(cfg.host)}:{cfg.port}/ready", stop)
+        if not stop.is_set():
+            print(start_line(graph, graph_settings(graph)) + f" | ray {ray.__version__} "
+                  f"({'local' if local else cfg.address})", flush=True)
+        stop.wait()
+        logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
+    finally:
+        _teardown(cfg, local, started_serve)
+
+
+def graph_settings(graph: Any) -> Any:
+    from inferflow.server.http.settings import ServerSettings
+
+    return ServerSettings.from_config(graph.server)
+
+
+def _cpus_needed(cfg: RayServerConfig) -> int:
+    replicas = cfg.autoscaling.max_replicas if cfg.autoscaling.enabled else cfg.num_replicas
+    return int(replicas * cfg.num_cpus + 0.999)
+
+
+def _local(host: str) -> str:
+    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+
+
+def _wait_ready(url: str, stop: threading.Event) -> None:
+    deadline = time.time() + READY_TIMEOUT_S
+    while not stop.is_set() and time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except Exception:
+            pass
+        stop.wait(0.25)
+    if not stop.is_set():
+        raise SystemExit(f"inferflow: the Ray Serve app did not become ready in {READY_TIMEOUT_S} s")
+
+
+def _serve_running() -> bool:
+    """Whether Ray Serve already runs on the cluster (its controller actor exists)."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    try:
+        ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    except ValueError:
+        return False
+    return True
+
+
+def _teardown(cfg: RayServerConfig, local: bool, started_serve: bool) -> None:
+    """Delete the app; shut Serve down if this server started it, Ray if it started Ray."""
+    import ray
+    from ray import serve
+
+    from inferflow.server.ray.board import NAMESPACE
+
+    try:
+        serve.delete(cfg.app_name)  # replicas drain (graceful_shutdown_timeout_s) and stop
+    except Exception as exc:
+        logger.warning("serve.delete: %s", exc)
+    with contextlib.suppress(Exception):  # the board is gone already
+        ray.kill(ray.get_actor(f"{cfg.app_name}-board", namespace=NAMESPACE))
+    if started_serve:
+        serve.shutdown()
+    if local:
+        ray.shutdown()
+

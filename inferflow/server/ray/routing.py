@@ -1,0 +1,85 @@
+"""Prefix-cache-aware routing of the ingress -> engine hop (a Ray Serve ``RequestRouter``).
+
+The prefix cache of a replica holds the KV of the full blocks of the prompts it ran, keyed by
+chained block hashes. The router keys prompts the same way, on their token ids (what the cache
+keys, after the chat template): the hash of each full ``BLOCK``-token prefix. A request goes to
+the replica that last ran the longest of its prefixes, unless that replica has
+``imbalance_threshold`` more requests in flight than the least loaded candidate; without a known
+prefix (or when imbalanced) it is the power of two choices, as Ray Serve's default router.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import OrderedDict
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+
+from inferflow.server.messages import SubmitRequest
+
+BLOCK = 16  # tokens per hashed prefix block (the prefix cache's default block size)
+MAX_PREFIXES = 65536  # remembered prefix hashes (least recently routed forgotten first)
+
+
+def prefix_hashes(token_ids: list[int], block: int = BLOCK) -> list[bytes]:
+    """Chained hashes of each full ``block``-token prefix, shortest first."""
+    out: list[bytes] = []
+    parent = b""
+    for end in range(block, len(token_ids) + 1, block):
+        chunk = ",".join(map(str, token_ids[end - block:end])).encode()
+        parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+class PrefixAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+    """Power of two choices, preferring the replica that holds the request's longest prefix."""
+
+    def initialize_state(self, imbalance_threshold: int = 8, **kwargs: Any) -> None:
+        self.imbalance_threshold = imbalance_threshold
+        self._holder: OrderedDict[bytes, Any] = OrderedDict()  # prefix hash -> ReplicaID
+
+    @staticmethod
+    def _hashes(pending_request: Any) -> list[bytes]:
+        args = getattr(pending_request, "args", None) or ()
+        request = args[0] if args else None
+        if not isinstance(request, SubmitRequest):
+            return []
+        return prefix_hashes(list(request.prompt_token_ids))
+
+    async def choose_replicas(self, candidate_replicas: list[Any],
+                              pending_request: Any = None) -> list[list[Any]]:
+        hashes = self._hashes(pending_request) if pending_request is not None else []
+        by_id = {r.replica_id: r for r in candidate_replicas}
+        for h in reversed(hashes):  # the longest known prefix first
+            holder = self._holder.get(h)
+            if holder is None or holder not in by_id:
+                continue
+            if self._balanced(holder, candidate_replicas):
+                return [[by_id[holder]]]
+            break
+        # power of two choices: the router takes the less loaded of the two
+        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
+
+    def _balanced(self, holder: Any, candidates: list[Any]) -> bool:
+        cache = self.replica_queue_len_cache
+        lens = {r.replica_id: cache.get(r.replica_id) for r in candidates}
+        known = [n for n in lens.values() if n is not None]
+        mine = lens.get(holder)
+        if mine is None or not known:
+            return True  # nothing known about the load: keep the affinity
+        return mine - min(known) <= self.imbalance_threshold
+
+    def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
+        for h in self._hashes(pending_request):
+            self._holder[h] = replica_id
+            self._holder.move_to_end(h)
+        while len(self._holder) > MAX_PREFIXES:
+            self._holder.popitem(last=False)
+
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        super().on_replica_actor_died(replica_id)
+        for h in [h for h, r in self._holder.items() if r == replica_id]:
+            del self._holder[h]

@@ -1,0 +1,150 @@
+"""Typed schemas of the ``server`` config group: ``server=default`` (LitServe, one machine) and
+``server=ray`` (the same graph on Ray Serve). Pure dataclasses: importing this never imports ray.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferflow.stages.base import ConfigEnum
+
+
+class ServerRuntime(ConfigEnum):
+    litserve = "litserve"  # one machine: API processes, queue process, engine worker
+    ray = "ray"  # Ray Serve: an ingress deployment and engine replicas (``inferflow[ray]``)
+
+
+class LogLevel(ConfigEnum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
+class RayProxyLocation(ConfigEnum):
+    EveryNode = "EveryNode"  # Ray Serve's default: an HTTP proxy on every node
+    HeadOnly = "HeadOnly"  # one proxy, on the head node (several nodes sharing one host)
+
+
+class RayRouting(ConfigEnum):
+    prefix_aware = "prefix_aware"  # a shared prompt prefix goes to the replica that cached it
+    power_of_two = "power_of_two"  # Ray Serve's default: the less loaded of two random replicas
+
+
+@dataclass
+class ServerConfig:
+    """The HTTP frontend (read by ``inferflow.server.http.settings.ServerSettings.from_config``).
+
+    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth,
+    for every route but ``/health`` and ``/ready`` (``public_metrics`` opens ``/metrics``).
+    A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).
+    ``num_api_servers``: uvicorn processes sharing the port; ``workers``: LitServe inference
+    workers per device.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_keys: list[str] = field(default_factory=list)
+    max_payload_bytes: int | None = 1_048_576
+    request_timeout_s: float | None = 600.0
+    max_waiting_requests: int | None = 256
+    rate_limit_requests_per_minute: int | None = None
+    rate_limit_tokens_per_minute: int | None = None
+    shutdown_grace_s: float = 30.0
+    num_api_servers: int = 1
+    workers: int = 1
+    log_level: LogLevel = LogLevel.info
+    public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)
+    runtime: ServerRuntime = ServerRuntime.litserve  # server=ray selects the Ray Serve host
+    worker_stall_timeout_s: float | None = 10.0  # no engine heartbeat this long: /ready 503
+    worker_watchdog_s: float | None = 30.0  # ... this long: the worker is killed and restarted
+    max_connections: int | None = 4096  # all API processes together; idle ones evicted first
+    timeout_header_s: float | None = 15.0  # a connection waiting for request headers: closed
+    timeout_body_s: float | None = 30.0  # a request body still arriving: 408
+    timeout_keep_alive_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port: must be in [0, 65535], got {self.port}")
+        for name in ("num_api_servers", "workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in (
+            "max_payload_bytes",
+            "request_timeout_s",
+            "max_waiting_requests",
+            "shutdown_grace_s",
+            "rate_limit_requests_per_minute",
+            "rate_limit_tokens_per_minute",
+            "worker_stall_timeout_s",
+            "worker_watchdog_s",
+            "max_connections",
+            "timeout_header_s",
+            "timeout_body_s",
+            "timeout_keep_alive_s",
+        ):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}: must be >= 0 or null, got {value}")
+
+
+@dataclass
+class RayAutoscalingConfig:
+    """Engine replicas scaled on queue depth: the engines' waiting + running requests plus the
+    requests queued in front of them, divided by ``target_per_replica`` (null = one replica's
+    batch capacity, ``batching.max_num_seqs``)."""
+
+    enabled: bool = False
+    min_replicas: int = 1
+    max_replicas: int = 2
+    target_per_replica: int | None = None
+    upscale_delay_s: float = 2.0
+    downscale_delay_s: float = 10.0
+    metrics_interval_s: float = 0.5  # how often each replica reports its queue depth
+    look_back_period_s: float = 2.0  # the reports averaged over this window
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_replicas <= self.max_replicas:
+            raise ValueError(
+                f"autoscaling: need 1 <= min_replicas <= max_replicas, got "
+                f"{self.min_replicas} and {self.max_replicas}"
+            )
+        if self.target_per_replica is not None and self.target_per_replica < 1:
+            raise ValueError(f"autoscaling.target_per_replica: must be >= 1, got "
+                             f"{self.target_per_replica}")
+
+
+@dataclass
+class RayServerConfig(ServerConfig):
+    """``server=ray``: the composed graph on Ray Serve (``inferflow.server.ray``).
+
+    ``host``/``port`` are Ray Serve's HTTP proxy; ``num_api_servers`` is the number of ingress
+    replicas; the engine deployment has ``num_replicas`` replicas (or ``autoscaling``), each one
+    engine with ``num_cpus``/``num_gpus`` reserved. ``address`` joins an existing cluster
+    (``ray.init(address=...)``, e.g. ``auto``); null starts a local one that is shut down with
+    the server.
+    """
+
+    runtime: ServerRuntime = ServerRuntime.ray
+    address: str | None = None
+    num_replicas: int = 1
+    max_ongoing_requests: int | None = None  # per engine replica; null = batching.max_num_seqs
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+    routing: RayRouting = RayRouting.prefix_aware
+    # prefix-aware routing falls back to the less loaded replica when the holder of the prefix
+    # has this many more requests in flight than the least loaded one
+    prefix_imbalance_threshold: int = 8
+    app_name: str = "inferflow"
+    # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
+    proxy_location: RayProxyLocation = RayProxyLocation.EveryNode
+    autoscaling: RayAutoscalingConfig = field(default_factory=RayAutoscalingConfig)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.num_replicas < 1:
+            raise ValueError(f"num_replicas: must be >= 1, got {self.num_replicas}")
+        if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
+            raise ValueError(f"max_ongoing_requests: must be >= 1, got {self.max_ongoing_requests}")
+        if self.num_cpus < 0 or self.num_gpus < 0:
+            raise ValueError("num_cpus/num_gpus: must be >= 0")

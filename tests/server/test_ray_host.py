@@ -1,0 +1,195 @@
+"""The Ray host (``server=ray``) on a real 2-node loopback Ray cluster, driven by ``openai``.
+
+The cluster is ``ray.cluster_utils.Cluster`` on 127.0.0.1 (one CPU per node, so the two engine
+replicas land on different nodes); the server is started as a user would, joining it with
+``server.address``. Skipped when the ``ray`` extra is not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+from server_harness import MODEL, ServerProcess, gone, start_server
+
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported
+pytest.importorskip("ray.serve", reason='the Ray host needs the ray extra: pip install "inferflow[ray]"')
+from ray.cluster_utils import Cluster  # noqa: E402
+
+pytestmark = pytest.mark.timeout(600)
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "In a distant galaxy"]
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 1, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    c.add_node(num_cpus=1, node_ip_address="127.0.0.1")
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+
+
+def _ray_server(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster, name: str,
+                *overrides: str) -> ServerProcess:
+    return start_server(tmp_path_factory, name, [
+        "server=ray", f"server.address={cluster.address}", "server.proxy_location=HeadOnly",
+        f"server.app_name={name}", *overrides])
+
+
+@pytest.fixture(scope="module")
+def ray_server(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Iterator[ServerProcess]:
+    srv = _ray_server(tmp_path_factory, cluster, "ray2", "server.num_replicas=2")
+    srv.wait_until(lambda s: len(s["replicas"]) == 2, timeout=60, what="two replicas reporting")
+    yield srv
+    assert srv.terminate() == 0, srv.log()[-3000:]
+
+
+def _replicas(srv: ServerProcess) -> dict[str, dict]:
+    return srv.stats()["replicas"]
+
+
+def _settled(srv: ServerProcess, key: str, before: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Per-replica ``key`` once two reads a report period apart agree (reports lag ~1 s)."""
+    last: dict[str, float] | None = None
+    for _ in range(40):
+        now = {rid: r[key] for rid, r in _replicas(srv).items()}
+        if now == last:
+            return _replicas(srv)
+        last = now
+        time.sleep(0.6)
+    raise AssertionError(f"replica stats did not settle: {last}")
+
+
+def test_same_greedy_tokens_as_the_single_node_server(ray_server: ServerProcess,
+                                                      default_server: ServerProcess) -> None:
+    ours, ref = ray_server.client(), default_server.client()
+    for prompt in PROMPTS:
+        kwargs = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0.0}
+        want = ref.completions.create(**kwargs).choices[0].text
+        assert ours.completions.create(**kwargs).choices[0].text == want
+        streamed = "".join(c.choices[0].text for c in ours.completions.create(**kwargs, stream=True))
+        assert streamed == want
+        chat = {"model": MODEL, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": 12, "temperature": 0.0}
+        want_chat = ref.chat.completions.create(**chat).choices[0].message.content
+        assert ours.chat.completions.create(**chat).choices[0].message.content == want_chat
+        pieces = [c.choices[0].delta.content or "" for c in
+                  ours.chat.completions.create(**chat, stream=True) if c.choices]
+        assert "".join(pieces) == want_chat
+
+
+def test_both_replicas_serve_traffic(ray_server: ServerProcess) -> None:
+    client = ray_server.client()
+
+    def one(i: int) -> str | None:
+        return client.completions.create(model=MODEL, prompt=f"request number {i} " * (1 + i % 3),
+                                         max_tokens=24, temperature=0.0).choices[0].finish_reason
+
+    with ThreadPoolExecutor(16) as pool:
+        assert set(pool.map(one, range(32))) <= {"length", "stop"}
+    stats = ray_server.wait_until(
+        lambda s: len(s["replicas"]) == 2
+        and all(r["finished_requests"] > 1 for r in s["replicas"].values()),
+        timeout=20, what="both replicas having served requests")
+    assert stats["engine"]["total_slots"] == sum(r["total_slots"] for r in stats["replicas"].values())
+
+
+def test_shared_prefix_requests_stay_on_one_replica(ray_server: ServerProcess) -> None:
+    client = ray_server.client()
+    prefix = " ".join(f"shared context word {i}," for i in range(40))  # many full KV blocks
+    before = _settled(ray_server, "prefix_cache_hits")
+    for i in range(6):
+        client.completions.create(model=MODEL, prompt=f"{prefix} question {i}?", max_tokens=4,
+                                  temperature=0.0)
+    after = _settled(ray_server, "prefix_cache_hits")
+    gained = {rid: after[rid]["prefix_cache_hits"] - before[rid]["prefix_cache_hits"]
+              for rid in after}
+    assert sorted(v > 0 for v in gained.values()) == [False, True], gained
+
+
+def test_metrics_and_version_cover_the_replicas(ray_server: ServerProcess) -> None:
+    text = ray_server.get("/metrics").text
+    for rid in _replicas(ray_server):
+        assert f'replica="{rid}"' in text
+    assert ray_server.get("/version").json()["engine"]["backend"] == "onnxruntime"
+
+
+def test_a_killed_replica_fails_its_requests_explicitly_and_is_replaced(
+        ray_server: ServerProcess) -> None:
+    client = ray_server.async_client()
+    outcomes: list[str] = []
+    started = threading.Event()
+
+    async def stream(i: int) -> None:
+        try:
+            out = await client.completions.create(model=MODEL, prompt=f"stream {i}",
+                                                  max_tokens=600, temperature=0.0, stream=True,
+                                                  extra_body={"ignore_eos": True})
+            finish = None
+            async for chunk in out:
+                started.set()
+                finish = chunk.choices[0].finish_reason or finish
+            outcomes.append(f"finished:{finish}")
+        except openai.APIError as exc:  # explicit: an error status or an SSE error event
+            outcomes.append(f"error:{getattr(exc, 'code', None) or exc.message}")
+
+    import asyncio
+
+    async def load() -> None:
+        tasks = [asyncio.create_task(stream(i)) for i in range(8)]
+        while not started.is_set():
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)
+        victim = max(_replicas(ray_server).values(), key=lambda r: r["running"])
+        os.kill(int(victim["pid"]), signal.SIGKILL)
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+
+    asyncio.run(load())
+    assert len(outcomes) == 8, outcomes  # none hung, none lost
+    assert all(o in ("finished:length", "error:replica_lost") for o in outcomes), outcomes
+    assert any(o == "error:replica_lost" for o in outcomes), outcomes
+    ray_server.wait_until(lambda s: len(s["replicas"]) == 2 and s["status"] == "ready",
+                          timeout=120, what="the killed replica replaced")
+    sync = ray_server.client()
+    assert sync.completions.create(model=MODEL, prompt="after", max_tokens=4).choices[0].text
+
+
+def test_queue_depth_autoscaling_goes_up_and_back_down(
+        tmp_path_factory: pytest.TempPathFactory, cluster: Cluster,
+        ray_server: ServerProcess) -> None:
+    ray_server.terminate()  # the cluster's two CPUs go to the autoscaled deployment
+    srv = _ray_server(tmp_path_factory, cluster, "rayauto", "server.autoscaling.enabled=true",
+                      "server.autoscaling.target_per_replica=2",
+                      "server.autoscaling.upscale_delay_s=1",
+                      "server.autoscaling.downscale_delay_s=3")
+    try:
+        assert len(srv.wait_until(lambda s: len(s["replicas"]) >= 1, timeout=30)["replicas"]) == 1
+        stop = threading.Event()
+        client = srv.client()
+
+        def keep_busy(i: int) -> None:
+            while not stop.is_set():
+                client.completions.create(model=MODEL, prompt=f"busy {i}", max_tokens=300,
+                                          extra_body={"ignore_eos": True})
+
+        pool = ThreadPoolExecutor(8)
+        for i in range(8):
+            pool.submit(keep_busy, i)
+        try:
+            srv.wait_until(lambda s: len(s["replicas"]) == 2, timeout=90, what="scale up to 2")
+        finally:
+            stop.set()
+            pool.shutdown(wait=True)
+        srv.wait_until(lambda s: len(s["replicas"]) == 1, timeout=90, what="scale back to 1")
+    finally:
+        tree = srv.tree()
+        assert srv.terminate() == 0, srv.log()[-3000:]
+        assert not gone(tree, timeout=10)
