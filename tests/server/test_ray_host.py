@@ -7,12 +7,15 @@ replicas land on different nodes); the server is started as a user would, joinin
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import openai
 import pytest
@@ -20,7 +23,7 @@ from server_harness import MODEL, ServerProcess, gone, start_server
 
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is imported
 pytest.importorskip("ray.serve", reason='the Ray host needs the ray extra: pip install "inferflow[ray]"')
-from ray.cluster_utils import Cluster  # noqa: E402
+from ray.cluster_utils import Cluster
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -46,7 +49,10 @@ def _ray_server(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster, name
 
 @pytest.fixture(scope="module")
 def ray_server(tmp_path_factory: pytest.TempPathFactory, cluster: Cluster) -> Iterator[ServerProcess]:
-    srv = _ray_server(tmp_path_factory, cluster, "ray2", "server.num_replicas=2")
+    traces = tmp_path_factory.mktemp("raytraces") / "traces.jsonl"
+    srv = _ray_server(tmp_path_factory, cluster, "ray2", "server.num_replicas=2", "tracing=file",
+                      f"tracing.file_path={traces}")
+    srv.traces_path = traces  # type: ignore[attr-defined]
     srv.wait_until(lambda s: len(s["replicas"]) == 2, timeout=60, what="two replicas reporting")
     yield srv
     assert srv.terminate() == 0, srv.log()[-3000:]
@@ -120,6 +126,40 @@ def test_metrics_and_version_cover_the_replicas(ray_server: ServerProcess) -> No
     for rid in _replicas(ray_server):
         assert f'replica="{rid}"' in text
     assert ray_server.get("/version").json()["engine"]["backend"] == "onnxruntime"
+
+
+def _spans_with_resource(path: Path, trace_id: str) -> list[tuple[dict, dict]]:
+    """(span, resource attributes) of ``trace_id`` in an OTLP-JSON lines file."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else ():
+        for rs in json.loads(line).get("resourceSpans", ()):
+            resource = {a["key"]: a["value"].get("stringValue")
+                        for a in rs.get("resource", {}).get("attributes", ())}
+            for ss in rs.get("scopeSpans", ()):
+                found += [(sp, resource) for sp in ss.get("spans", ()) if sp["traceId"] == trace_id]
+    return found
+
+
+def test_one_trace_across_the_ingress_and_the_engine_replica(ray_server: ServerProcess) -> None:
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    response = ray_server.post("/v1/completions", headers={"traceparent": f"00-{trace_id}-{parent_id}-01"},
+                               json={"model": MODEL, "prompt": "Hello", "max_tokens": 4})
+    assert response.status_code == 200
+    wanted = {"text_completion tiny-llama", "tokenizer", "llm_request", "queue", "compute"}
+    deadline = time.monotonic() + 30  # spans are exported in batches
+    path: Path = ray_server.traces_path  # type: ignore[attr-defined]
+    while True:
+        found = _spans_with_resource(path, trace_id)
+        if wanted <= {sp["name"] for sp, _ in found}:
+            break
+        assert time.monotonic() < deadline, sorted({sp["name"] for sp, _ in found})
+        time.sleep(0.2)
+    by_name = {sp["name"]: (sp, res) for sp, res in found}
+    root, _ = by_name["text_completion tiny-llama"]
+    assert root["parentSpanId"] == parent_id
+    request_span, engine_resource = by_name["llm_request"]
+    assert request_span["parentSpanId"] == root["spanId"]  # the engine side joins the trace
+    assert engine_resource["service.instance.id"] in _replicas(ray_server)
 
 
 def test_a_killed_replica_fails_its_requests_explicitly_and_is_replaced(
