@@ -136,6 +136,10 @@ class RayServerConfig(ServerConfig):
     # has this many more requests in flight than the least loaded one
     prefix_imbalance_threshold: int = 8
     app_name: str = "inferflow"
+    # an engine replica sends a stream's updates at most this often (merged in between; the
+    # first token goes at once): fewer, larger Ray messages, as Ray Serve LLM's
+    # stream_batching_interval_ms (same default); 0 = one message per engine update
+    stream_batching_interval_ms: float = 50.0
     # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
     proxy_location: RayProxyLocation = RayProxyLocation.EveryNode
     autoscaling: RayAutoscalingConfig = field(default_factory=RayAutoscalingConfig)
@@ -146,5 +150,7 @@ class RayServerConfig(ServerConfig):
             raise ValueError(f"num_replicas: must be >= 1, got {self.num_replicas}")
         if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
             raise ValueError(f"max_ongoing_requests: must be >= 1, got {self.max_ongoing_requests}")
+        if self.stream_batching_interval_ms < 0:
+            raise ValueError("stream_batching_interval_ms: must be >= 0")
         if self.num_cpus < 0 or self.num_gpus < 0:
             raise ValueError("num_cpus/num_gpus: must be >= 0")

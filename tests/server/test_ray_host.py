@@ -233,3 +233,12 @@ def test_queue_depth_autoscaling_goes_up_and_back_down(
         tree = srv.tree()
         assert srv.terminate() == 0, srv.log()[-3000:]
         assert not gone(tree, timeout=10)
+
+
+def test_the_app_builder_for_serve_tooling_and_kuberay_builds_the_same_graph() -> None:
+    from ray.serve import Application
+
+    from inferflow.server.ray.app import build
+
+    assert isinstance(build({"overrides": ["tracing=off", "server.num_replicas=2"]}), Application)
+    assert isinstance(build({"overrides": '["tracing=off"]'}), Application)  # `serve run` form

@@ -8,9 +8,10 @@ own threads. Only the two hand-offs differ::
     engine thread -> Outbox -> sender thread -> StreamTransport.send -> the request's stream
                                                               (an asyncio queue on Serve's loop)
 
-``generate`` is a streaming handle method: it yields ``RequestUpdate``s (each the merge of what
-arrived since the previous yield, so a slow consumer gets fewer, larger updates) until the final
-one. A consumer that goes away cancels the generator, which cancels the request in the engine.
+``generate`` is a streaming handle method: it yields ``RequestUpdate``s until the final one, each
+the merge of what arrived since the previous yield and at most one per
+``stream_batching_interval_ms`` after the first (every yield is a Ray message: on a 2-core machine
+one per token costs more than the engine step). A consumer that goes away cancels the generator, which cancels the request in the engine.
 """
 
 from __future__ import annotations
@@ -57,11 +58,15 @@ class _Stream:
         self.updates.append(update)
         self.event.set()
 
-    async def next(self) -> RequestUpdate:
-        """Everything that arrived since the last call, merged into one update."""
+    async def next(self, not_before: float = 0.0) -> RequestUpdate:
+        """Everything that arrived since the last call, merged into one update; not returned
+        before ``not_before`` (the event loop's clock), so updates arriving until then join."""
         while not self.updates:
             self.event.clear()
             await self.event.wait()
+        delay = not_before - self.loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
         merged, rest = self.updates[0], self.updates[1:]
         self.updates = []
         for later in rest:
@@ -104,13 +109,15 @@ class EngineReplica:
     """
 
     def __init__(self, config: dict[str, Any], telemetry: TelemetrySettings, log_level: str,
-                 board_name: str | None = None, stall_timeout_s: float | None = 10.0) -> None:
+                 board_name: str | None = None, stall_timeout_s: float | None = 10.0,
+                 stream_batching_interval_ms: float = 50.0) -> None:
         from ray import serve
 
         logging.basicConfig(level=log_level.upper())
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
         self.stall_timeout_s = stall_timeout_s
+        self.stream_interval_s = stream_batching_interval_ms / 1000.0
         self.shared = SharedState()
         self.api = EngineAPI(GraphEngineFactory(config), self.shared, log_level=log_level,
                              telemetry=replace(telemetry, replica_id=self.replica_id))
@@ -134,10 +141,11 @@ class EngineReplica:
         """Run ``request``; yield its updates until the final one (streaming handle call)."""
         stream = self.transport.open(request.request_id)
         self.requests.put(replace(request, consumer_id=CONSUMER_ID))
-        final = False
+        final, not_before = False, 0.0
         try:
             while not final:
-                update = await stream.next()
+                update = await stream.next(not_before)
+                not_before = stream.loop.time() + self.stream_interval_s
                 final = update.final
                 if final:
                     update = replace(update, timings={**(update.timings or {}),

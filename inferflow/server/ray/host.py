@@ -93,7 +93,8 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
         max_ongoing_requests=max(cfg.max_connections or 4096, 1))
     required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
     stall = cfg.worker_stall_timeout_s
-    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, stall),
+    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, stall,
+                                   cfg.stream_batching_interval_ms),
                        config, telemetry, board, required)
     return app, cfg
 

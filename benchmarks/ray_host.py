@@ -1,0 +1,111 @@
+"""The Ray host beside the single-machine server: same model, same client, one run.
+
+    pip install -e ".[ray]"
+    python benchmarks/ray_host.py                       # tiny default model, c8 and c32
+    python benchmarks/ray_host.py --replicas 1,2 --concurrency 8,32
+
+Servers, one after the other on this machine, each driven by ``inferflow bench`` with the same
+requests (``--num-prompts`` random prompts of ``--input-len`` tokens -> ``--output-len`` tokens,
+``ignore_eos``, all released at once under the concurrency cap):
+
+- ``single``: ``python -m inferflow`` (LitServe: API process -> queue process -> engine worker);
+- ``ray-rN``: ``python -m inferflow server=ray server.num_replicas=N`` on a local Ray instance
+  (Serve's HTTP proxy -> ingress replica -> DeploymentHandle -> engine replica).
+
+Writes ``benchmarks/results/ray_host/<server>-c<N>.json`` and ``ray_host.md`` (throughput, TTFT
+p50/p99, TPOT, and the Ray host's ratios to the single server). On a 2-core machine two engine
+replicas share the cores, so ``ray-r2`` measures the hop and the routing, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from inferflow.bench.suite import ServerStartError, free_port, managed_server, run_points  # noqa: E402
+
+
+def servers(replicas: list[int], extra: list[str]) -> list[tuple[str, list[str]]]:
+    """(name, argv) per server; each its own port (a stopped Ray proxy lingers a moment)."""
+    def argv(*overrides: str) -> list[str]:
+        return [sys.executable, "-m", "inferflow", f"server.port={free_port()}", "tracing=off",
+                *overrides]
+
+    out = [("single", argv())]
+    out += [(f"ray-r{n}", argv("server=ray", f"server.num_replicas={n}", *extra))
+            for n in replicas]
+    return out
+
+
+def table(results: Path, names: list[str], levels: list[int]) -> str:
+    lines = ["| server | conc. | out tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
+             "tok/s vs single | TTFT p50 +ms vs single |", "|---" * 8 + "|"]
+    for c in levels:
+        ref = _load(results, "single", c)
+        for name in names:
+            r = _load(results, name, c)
+            if r is None:
+                continue
+            ratio = hop = "—"
+            if ref is not None and name != "single":
+                ratio = f"{r['output_throughput'] / ref['output_throughput']:.2f}x"
+                hop = f"{r['median_ttft_ms'] - ref['median_ttft_ms']:+.1f}"
+            lines.append(f"| {name} | {c} | {r['output_throughput']:.1f} | "
+                         f"{r['median_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} | "
+                         f"{r['median_tpot_ms']:.2f} | {ratio} | {hop} |")
+    return "\n".join(lines)
+
+
+def _load(results: Path, name: str, c: int) -> dict | None:
+    f = results / f"{name}-c{c}.json"
+    return json.loads(f.read_text()) if f.exists() else None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--replicas", default="1,2", help="engine replica counts of the Ray host")
+    p.add_argument("--concurrency", default="8,32")
+    p.add_argument("--num-prompts", type=int, default=128)
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--results-dir", type=Path, default=REPO / "benchmarks" / "results" / "ray_host")
+    p.add_argument("ray_overrides", nargs="*", help="more overrides for the Ray host (after --)")
+    args = p.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    names = []
+    for name, argv in servers([int(n) for n in args.replicas.split(",")], args.ray_overrides):
+        names.append(name)
+        port = int(next(a for a in argv if a.startswith("server.port=")).split("=")[1])
+        log = args.results_dir / "logs" / f"{name}.log"
+        workload = ["--dataset-name", "random", "--input-len", str(args.input_len),
+                    "--output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+                    "--num-warmups", "4", "--ignore-eos", "--seed", "0"]
+        try:
+            with managed_server(argv, port, log, timeout=600) as url:
+                notes += [f"{name}: {n}" for n in
+                          run_points(url, name, levels, workload, args.results_dir)]
+        except ServerStartError as exc:
+            notes.append(f"{name}: {exc}")
+    text = (f"# The Ray host beside the single-machine server, one run\n\n{args.num_prompts} "
+            f"prompts per point of {args.input_len} random tokens -> {args.output_len} output "
+            f"tokens (ignore_eos), tiny default model, {os.cpu_count()} cores.\n\n"
+            f"{table(args.results_dir, names, levels)}\n")
+    if notes:
+        text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    (args.results_dir / "ray_host.md").write_text(text)
+    print(text)
+    return 1 if notes else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
