@@ -242,3 +242,22 @@ def test_the_app_builder_for_serve_tooling_and_kuberay_builds_the_same_graph() -
 
     assert isinstance(build({"overrides": ["tracing=off", "server.num_replicas=2"]}), Application)
     assert isinstance(build({"overrides": '["tracing=off"]'}), Application)  # `serve run` form
+
+
+def test_a_local_ray_instance_serves_llm_and_embeddings_and_leaves_no_process(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Without server.address the server starts Ray itself; SIGTERM takes all of it down."""
+    srv = start_server(tmp_path_factory, "raylocal", ["server=ray", "+extra_models=minilm"])
+    try:
+        client = srv.client()
+        assert client.completions.create(model=MODEL, prompt="Hi", max_tokens=3).choices[0].text
+        vectors = client.embeddings.create(model="all-minilm-l6-v2", input=["a", "b"]).data
+        assert len(vectors) == 2 and len(vectors[0].embedding) == 384
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="nope", prompt="Hi", max_tokens=1)
+        tree = srv.tree()
+        assert len(tree) > 3  # Ray's own processes are the server's children
+    finally:
+        code = srv.terminate()
+    assert code == 0, srv.log()[-3000:]
+    assert not gone(tree, timeout=30)

@@ -2,8 +2,9 @@
 
 A ``DeploymentHandle`` call reaches one replica, so ``/admin/stats``, ``/metrics`` and the
 readiness count cannot ask "every replica". Instead each replica reports (stats, executor stats,
-its Prometheus text) to the ``ReplicaBoard`` actor every ``REPORT_S``; the ingress reads the
-board. A replica that stopped reporting for ``STALE_S`` (dead, replaced, scaled down) drops off.
+its Prometheus text) to the ``ReplicaBoard`` actor and the ingress reads the board. A replica
+reports when its state changed (checked every ``REPORT_S``) and at least every
+``IDLE_REPORT_S``; one not heard from for ``STALE_S`` (dead, replaced, scaled down) drops off.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-REPORT_S = 0.5
-STALE_S = 5.0
+REPORT_S = 0.5  # how often a replica looks at its state (and reports it when it changed)
+IDLE_REPORT_S = 5.0  # an unchanged state is still reported this often (it is alive)
+STALE_S = 15.0  # a replica not heard from for this long is gone
 NAMESPACE = "inferflow"
 
 
@@ -54,11 +56,16 @@ def report_forever(name: str, replica_id: str, report: Callable[[], dict[str, An
     """A replica's reporter thread: publish ``report()`` every ``REPORT_S`` until ``stop``."""
     import ray
 
-    board = None
+    board, last, sent_at = None, None, float("-inf")
     while not stop.wait(REPORT_S):
+        current = report()
+        key = _changes(current)
+        if key == last and time.monotonic() - sent_at < IDLE_REPORT_S:
+            continue  # idle: nothing new to say yet
         try:
             board = board or board_actor(name)
-            ray.get(board.report.remote(replica_id, report()), timeout=5)
+            ray.get(board.report.remote(replica_id, current), timeout=5)
+            last, sent_at = key, time.monotonic()
         except Exception as exc:  # the board restarts; the next report recreates the handle
             logger.debug("replica board: %s", exc)
             board = None
@@ -67,6 +74,12 @@ def report_forever(name: str, replica_id: str, report: Callable[[], dict[str, An
             board.forget.remote(replica_id)
     except Exception:
         pass
+
+
+def _changes(report: dict[str, Any]) -> Any:
+    """What makes a report worth sending: the state, not the time stamps that tick when idle."""
+    stats = {k: v for k, v in report.get("stats", {}).items() if k != "updated_at"}
+    return (report.get("ready"), tuple(sorted(stats.items())), report.get("metrics"))
 
 
 def merge_metrics(texts: dict[str, str]) -> str:

@@ -102,6 +102,11 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
 def serve_on_ray(graph: Any) -> None:
     """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
     and, if this process started Ray, shut it down."""
+    from inferflow.embeddings.models import is_embedding_model
+
+    if is_embedding_model(graph.model):
+        raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
+                         "models beside it); an embedding-only server runs with server=default")
     require_ray()
     import ray
     from ray import serve
@@ -116,7 +121,8 @@ def serve_on_ray(graph: Any) -> None:
                            "the connections)", key)
     local = cfg.address is None
     if local:
-        ray.init(_node_ip_address="127.0.0.1", include_dashboard=False, namespace=NAMESPACE,
+        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
+                 namespace=NAMESPACE,
                  num_cpus=max(os.cpu_count() or 1, _cpus_needed(cfg)))
     else:
         ray.init(address=cfg.address, namespace=NAMESPACE)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import pickle
 import threading
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from inferflow.embeddings.http_api import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
+from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.errors import ErrorInfo, install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
@@ -36,9 +39,11 @@ from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, UpdateBatch
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.process.shared_state import SharedState
-from inferflow.server.ray.board import REPORT_S, board_actor, merge_metrics
+from inferflow.server.ray.board import board_actor, merge_metrics
 
 logger = logging.getLogger(__name__)
+
+READ_S = 1.0  # how often the ingress reads the replicas' reports
 
 _SUMMED = ("running", "waiting", "total_slots", "free_slots", "kv_blocks_total", "kv_blocks_free",
            "num_steps", "prefix_cache_queries", "prefix_cache_hits", "finished_requests",
@@ -68,7 +73,8 @@ class EngineClient:
     async def _run(self, request: SubmitRequest) -> None:
         call = self.handle.generate.remote(request)
         try:
-            async for update in call:
+            async for item in call:
+                update: RequestUpdate = pickle.loads(item)  # from our own engine replica
                 self._deliver(update)
                 if update.final:
                     return
@@ -106,7 +112,7 @@ class BoardReader:
             except Exception as exc:
                 logger.debug("replica board: %s", exc)
                 board = None
-            threading.Event().wait(REPORT_S)
+            threading.Event().wait(READ_S)
 
     def apply(self, replicas: dict[str, dict[str, Any]]) -> None:
         self.replicas = replicas
@@ -136,6 +142,15 @@ class IngressDeployment:
         self.frontend = Frontend(pipeline, self.settings, self.shared, self.telemetry,
                                  ResponsePipeline(graph.response_stages))
         self.frontend.request_queue = EngineClient(engine, self.frontend)
+        specs = embedding_specs(graph)  # extra_models: encoders in the ingress, as in API processes
+        if specs:
+            embeddings = EmbeddingsFrontend(
+                EmbeddingModels(specs), self.frontend.auth, self.frontend.is_draining,
+                on_response=self.telemetry.on_response, tracer=lambda: self.telemetry.tracer,
+                limiter=self.frontend.limiter)
+            self.frontend.embeddings = embeddings
+            threading.Thread(target=embeddings.models.start, name="inferflow-encoders",
+                             daemon=True).start()
         self.board = BoardReader(board_name, self.shared, required_replicas)
         self.model_path = str(graph.model_path)
         self.telemetry.start()
@@ -155,6 +170,8 @@ def build_app(frontend: Frontend, board: BoardReader, model_path: str,
     app.add_api_route(COMPLETIONS_PATH, frontend.completions, methods=["POST"])
     app.add_api_route(CHAT_PATH, frontend.chat_completions, methods=["POST"])
     app.add_api_route(MODELS_PATH, frontend.models, methods=["GET"])
+    if frontend.embeddings is not None:
+        app.add_api_route(EMBEDDINGS_PATH, frontend.embeddings.embeddings, methods=["POST"])
     routes = {path: (endpoint, methods) for path, endpoint, methods in ops_routes(frontend, model_path)}
     stats_route, metrics_route = routes["/admin/stats"][0], routes["/metrics"][0]
 
