@@ -329,7 +329,8 @@ def check(graph: ServingGraph) -> str:
     ]
     for name, slot in graph.engine_slots.items():
         lines.append(f"{name}: {type(slot).__name__} {_fields(slot)}")
-    lines.append(f"server: http://{graph.server.host}:{graph.server.port}")
+    server = graph.server
+    lines.append(f"server: http://{server.host}:{server.port}{server.describe_host()}")
     lines.append(f"tracing: {graph.tracing.exporter.value}")
     return "\n".join(lines)
 

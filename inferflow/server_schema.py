@@ -63,6 +63,10 @@ class ServerConfig:
     timeout_body_s: float | None = 30.0  # a request body still arriving: 408
     timeout_keep_alive_s: float = 5.0
 
+    def describe_host(self) -> str:
+        """What serves the graph, for ``task=check`` (empty: the single-machine server)."""
+        return ""
+
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
@@ -143,6 +147,13 @@ class RayServerConfig(ServerConfig):
     # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
     proxy_location: RayProxyLocation = RayProxyLocation.EveryNode
     autoscaling: RayAutoscalingConfig = field(default_factory=RayAutoscalingConfig)
+
+    def describe_host(self) -> str:
+        a = self.autoscaling
+        replicas = (f"{a.min_replicas}-{a.max_replicas} engine replicas (queue-depth autoscaling)"
+                    if a.enabled else f"{self.num_replicas} engine replica(s)")
+        where = f"cluster {self.address}" if self.address else "a local Ray instance"
+        return f" on Ray Serve: {replicas}, {self.routing} routing, {where}"
 
     def __post_init__(self) -> None:
         super().__post_init__()
