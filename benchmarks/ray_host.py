@@ -1,7 +1,7 @@
 """The Ray host beside the single-machine server: same model, same client, one run.
 
     pip install -e ".[ray]"
-    python benchmarks/ray_host.py                       # tiny default model, c8 and c32
+    python benchmarks/ray_host.py                       # tiny default model, c1, c8 and c32
     python benchmarks/ray_host.py --replicas 1,2 --concurrency 8,32
 
 Servers, one after the other on this machine, each driven by ``inferflow bench`` with the same
@@ -72,7 +72,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--replicas", default="1,2", help="engine replica counts of the Ray host")
-    p.add_argument("--concurrency", default="8,32")
+    p.add_argument("--concurrency", default="1,8,32", help="c1 isolates the hop: TTFT at no load")
     p.add_argument("--num-prompts", type=int, default=128)
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
