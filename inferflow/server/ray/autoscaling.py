@@ -21,9 +21,11 @@ def desired_replicas(depths: dict[Any, float], queued: float, target: float) -> 
     return max(1, math.ceil(total / max(target, 1e-9)))
 
 
-def queue_depth_policy(ctx: Any, target_per_replica: float | None = None) -> tuple[int, dict]:
-    """``AutoscalingPolicy(policy_function=...)``: (desired replicas, policy state)."""
-    target = target_per_replica or ctx.config.target_ongoing_requests or 1
+def queue_depth_policy(ctx: Any) -> tuple[int, dict]:
+    """``AutoscalingPolicy(policy_function=...)``: (desired replicas, policy state). The target
+    queue depth per replica is the deployment's ``target_ongoing_requests`` (the host sets it
+    to ``autoscaling.target_per_replica``)."""
+    target = ctx.config.target_ongoing_requests or 1
     depths = (ctx.aggregated_metrics or {}).get(METRIC, {})
     queued = ctx.total_queued_requests or 0.0
     if not depths:  # no report yet (replicas starting): keep the current target

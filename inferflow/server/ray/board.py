@@ -43,7 +43,9 @@ class ReplicaBoard:
 
 
 def board_actor(name: str) -> Any:
-    """The named board (created on first use; it lives as long as the Ray job that made it)."""
+    """The named board, created on first use. Detached (a replica or ingress that creates it may
+    die first): ``python -m inferflow server=ray`` kills it on exit; under ``serve deploy`` /
+    KubeRay it stays with the cluster (one small actor, ``<app_name>-board``)."""
     import ray
 
     return ray.remote(num_cpus=0)(ReplicaBoard).options(

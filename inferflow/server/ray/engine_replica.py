@@ -45,6 +45,8 @@ from inferflow.server.worker.loop import EngineLoop
 logger = logging.getLogger(__name__)
 
 CONSUMER_ID = 0  # one consumer: the replica's streams, told apart by request id
+ENGINE_GONE = ErrorInfo(503, "the engine of this replica stopped; retry", code="replica_lost",
+                        retry_after_s=1)
 METRICS_EVERY_S = 2.0  # Prometheus text rendered for the board at most this often (~ms each)
 
 
@@ -111,14 +113,14 @@ class EngineReplica:
     """
 
     def __init__(self, config: dict[str, Any], telemetry: TelemetrySettings, log_level: str,
-                 board_name: str | None = None, stall_timeout_s: float | None = 10.0,
+                 board_name: str | None = None, watchdog_s: float | None = 30.0,
                  stream_batching_interval_ms: float = 50.0) -> None:
         from ray import serve
 
         logging.basicConfig(level=log_level.upper())
         context = serve.get_replica_context()
         self.replica_id = context.replica_id.unique_id
-        self.stall_timeout_s = stall_timeout_s
+        self.watchdog_s = watchdog_s
         self.stream_interval_s = stream_batching_interval_ms / 1000.0
         self.shared = SharedState()
         self.api = EngineAPI(GraphEngineFactory(config), self.shared, log_level=log_level,
@@ -129,9 +131,8 @@ class EngineReplica:
         self.requests: queue.Queue[Any] = queue.Queue()
         self.transport = StreamTransport()
         self.loop = EngineLoop()
-        self.engine_thread = threading.Thread(
-            target=self.loop, name="inferflow-engine", daemon=True,
-            args=(self.api, "cpu", 0, self.requests, self.transport, {}, None))
+        self.engine_thread = threading.Thread(target=self._run_engine, name="inferflow-engine",
+                                              daemon=True)
         self.engine_thread.start()
         self._stop = threading.Event()
         self._metrics, self._metrics_at = "", float("-inf")
@@ -139,12 +140,30 @@ class EngineReplica:
             threading.Thread(target=report_forever, name="inferflow-board", daemon=True,
                              args=(board_name, self.replica_id, self.report, self._stop)).start()
 
+    def _run_engine(self) -> None:
+        """The engine thread: ``EngineLoop`` until it stops or fails; then every stream still
+        open (requests it never took, or took after failing) gets an explicit error."""
+        try:
+            self.loop(self.api, "cpu", 0, self.requests, self.transport, {}, None)
+        except BaseException:
+            logger.exception("replica %s: the engine loop failed", self.replica_id)
+        finally:
+            if self.transport.loop is not None:
+                self.transport.loop.call_soon_threadsafe(self._fail_open_streams)
+
+    def _fail_open_streams(self) -> None:  # event-loop thread
+        for request_id, stream in list(self.transport.streams.items()):
+            stream.push(RequestUpdate(request_id=request_id, error=ENGINE_GONE))
+
     # --- the request path ----------------------------------------------------------------------
     async def generate(self, request: SubmitRequest) -> AsyncIterator[bytes]:
         """Run ``request``; yield its updates (pickled ``RequestUpdate``s) until the final one
         (a streaming handle call)."""
         stream = self.transport.open(request.request_id)
-        self.requests.put(replace(request, consumer_id=CONSUMER_ID))
+        if not self.engine_thread.is_alive():  # the health check will replace this replica
+            stream.push(RequestUpdate(request_id=request.request_id, error=ENGINE_GONE))
+        else:
+            self.requests.put(replace(request, consumer_id=CONSUMER_ID))
         final, not_before = False, 0.0
         try:
             while not final:
@@ -187,16 +206,21 @@ class EngineReplica:
         """Ray Serve's health probe: a replica whose engine thread died or stalled is replaced."""
         if not self.engine_thread.is_alive():
             raise RuntimeError("the engine thread is not running")
-        stall = self.stall_timeout_s
-        if stall is not None and self.shared.heartbeat_age() > stall:
-            raise RuntimeError(f"the engine thread has not gone round for {stall} s")
+        watchdog = self.watchdog_s
+        if watchdog is not None and self.shared.heartbeat_age() > watchdog:
+            raise RuntimeError(f"the engine thread has not gone round for {watchdog} s")
 
-    def __del__(self) -> None:
-        """Serve's graceful shutdown: fail what is still running explicitly, stop the loop."""
+    async def __del__(self) -> None:
+        """Serve's graceful shutdown (after its drain of ongoing requests): fail what is still
+        running with an explicit 503, let those errors reach their streams, stop the loop."""
         stop = getattr(self, "_stop", None)
         if stop is None:
             return
         stop.set()
         self.requests.put(StopWorker(ErrorInfo(503, "the engine replica is shutting down",
                                                code="shutting_down")))
-        self.engine_thread.join(timeout=5)
+        await asyncio.to_thread(self.engine_thread.join, 5)
+        for _ in range(40):  # the errors are delivered on this loop: give the streams a moment
+            if not self.transport.streams:
+                break
+            await asyncio.sleep(0.05)

@@ -29,7 +29,7 @@ from inferflow.server_schema import RayRouting, RayServerConfig
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 900.0
-_NOT_APPLICABLE = ("max_connections", "timeout_header_s", "timeout_body_s", "timeout_keep_alive_s")
+_NOT_APPLICABLE = ("timeout_header_s", "timeout_body_s", "timeout_keep_alive_s")
 
 
 def require_ray() -> None:
@@ -40,7 +40,7 @@ def require_ray() -> None:
         raise SystemExit('server=ray needs Ray Serve: pip install "inferflow[ray]"') from None
 
 
-def engine_options(cfg: RayServerConfig, max_num_seqs: int, grace_s: float) -> dict[str, Any]:
+def engine_options(cfg: RayServerConfig, max_num_seqs: int, block_size: int) -> dict[str, Any]:
     """``serve.deployment`` options of the engine deployment, from the typed ``server`` config."""
     from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
@@ -50,7 +50,7 @@ def engine_options(cfg: RayServerConfig, max_num_seqs: int, grace_s: float) -> d
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
         "health_check_period_s": 2.0,
         "health_check_timeout_s": 30.0,
-        "graceful_shutdown_timeout_s": grace_s,
+        "graceful_shutdown_timeout_s": cfg.shutdown_grace_s,
         "graceful_shutdown_wait_loop_s": 0.5,
     }
     a = cfg.autoscaling
@@ -61,15 +61,16 @@ def engine_options(cfg: RayServerConfig, max_num_seqs: int, grace_s: float) -> d
             initial_replicas=a.min_replicas, target_ongoing_requests=target,
             upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
             metrics_interval_s=a.metrics_interval_s, look_back_period_s=a.look_back_period_s,
+            # the policy reads target_ongoing_requests as its queue depth per replica
             policy=AutoscalingPolicy(
-                policy_function="inferflow.server.ray.autoscaling:queue_depth_policy",
-                policy_kwargs={"target_per_replica": target}))
+                policy_function="inferflow.server.ray.autoscaling:queue_depth_policy"))
     else:
         options["num_replicas"] = cfg.num_replicas
     if cfg.routing is RayRouting.prefix_aware:
         options["request_router_config"] = RequestRouterConfig(
             request_router_class="inferflow.server.ray.routing:PrefixAffinityRouter",
-            request_router_kwargs={"imbalance_threshold": cfg.prefix_imbalance_threshold},
+            request_router_kwargs={"imbalance_threshold": cfg.prefix_imbalance_threshold,
+                                   "block_size": block_size},
             request_routing_stats_period_s=1.0)
     return options
 
@@ -87,13 +88,16 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
     telemetry = telemetry_settings(graph, config)
     board = f"{cfg.app_name}-board"
     engine = serve.deployment(EngineReplica).options(
-        **engine_options(cfg, graph.batching.max_num_seqs, cfg.shutdown_grace_s))
+        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))
     ingress = serve.deployment(serve.ingress()(IngressDeployment)).options(
         name="ingress", num_replicas=cfg.num_api_servers, ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=max(cfg.max_connections or 4096, 1))
+        max_ongoing_requests=max(cfg.max_connections or 4096, 1),  # requests per ingress
+        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5)
     required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
-    stall = cfg.worker_stall_timeout_s
-    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, stall,
+    # a replica whose engine thread has not gone round for worker_watchdog_s fails its health
+    # check and is replaced (the LitServe host's watchdog; worker_stall_timeout_s is /ready's)
+    watchdog = cfg.worker_watchdog_s
+    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, watchdog,
                                    cfg.stream_batching_interval_ms),
                        config, telemetry, board, required)
     return app, cfg
@@ -135,7 +139,7 @@ def serve_on_ray(graph: Any) -> None:
         serve.start(http_options={"host": cfg.host, "port": cfg.port},
                     proxy_location=str(cfg.proxy_location))
         serve.run(app, name=cfg.app_name, route_prefix="/", blocking=False)
-        _wait_ready(f"http://{_local(cfg.host)}:{cfg.port}/ready", stop)
+        _wait_ready(cfg, local or cfg.address in ("auto", "local"), stop)
         if not stop.is_set():
             print(start_line(graph, graph_settings(graph)) + f" | ray {ray.__version__} "
                   f"({'local' if local else cfg.address})", flush=True)
@@ -151,6 +155,11 @@ def graph_settings(graph: Any) -> Any:
     return ServerSettings.from_config(graph.server)
 
 
+def _block_size(graph: Any) -> int:
+    """The prefix cache's block size (what the router hashes prompts by)."""
+    return int(getattr(graph.cache, "block_size", 16) or 16)
+
+
 def _cpus_needed(cfg: RayServerConfig) -> int:
     replicas = cfg.autoscaling.max_replicas if cfg.autoscaling.enabled else cfg.num_replicas
     return int(replicas * cfg.num_cpus + 0.999)
@@ -160,18 +169,29 @@ def _local(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
 
 
-def _wait_ready(url: str, stop: threading.Event) -> None:
+def _wait_ready(cfg: RayServerConfig, local: bool, stop: threading.Event) -> None:
+    """Until Serve reports the app RUNNING (every replica constructed: engines loaded and warm);
+    a failed deployment stops the server with Serve's message. With a local proxy, also until
+    the ingress's ``/ready`` (the replicas' reports read) says so."""
+    from ray import serve
+
     deadline = time.time() + READY_TIMEOUT_S
-    while not stop.is_set() and time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except Exception:
-            pass
+    while not stop.is_set():
+        app = serve.status().applications.get(cfg.app_name)
+        state = str(getattr(app, "status", ""))
+        if state.endswith("RUNNING"):
+            break
+        if state.endswith("DEPLOY_FAILED"):
+            raise SystemExit(f"inferflow: the Ray Serve app failed to deploy: {app.message}")
+        if time.time() > deadline:
+            raise SystemExit(f"inferflow: the Ray Serve app did not start in {READY_TIMEOUT_S} s")
+        stop.wait(0.5)
+    url = f"http://{_local(cfg.host)}:{cfg.port}/ready"
+    while local and not stop.is_set() and time.time() < deadline:
+        with contextlib.suppress(Exception), urllib.request.urlopen(url, timeout=2) as response:
+            if response.status == 200:
+                return
         stop.wait(0.25)
-    if not stop.is_set():
-        raise SystemExit(f"inferflow: the Ray Serve app did not become ready in {READY_TIMEOUT_S} s")
 
 
 def _serve_running() -> bool:

@@ -15,11 +15,11 @@ import random
 from collections import OrderedDict
 from typing import Any
 
-from ray.serve.request_router import FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter
+from ray.serve.request_router import LocalityMixin, MultiplexMixin, RequestRouter
 
 from inferflow.server.messages import SubmitRequest
 
-BLOCK = 16  # tokens per hashed prefix block (the prefix cache's default block size)
+BLOCK = 16  # tokens per hashed prefix block (default; the host passes the cache's block size)
 MAX_PREFIXES = 65536  # remembered prefix hashes (least recently routed forgotten first)
 
 
@@ -34,20 +34,22 @@ def prefix_hashes(token_ids: list[int], block: int = BLOCK) -> list[bytes]:
     return out
 
 
-class PrefixAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRouter):
+class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
+    # no FIFOMixin: it would hand the replica chosen for one request's prefix to the oldest
+    # pending request instead (Ray's own PrefixCacheAffinityRouter leaves it out too)
     """Power of two choices, preferring the replica that holds the request's longest prefix."""
 
-    def initialize_state(self, imbalance_threshold: int = 8, **kwargs: Any) -> None:
-        self.imbalance_threshold = imbalance_threshold
+    def initialize_state(self, imbalance_threshold: int = 8, block_size: int = BLOCK,
+                         **kwargs: Any) -> None:
+        self.imbalance_threshold, self.block_size = imbalance_threshold, block_size
         self._holder: OrderedDict[bytes, Any] = OrderedDict()  # prefix hash -> ReplicaID
 
-    @staticmethod
-    def _hashes(pending_request: Any) -> list[bytes]:
+    def _hashes(self, pending_request: Any) -> list[bytes]:
         args = getattr(pending_request, "args", None) or ()
         request = args[0] if args else None
         if not isinstance(request, SubmitRequest):
             return []
-        return prefix_hashes(list(request.prompt_token_ids))
+        return prefix_hashes(list(request.prompt_token_ids), self.block_size)
 
     async def choose_replicas(self, candidate_replicas: list[Any],
                               pending_request: Any = None) -> list[list[Any]]:
@@ -57,19 +59,25 @@ class PrefixAffinityRouter(FIFOMixin, LocalityMixin, MultiplexMixin, RequestRout
             holder = self._holder.get(h)
             if holder is None or holder not in by_id:
                 continue
-            if self._balanced(holder, candidate_replicas):
-                return [[by_id[holder]]]
+            if self._balanced(by_id[holder], candidate_replicas):
+                # the holder first; if it refuses (full), the power of two choices among the rest
+                others = [r for r in candidate_replicas if r.replica_id != holder]
+                return [[by_id[holder]], *([random.sample(others, min(2, len(others)))]
+                                           if others else [])]
             break
         # power of two choices: the router takes the less loaded of the two
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]
 
     def _balanced(self, holder: Any, candidates: list[Any]) -> bool:
+        """The holder is neither full nor ``imbalance_threshold`` busier than the least loaded."""
         cache = self.replica_queue_len_cache
         lens = {r.replica_id: cache.get(r.replica_id) for r in candidates}
         known = [n for n in lens.values() if n is not None]
-        mine = lens.get(holder)
+        mine = lens.get(holder.replica_id)
         if mine is None or not known:
             return True  # nothing known about the load: keep the affinity
+        if mine >= holder.max_ongoing_requests:
+            return False
         return mine - min(known) <= self.imbalance_threshold
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
