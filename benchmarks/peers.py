@@ -44,6 +44,7 @@ from inferflow.bench.suite import (  # noqa: E402
     free_port,
     managed_server,
     run_points,
+    write_report,
 )
 from inferflow.models.tiny import SPEC_4M5, SPEC_100M, TinySpec, make_checkpoint  # noqa: E402
 
@@ -222,10 +223,7 @@ def main() -> int:
             f"({args.c1_prompts} at c1) of {args.input_len} random tokens -> "
             f"{args.output_len} output tokens (ignore_eos), all released at once; "
             f"{os.cpu_count()} cores.\n\n{md}\n")
-    if notes:
-        text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (args.results_dir / args.table).write_text(text)
-    print(text)
+    write_report(args.results_dir / args.table, text, notes)
     return 1 if any("generator exit" in n for n in notes) else 0
 
 

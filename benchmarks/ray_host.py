@@ -29,7 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from inferflow.bench.suite import ServerStartError, free_port, managed_server, run_points  # noqa: E402
+from inferflow.bench.suite import (  # noqa: E402
+    ServerStartError,
+    free_port,
+    managed_server,
+    run_points,
+    write_report,
+)
 
 
 def servers(replicas: list[int], extra: list[str]) -> list[tuple[str, list[str]]]:
@@ -100,10 +106,7 @@ def main() -> int:
             f"prompts per point of {args.input_len} random tokens -> {args.output_len} output "
             f"tokens (ignore_eos), tiny default model, {os.cpu_count()} cores.\n\n"
             f"{table(args.results_dir, names, levels)}\n")
-    if notes:
-        text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
-    (args.results_dir / "ray_host.md").write_text(text)
-    print(text)
+    write_report(args.results_dir / "ray_host.md", text, notes)
     return 1 if notes else 0
 
 

@@ -125,6 +125,16 @@ def run_points(
     return notes
 
 
+def write_report(path: Path, text: str, notes: Sequence[str]) -> str:
+    """Write a benchmark's markdown (``text`` and, if any, its notes as a list) to ``path`` and
+    print it; returns what was written."""
+    if notes:
+        text += "\nNotes:\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    path.write_text(text)
+    print(text)
+    return text
+
+
 COLUMNS = [
     ("conc.", "max_concurrency", "{}"),
     ("req/s", "request_throughput", "{:.2f}"),

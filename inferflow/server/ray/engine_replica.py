@@ -188,9 +188,6 @@ class EngineReplica:
                 "stats": self.shared.stats(), "executor": self.shared.executor_stats(),
                 "info": self.shared.info(), "metrics": self._metrics}
 
-    def stats(self) -> dict[str, Any]:
-        return self.report()
-
     def queue_depth(self) -> float:
         stats = self.shared.stats()
         return float(stats.get("running", 0) + stats.get("waiting", 0))

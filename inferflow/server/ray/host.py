@@ -136,10 +136,16 @@ def serve_on_ray(graph: Any) -> None:
     started_serve = not _serve_running()
     try:
         app, cfg = build_app(graph)
-        serve.start(http_options={"host": cfg.host, "port": cfg.port},
-                    proxy_location=str(cfg.proxy_location))
+        if started_serve:
+            serve.start(http_options={"host": cfg.host, "port": cfg.port},
+                        proxy_location=str(cfg.proxy_location))
+        else:  # Serve's proxies are already up: their address is not ours to choose
+            logger.warning("Ray Serve already runs on this cluster: the app joins its HTTP "
+                           "proxies; server.host, server.port and server.proxy_location are "
+                           "not applied")
         serve.run(app, name=cfg.app_name, route_prefix="/", blocking=False)
-        _wait_ready(cfg, local or cfg.address in ("auto", "local"), stop)
+        # our own proxy on this host: also wait for the ingress's /ready there
+        _wait_ready(cfg, started_serve and (local or cfg.address in ("auto", "local")), stop)
         if not stop.is_set():
             print(start_line(graph, graph_settings(graph)) + f" | ray {ray.__version__} "
                   f"({'local' if local else cfg.address})", flush=True)

@@ -38,16 +38,15 @@ from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, UpdateBatch
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.process.shared_state import STATS_FIELDS, SharedState
 from inferflow.server.ray.board import board_actor, merge_metrics
 
 logger = logging.getLogger(__name__)
 
 READ_S = 1.0  # how often the ingress reads the replicas' reports
 
-_SUMMED = ("running", "waiting", "total_slots", "free_slots", "kv_blocks_total", "kv_blocks_free",
-           "num_steps", "prefix_cache_queries", "prefix_cache_hits", "finished_requests",
-           "aborted_requests", "timed_out_requests")
+# every engine counter and gauge adds up across replicas, but the writer's pid and time stamp
+_SUMMED = tuple(f for f in STATS_FIELDS if f not in ("worker_pid", "updated_at"))
 
 
 class EngineClient:
