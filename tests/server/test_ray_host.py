@@ -62,16 +62,15 @@ def _replicas(srv: ServerProcess) -> dict[str, dict]:
     return srv.stats()["replicas"]
 
 
-def _settled(srv: ServerProcess, key: str, before: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Per-replica ``key`` once two reads a report period apart agree (reports lag ~1 s)."""
-    last: dict[str, float] | None = None
-    for _ in range(40):
-        now = {rid: r[key] for rid, r in _replicas(srv).items()}
-        if now == last:
-            return _replicas(srv)
-        last = now
-        time.sleep(0.6)
-    raise AssertionError(f"replica stats did not settle: {last}")
+def _finished(stats: dict) -> float:
+    return sum(r["finished_requests"] for r in stats["replicas"].values())
+
+
+def _after_requests(srv: ServerProcess, before: dict, n: int) -> dict[str, dict]:
+    """Per-replica stats once the replicas' reports include ``n`` more finished requests than
+    ``before`` (reports reach the ingress up to ~1.5 s after the fact)."""
+    return srv.wait_until(lambda s: _finished(s) >= _finished(before) + n, timeout=30,
+                          what=f"{n} more finished requests reported")["replicas"]
 
 
 def test_same_greedy_tokens_as_the_single_node_server(ray_server: ServerProcess,
@@ -111,12 +110,14 @@ def test_both_replicas_serve_traffic(ray_server: ServerProcess) -> None:
 def test_shared_prefix_requests_stay_on_one_replica(ray_server: ServerProcess) -> None:
     client = ray_server.client()
     prefix = " ".join(f"shared context word {i}," for i in range(40))  # many full KV blocks
-    before = _settled(ray_server, "prefix_cache_hits")
+    ray_server.wait_until(lambda s: s["in_flight"] == 0, timeout=30, what="no request in flight")
+    time.sleep(2)  # the last reports of earlier tests have reached the ingress
+    before = ray_server.stats()
     for i in range(6):
         client.completions.create(model=MODEL, prompt=f"{prefix} question {i}?", max_tokens=4,
                                   temperature=0.0)
-    after = _settled(ray_server, "prefix_cache_hits")
-    gained = {rid: after[rid]["prefix_cache_hits"] - before[rid]["prefix_cache_hits"]
+    after = _after_requests(ray_server, before, 6)
+    gained = {rid: after[rid]["prefix_cache_hits"] - before["replicas"][rid]["prefix_cache_hits"]
               for rid in after}
     assert sorted(v > 0 for v in gained.values()) == [False, True], gained
 
