@@ -97,8 +97,11 @@ def test_schemathesis_finds_no_5xx_and_no_schema_violation(
         "30",
         "--max-time",
         str(FUZZ_SECONDS),
+        # one worker: hypothesis describes strategies with ast.parse, and on CPython 3.11 two
+        # threads parsing at once can fail with "SystemError: AST constructor recursion depth
+        # mismatch" (a fault of the fuzzer's process, seen in 2 of 8 runs with 2 workers)
         "--workers",
-        "2",
+        "1",
         "--seed",
         "20261201",  # reproducible; a failure prints `st replay` instructions
         "--no-color",
