@@ -14,6 +14,7 @@ BUILTIN_MODELS = {
     "tiny_llama": "inferflow.models.tiny.tiny_llama_path",
     "minilm": "inferflow.models.bert.minilm_path",
 }
+BUILTIN_NAMES = {"tiny_llama": "tiny-llama", "minilm": "all-minilm-l6-v2"}  # default served ids
 
 
 def _hf_snapshot(repo: str) -> Path | None:
@@ -55,7 +56,7 @@ def resolve_model(model: ModelConfig) -> tuple[Path, str]:
             path = Path(get_method(BUILTIN_MODELS[model.builtin])())
         except CheckpointError as exc:  # e.g. the package that ships it is not installed
             raise ConfigError(f"model.builtin={model.builtin}: {exc}", "model.builtin") from None
-        return path, model.name or path.name
+        return path, model.name or BUILTIN_NAMES[model.builtin]
     if not model.dirname and not model.hf_repo:
         raise ConfigError(
             "model.path: a checkpoint folder is required, e.g. +model=local model.path=/models/Llama-3.2-1B-Instruct",

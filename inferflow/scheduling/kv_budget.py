@@ -18,7 +18,8 @@ A paged executor (torch) keeps KV only in the pool, so the budget is the pool:
 ``num_blocks = budget // (block_size x bytes per token)``, and the served ``max_model_len`` is
 capped only by what one sequence can hold (the whole pool); how many sequences run at once is
 decided by admission, block by block (``paged_context``). The default budget (``kv_cache_memory: auto``) is half of
-the physical memory left after the weights (their size on disk).
+the physical memory left after the weights (their size on disk); ``auto/N`` is an N-th of that,
+the default of each engine when a model repository serves N LLMs.
 """
 
 from __future__ import annotations
@@ -53,9 +54,26 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 MIN_AUTO_BYTES = 256 * 1024**2
 
 
+def auto_share(value: str | int | None) -> int | None:
+    """N for ``auto`` (1), ``auto/N`` or unset (1); None for an explicit size."""
+    if value is None:
+        return 1
+    text = str(value).strip().lower()
+    if text in ("", AUTO):
+        return 1
+    match = re.fullmatch(r"auto\s*/\s*([0-9]+)", text)
+    if match is None:
+        return None
+    if int(match.group(1)) < 1:
+        raise ValueError(f"executor.kv_cache_memory: {value!r}: N of auto/N must be >= 1")
+    return int(match.group(1))
+
+
 def parse_memory(value: str | int | None, field: str = "executor.kv_cache_memory") -> int | None:
-    """Bytes from ``4GiB``, ``512MB``, ``1073741824`` ...; None for ``auto`` (or unset)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() in ("", AUTO)):
+    """Bytes from ``4GiB``, ``512MB``, ``1073741824`` ...; None for ``auto``, ``auto/N`` (or
+    unset)."""
+    kv = field.endswith("kv_cache_memory")
+    if value is None or (kv and auto_share(value) is not None):
         return None
     if isinstance(value, int):
         amount, unit = float(value), ""
@@ -63,7 +81,8 @@ def parse_memory(value: str | int | None, field: str = "executor.kv_cache_memory
         match = _SIZE.match(value)
         if match is None or match.group(2).lower() not in _UNITS:
             raise ValueError(
-                f"{field}: {value!r} is not a size (e.g. 4GiB, 512MiB, 1073741824 or auto)"
+                f"{field}: {value!r} is not a size (e.g. 4GiB, 512MiB, 1073741824"
+                f"{' or auto' if kv else ''})"
             )
         amount, unit = float(match.group(1)), match.group(2).lower()
     size = int(amount * _UNITS[unit])
@@ -102,11 +121,14 @@ class KVBudget:
         explicit = parse_memory(setting)
         if explicit is not None:
             return cls(explicit, bytes_per_token, f"executor.kv_cache_memory={setting}")
-        auto = max(MIN_AUTO_BYTES, (physical_memory_bytes() - model_bytes) // 2)
+        share = auto_share(setting) or 1
+        auto = max(MIN_AUTO_BYTES, (physical_memory_bytes() - model_bytes) // 2 // share)
+        what = "half" if share == 1 else f"1/{2 * share}"
         return cls(
             auto,
             bytes_per_token,
-            "executor.kv_cache_memory=auto (half of the physical memory after the weights)",
+            f"executor.kv_cache_memory={setting or AUTO} ({what} of the physical memory after "
+            "the weights)",
             auto=True,
         )
 

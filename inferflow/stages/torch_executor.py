@@ -105,15 +105,16 @@ class TorchExecutor(ExecutorStage):
             raise ValueError(f"backend: {TORCH_INSTALL_HINT}")
 
     def kv_budget(self, arch: ModelArch, model_bytes: int) -> KVBudget | None:
-        from inferflow.scheduling.kv_budget import KVBudget, kv_bytes_per_token
+        from inferflow.scheduling.kv_budget import KVBudget, auto_share, kv_bytes_per_token
 
         per_token = kv_bytes_per_token(arch, self.itemsize)
         if not self.on_cuda:
             return KVBudget.resolve(self.kv_cache_memory, per_token, model_bytes)
         fraction = parse_fraction(self.kv_cache_memory)
-        if fraction is None and str(self.kv_cache_memory).strip().lower() != "auto":
+        share = auto_share(self.kv_cache_memory)  # auto/N: N engines share the GPU
+        if fraction is None and share is None:
             return KVBudget.resolve(self.kv_cache_memory, per_token, model_bytes)
-        return self._gpu_budget(fraction or DEFAULT_GPU_FRACTION, arch, per_token)
+        return self._gpu_budget(fraction or DEFAULT_GPU_FRACTION / (share or 1), arch, per_token)
 
     def _gpu_budget(self, fraction: float, arch: ModelArch, per_token: int) -> KVBudget:
         """vLLM's rule: ``fraction`` of the GPU's memory, less what is in use and the weights."""
