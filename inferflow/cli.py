@@ -317,6 +317,10 @@ def check(graph: ServingGraph) -> str:
         lines = [
             f"embedding model: {graph.model_name} ({graph.model_path}), probe: {len(ids)} tokens"
         ]
+    elif graph.config.get("models"):  # the model repository: every LLM entry's own graph
+        from inferflow.model_repository import check_repository
+
+        lines = check_repository(graph, _check_llm)
     else:
         lines = _check_llm(graph)
         note = graph.kv_budget_note()

@@ -114,6 +114,31 @@ class ModelConfig:
             raise ValueError(f"weight: must be >= 0, got {self.weight}")
 
 
+class LoadMode(ConfigEnum):
+    eager = "eager"  # loaded at start-up; /ready waits for it
+    on_demand = "on_demand"  # loaded on its first request, unloaded when memory is needed
+
+
+@dataclass
+class ModelEntryConfig:
+    """One entry of the model repository (``models:``; ``inferflow.model_repository``).
+
+    ``model``: what it serves (null: the top-level ``model``); its ``name``/``version``/``weight``
+    place it in a canary split. Each slot key (``executor``, ``batching``, ...) is merged onto
+    the top-level slot of that name, or replaces it when it names another ``_target_``.
+    """
+
+    model: ModelConfig | None = None
+    load: LoadMode = LoadMode.eager
+    validator: Any = None
+    tokenizer: Any = None
+    cache: Any = None
+    batching: Any = None
+    executor: Any = None
+    detokenizer: Any = None
+    guided: Any = None
+
+
 class Task(ConfigEnum):
     serve = "serve"  # start the HTTP server (the default)
     check = "check"  # build the graph, set up the request stages, print a summary; no engine
@@ -139,6 +164,9 @@ class InferflowConfig:
     model: ModelConfig = MISSING
     # More models served beside ``model`` (``+extra_models=minilm``): key -> model entry.
     extra_models: dict[str, ModelConfig] = field(default_factory=dict)
+    # the model repository: NAME -> ModelEntryConfig (checked by inferflow.model_repository;
+    # typed Any so that `+models.NAME.model.path=...` can create an entry from the command line)
+    models: dict[str, Any] = field(default_factory=dict)
     validator: Any = None
     tokenizer: Any = None
     cache: Any = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferflow.scheduling.kv_budget import parse_memory
 from inferflow.stages.base import ConfigEnum
 
 
@@ -62,6 +63,11 @@ class ServerConfig:
     timeout_header_s: float | None = 15.0  # a connection waiting for request headers: closed
     timeout_body_s: float | None = 30.0  # a request body still arriving: 408
     timeout_keep_alive_s: float = 5.0
+    # the model repository (``models:``): LLM engine workers together may hold this much
+    # memory (bytes, or "512MB" / "4GiB"); loading an on-demand model beyond it first unloads
+    # the least recently used idle on-demand model. null: no budget
+    model_memory_budget: str | None = None
+    model_load_timeout_s: float = 300.0  # a request waits this long for its model to load
 
     def describe_host(self) -> str:
         """What serves the graph, for ``task=check`` (empty: the single-machine server)."""
@@ -86,10 +92,16 @@ class ServerConfig:
             "timeout_header_s",
             "timeout_body_s",
             "timeout_keep_alive_s",
+            "model_load_timeout_s",
         ):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}: must be >= 0 or null, got {value}")
+        parse_memory(self.model_memory_budget, "model_memory_budget")  # a bad size fails here
+
+    @property
+    def model_memory_budget_bytes(self) -> int | None:
+        return parse_memory(self.model_memory_budget, "model_memory_budget")
 
 
 @dataclass

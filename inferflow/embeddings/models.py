@@ -17,6 +17,7 @@ from inferflow.config import (
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
 from inferflow.embeddings.http_api import EmbeddingModelSpec
 from inferflow.model_lookup import resolve_model
+from inferflow.model_repository import embedding_entries
 from inferflow.server.http.errors import OpenAIError
 
 
@@ -49,13 +50,15 @@ def _entry(key: str, node: Any) -> ModelConfig:
 
 
 def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
-    """The graph's embedding model versions, main model first; ``ConfigError`` for a bad entry
+    """The graph's embedding model versions, main model first, then ``extra_models`` and the
+    repository's embedding entries; ``ConfigError`` for a bad entry
     or two entries with the same ``name@version``."""
     batching = batching_config(graph)
     entries: list[ModelConfig] = [graph.model] if is_embedding_model(graph.model) else []
     extra = graph.config.get("extra_models") or {}
     if isinstance(extra, DictConfig):
         entries += [_entry(str(k), v) for k, v in extra.items()]
+    entries += embedding_entries(graph.config)  # the repository's (``models:``)
     specs: list[EmbeddingModelSpec] = []
     seen: set[str] = set()
     for entry in entries:

@@ -1,0 +1,83 @@
+"""``models:`` composes into one serving-graph config per entry (``inferflow.model_repository``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferflow.cli import compose_config
+from inferflow.config import ConfigError, LoadMode
+from inferflow.model_repository import embedding_entries, llm_entries, repository_entries
+from inferflow.scheduling.kv_budget import KVBudget, auto_share, parse_memory
+from inferflow.server_schema import ServerConfig
+
+
+def test_without_models_the_top_level_model_is_the_only_entry() -> None:
+    entries = repository_entries(compose_config([]))
+    assert [(e.key, e.load) for e in entries] == [("", LoadMode.eager)]
+    assert entries[0].config["model"]["builtin"] == "tiny_llama"
+
+
+def test_entries_inherit_slots_and_merge_their_overrides() -> None:
+    cfg = compose_config([
+        "+models.a.model.builtin=tiny_llama",
+        "+models.a.model.name=a",
+        "+models.b.model.builtin=tiny_llama",
+        "+models.b.model.name=b",
+        "+models.b.model.version=2",
+        "+models.b.load=on_demand",
+        "+models.b.executor.precision=int8",
+        "+models.b.batching.max_num_seqs=4",
+    ])
+    a, b = llm_entries(cfg)
+    assert (a.key, a.load, b.load) == ("a", LoadMode.eager, LoadMode.on_demand)
+    assert a.config["executor"]["precision"] == "fp32"
+    assert b.config["executor"]["precision"] == "int8"
+    assert b.config["executor"]["_target_"] == a.config["executor"]["_target_"]
+    assert b.config["batching"]["max_num_seqs"] == 4
+    assert a.config["batching"]["max_num_seqs"] == cfg.batching.max_num_seqs
+    assert "models" not in a.config and b.config["model"]["version"] == "2"
+    # two LLMs share the machine: each engine's automatic KV budget is half of one alone
+    assert a.config["executor"]["kv_cache_memory"] == "auto/2"
+
+
+def test_an_entry_without_model_serves_the_top_level_model() -> None:
+    (entry,) = llm_entries(compose_config(["+models.main.load=eager"]))
+    assert entry.config["model"]["builtin"] == "tiny_llama"
+
+
+def test_embedding_entries_join_the_encoders() -> None:
+    cfg = compose_config([
+        "+models.chat.model.builtin=tiny_llama",
+        "+models.enc.model.builtin=minilm",
+        "+models.enc.model.task=embed",
+    ])
+    assert [e.key for e in llm_entries(cfg)] == ["chat"]
+    assert [m.builtin for m in embedding_entries(cfg)] == ["minilm"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["+models.x.load=sometimes"], "models.x.load"),
+        (["+models.x.bogus=1"], "models.x.bogus"),
+        (["+models.x.model.builtin=minilm", "+models.x.model.task=embed",
+          "+models.x.load=on_demand"], "models.x.load"),
+        (["+models.x.model.name=m", "+models.y.model.name=m"], "models.y.model.version"),
+    ],
+)
+def test_bad_entries_fail_naming_the_key(overrides: list[str], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        repository_entries(compose_config(overrides))
+    assert err.value.key == key, str(err.value)
+
+
+def test_memory_sizes_and_the_auto_share() -> None:
+    assert ServerConfig(model_memory_budget="2GiB").model_memory_budget_bytes == 2 * 2**30
+    assert ServerConfig().model_memory_budget_bytes is None
+    with pytest.raises(ValueError, match="model_memory_budget"):
+        ServerConfig(model_memory_budget="lots")
+    assert auto_share("auto") == 1 and auto_share("auto/3") == 3 and auto_share("1GiB") is None
+    assert parse_memory("auto/3") is None
+    whole = KVBudget.resolve("auto", 1024, 0)
+    third = KVBudget.resolve("auto/3", 1024, 0)
+    assert third.auto and third.bytes == pytest.approx(whole.bytes / 3, rel=0.01)
