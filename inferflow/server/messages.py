@@ -104,7 +104,7 @@ class UpdateBatch:
 
 @dataclass(frozen=True)
 class WorkerLost:
-    """The engine worker died: every request in flight in this API process has failed.
+    """An engine worker died: every request of its model in flight in this API process failed.
 
     ``request_queue`` is the replacement worker's request queue (a Manager proxy). A worker
     killed while blocked in ``get()`` on the old queue leaves a Manager thread that would
@@ -113,6 +113,7 @@ class WorkerLost:
 
     error: ErrorInfo
     request_queue: Any = None
+    deployment: str = ""  # which model's worker (its ``models:`` key; "" for a lone model)
 
 
 WorkerOutbound = UpdateBatch | WorkerLost

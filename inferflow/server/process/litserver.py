@@ -19,8 +19,14 @@ docs/server.md, pinned by ``tests/server/test_litserve_contract.py``):
   host) and ``_close_queues``, and LitServe's private queue attributes.
 - ``lifespan``: our dispatcher routes typed ``UpdateBatch``/``WorkerLost`` messages to request
   channels, instead of LitServe's tuple reader (the two cannot share a response queue).
-- ``restart_worker``: a restarted worker gets a fresh request queue (LitServe reuses the old
+- ``fresh_queue``: a restarted worker gets a fresh request queue (LitServe reuses the old
   one, where a Manager thread of the dead worker would swallow the next message).
+
+Several LLMs (the model repository) are several LitAPIs of one server, LitServe's public way
+to serve more than one model: one ``EngineAPI`` each, its own ``api_path`` (only a key of its
+request queue: the first carries the routes' spec, the others ``QueueOnlySpec``, so LitServe
+registers no route for them) and its own inference worker, started and stopped by the
+``ModelManager`` through ``launch`` (LitServe's ``launch_single_inference_worker``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ from typing import Any
 import litserve as ls
 import uvicorn
 from fastapi import FastAPI
+from litserve.specs.base import LitSpec
 from litserve.transport.factory import create_transport_from_config
 from litserve.utils import configure_logging
 
@@ -52,11 +59,11 @@ from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddlewa
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
+from inferflow.server.process.model_manager import ManagedModel, ModelManager
 from inferflow.server.process.process_utils import init_queue_process
 from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.worker.api import EngineAPI
-from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)
 
@@ -64,26 +71,42 @@ LITSERVE_HEALTH_PATH = "/_litserve/health"  # LitServe's own routes, out of the 
 LITSERVE_INFO_PATH = "/_litserve/info"
 
 
+class QueueOnlySpec(LitSpec):
+    """The spec of every LLM but the first: no routes (the first one's spec serves them all),
+    so LitServe registers nothing for its ``api_path``, which only names its request queue."""
+
+    def __init__(self, api_path: str) -> None:
+        super().__init__()
+        self.api_path = api_path
+
+    @property
+    def stream(self) -> bool:
+        return True
+
+
 class InferflowServer(ls.LitServer):
-    """One model behind the OpenAI routes; ``run()`` blocks until shutdown."""
+    """The LLMs of ``models`` (one ``ManagedModel`` per version; its ``api`` an ``EngineAPI``)
+    behind the OpenAI routes; ``run()`` blocks until shutdown."""
 
     def __init__(
         self,
-        api: EngineAPI,
+        models: list[ManagedModel],
         frontend: Frontend,
         settings: ServerSettings,
         model_path: str,
         start_line: str = "",
+        memory_budget: int | None = None,
     ) -> None:
         self.frontend = frontend
         self.start_line = start_line  # printed by the supervisor once /ready turns 200
         self.settings = settings
-        self.shared = api.shared
+        self.shared = frontend.shared  # the server's: draining, queue lost, ready
         self.model_path = model_path
         self.exit_code = 0
-        self.inference_workers: list[BaseProcess] = []
+        self.models = ModelManager(self, models, memory_budget)
+        self._api_processes: dict[int, BaseProcess] = {}
         super().__init__(
-            api,
+            [m.api for m in models],
             accelerator="cpu",
             devices=1,
             workers_per_device=1,
@@ -109,9 +132,22 @@ class InferflowServer(ls.LitServer):
         manager = getattr(self, "_manager", None)
         return getattr(manager, "_process", None)
 
-    @property
-    def request_queue(self) -> Any:
-        return self._get_request_queue(self.lit_api.api_path)
+    def queue(self, api: EngineAPI) -> Any:
+        """``api``'s request queue."""
+        return self._get_request_queue(api.api_path)
+
+    def launch(self, api: EngineAPI) -> BaseProcess:
+        """Start ``api``'s engine worker (spawned: it inherits no file descriptors)."""
+        return self.launch_single_inference_worker(api, 0)
+
+    def fresh_queue(self, api: EngineAPI) -> Any:
+        """Give ``api`` a new request queue (returned; its API-side copies follow ``WorkerLost``)."""
+        queue = self._manager.Queue()
+        self.litapi_request_queues[api.api_path] = queue
+        return queue
+
+    def api_consumer_ids(self) -> list[int]:
+        return list(self._api_processes)
 
     @asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -167,10 +203,16 @@ class InferflowServer(ls.LitServer):
         supervisor = Supervisor(self, {}, s.shutdown_grace_s)
         supervisor.install_signal_handlers()
         try:
-            self.inference_workers = self.launch_inference_worker(self.lit_api)  # spawned: no fds
-            supervisor.api_processes.update(
-                self._fork_api_processes(port, num_api_servers, log_level, [sock], host, **kwargs)
+            for model in self.models.models:  # every model's queue, known before the fork
+                deployment = self.frontend.deployment(model.key)
+                assert deployment is not None
+                deployment.request_queue = self.queue(model.api)
+            self.frontend.load_requests.wake_fd = supervisor.wake_fd
+            self.models.start()  # the eager models' workers
+            self._api_processes = self._fork_api_processes(
+                port, num_api_servers, log_level, [sock], host, **kwargs
             )
+            supervisor.api_processes.update(self._api_processes)
             # only the API processes listen now: when a drain closes theirs, new connections
             # are refused at once instead of queueing on a socket nobody accepts from
             sock.close()
@@ -210,16 +252,6 @@ class InferflowServer(ls.LitServer):
             process.start()
             processes[consumer_id] = process
         return processes
-
-    def restart_worker(self, index: int) -> Any:
-        """Start a replacement worker on a fresh request queue (returned; see ``WorkerLost``)."""
-        dead = self.inference_workers[index]
-        if dead.pid is not None and multiprocess_active():
-            mark_process_dead(dead.pid)  # its running/waiting gauges are stale
-        queue = self._manager.Queue()
-        self.litapi_request_queues[self.lit_api.api_path] = queue
-        self.inference_workers[index] = self.launch_single_inference_worker(self.lit_api, index)
-        return queue
 
     def _close_queues(self, manager: Any) -> None:
         """Last step: every child is gone already (``Supervisor``); close the queues."""

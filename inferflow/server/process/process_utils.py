@@ -70,3 +70,14 @@ def descendants(pid: int) -> list[int]:
         found.extend(children)
         frontier.extend(children)
     return found
+
+
+def process_rss(pid: int | None) -> int:
+    """Resident memory of ``pid`` in bytes (0 when it is gone or None)."""
+    if pid is None or pid <= 0:
+        return 0
+    try:
+        resident = int(Path(f"/proc/{pid}/statm").read_text().split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
+    return resident * os.sysconf("SC_PAGE_SIZE")

@@ -2,10 +2,14 @@
 
 Process tree of a running server (all bound to the main process with PR_SET_PDEATHSIG)::
 
-    main: supervisor (signals, worker restarts)    <- SIGTERM / SIGINT go here
-    ├── LitServe Manager (request queue, one response queue per API process)
-    ├── engine worker (spawned): EngineAPI + EngineLoop, owns the engine
+    main: supervisor (signals, worker restarts, model loads)   <- SIGTERM / SIGINT go here
+    ├── LitServe Manager (one request queue per LLM, one response queue per API process)
+    ├── engine worker per loaded LLM (spawned): EngineAPI + EngineLoop, owns the engine
     └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
+
+The LLMs are the model repository's entries (``inferflow.model_repository``; without
+``models:`` the one ``model``): each gets its own serving graph, request stages, shared state
+and engine worker.
 """
 
 from __future__ import annotations
@@ -14,17 +18,22 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from inferflow.config import ConfigError
 from inferflow.embeddings.http_api import EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
+from inferflow.model_repository import build_entry_graph, llm_entries
+from inferflow.scheduling.kv_budget import parse_memory
+from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.spec import OpenAICompatibleSpec
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.litserver import InferflowServer
+from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
+from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
 from inferflow.server.process.shared_state import SharedState
-from inferflow.server.worker.api import EngineAPI
+from inferflow.server.worker.api import API_PATH, EngineAPI
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
 if TYPE_CHECKING:
@@ -49,26 +58,74 @@ class GraphEngineFactory:
         return build_graph(self.config).create_engine(wrap_executor)
 
 
-def telemetry_settings(graph: Any, config: dict[str, Any]) -> TelemetrySettings:
-    """Both sides' telemetry settings; the resource names the executor stage's backend."""
+def telemetry_settings(
+    graph: Any, config: dict[str, Any], model_label: str | None = None
+) -> TelemetrySettings:
+    """Both sides' telemetry settings; the resource names the executor stage's backend.
+    ``model_label``: the metrics' ``model_name`` (default: the served name)."""
     return TelemetrySettings(
-        graph.model_name,
+        model_label or graph.model_name,
         dict(config.get("tracing") or {}),
         engine=graph.executor.backend,
         engine_version=graph.executor.package_version(),
     )
 
 
+def _deployments(
+    graph: Any, frontend_telemetry: FrontendTelemetry
+) -> list[tuple[Deployment, Any]]:
+    """Each LLM of the repository: its API-side ``Deployment`` and its serving graph."""
+    out: list[tuple[Deployment, Any]] = []
+    seen: dict[str, str] = {}
+    for entry in llm_entries(graph.config):
+        entry_graph = build_entry_graph(entry) if entry.key else graph
+        entry_graph.check_engine_settings()
+        model = entry_graph.model
+        deployment = Deployment(
+            entry.key,
+            entry_graph.model_name,
+            str(model.version),
+            entry.load,
+            RequestPipeline.from_graph(entry_graph, wrap_stage=frontend_telemetry.wrap_stage),
+            SharedState(weight=model.weight),
+            ResponsePipeline(entry_graph.response_stages),  # set up with the request stages
+            str(entry_graph.model_path),
+        )
+        if deployment.model_id in seen:
+            raise ConfigError(
+                f"models.{entry.key}: {deployment.model_id} is already served by "
+                f"models.{seen[deployment.model_id]} (give one of them another model.version)",
+                f"models.{entry.key}.model.version",
+            )
+        seen[deployment.model_id] = entry.key
+        out.append((deployment, entry_graph))
+    return out
+
+
+def _memory_budget(server: Any) -> int | None:
+    return parse_memory(getattr(server, "model_memory_budget", None), "server.model_memory_budget")
+
+
 def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
-    """Wire the frontend, the LitServe spec and the engine worker for ``graph``."""
+    """Wire the frontend, the LitServe spec and an engine worker per LLM of ``graph``."""
     settings = settings or ServerSettings.from_config(graph.server)
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
     frontend_telemetry = FrontendTelemetry(telemetry)
-    shared = SharedState()
-    pipeline = RequestPipeline.from_graph(graph, wrap_stage=frontend_telemetry.wrap_stage)
-    responses = ResponsePipeline(graph.response_stages)  # set up with the request stages
-    frontend = Frontend(pipeline, settings, shared, frontend_telemetry, responses)
+    deployments = _deployments(graph, frontend_telemetry)
+    if not deployments:
+        raise ConfigError(
+            "models: no LLM entry (an embedding-only server is +model=minilm)", "models"
+        )
+    first = deployments[0][0]
+    frontend = Frontend(
+        first.pipeline,
+        settings,
+        SharedState(),  # the server's own flags (draining, queue lost, ready)
+        frontend_telemetry,
+        first.responses,
+        deployments=[d for d, _ in deployments],
+    )
     specs = embedding_specs(graph)  # extra_models: encoders served in the API process
     if specs:
         frontend.embeddings = EmbeddingsFrontend(
@@ -79,28 +136,65 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
             tracer=lambda: frontend_telemetry.tracer,
             limiter=frontend.limiter,
         )
-    api = EngineAPI(
-        GraphEngineFactory(config),
-        shared,
-        spec=OpenAICompatibleSpec(frontend, str(graph.model_path)),
-        log_level=settings.log_level,
-        telemetry=telemetry,
-    )
+    models = []
+    for index, (deployment, entry_graph) in enumerate(deployments):
+        entry_config = entry_graph.to_container()
+        path = API_PATH if index == 0 else f"{API_PATH}/_model/{index}"
+        api = EngineAPI(
+            GraphEngineFactory(entry_config),
+            deployment.shared,
+            spec=(
+                OpenAICompatibleSpec(frontend, deployment.model_path)
+                if index == 0
+                else QueueOnlySpec(path)
+            ),
+            log_level=settings.log_level,
+            # versions of one name: each its own series (model_name="NAME@VERSION")
+            telemetry=telemetry_settings(
+                entry_graph,
+                entry_config,
+                deployment.model_id if len(frontend.router.by_name[deployment.name]) > 1 else None,
+            ),
+            api_path=path,
+            process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
+        )
+        precision = getattr(entry_graph.executor, "precision", None)
+        models.append(
+            ManagedModel(
+                deployment.key,
+                deployment.model_id,
+                deployment.load,
+                api,
+                deployment.shared,
+                estimate_model_bytes(deployment.model_path, getattr(precision, "value", precision)),
+            )
+        )
     return InferflowServer(
-        api, frontend, settings, str(graph.model_path), start_line(graph, settings)
+        models,
+        frontend,
+        settings,
+        first.model_path,
+        start_line(graph, settings, [d for d, _ in deployments]),
+        memory_budget=_memory_budget(graph.server),
     )
 
 
-def start_line(graph: Any, settings: ServerSettings) -> str:
+def start_line(
+    graph: Any, settings: ServerSettings, deployments: list[Deployment] | None = None
+) -> str:
     """What is served, where, and where its traces go (printed once the server is ready)."""
-    b, ex, tr = graph.batching, graph.executor, graph.tracing
+    if deployments and deployments[0].key:  # a repository: one line for all its models
+        listed = ", ".join(
+            f"{d.model_id}{' (on demand)' if d.load.value == 'on_demand' else ''}"
+            for d in deployments
+        )
+        return (
+            f"inferflow: ready: {len(deployments)} LLM(s) at http://{settings.host}:"
+            f"{settings.port}/v1: {listed} | tracing {_trace_target(graph.tracing)}"
+        )
+    b, ex = graph.batching, graph.executor
     precision = getattr(ex, "precision", None)
-    if tr.exporter == "file":
-        target = f"file {tr.resolved_file_path()}"
-    elif tr.exporter in ("otlp", "jaeger"):
-        target = f"{tr.exporter} {tr.resolved_endpoint()}"
-    else:
-        target = str(tr.exporter)
+    target = _trace_target(graph.tracing)
     return (
         f"inferflow: ready: {graph.model_name} (version {graph.model.version}) at "
         f"http://{settings.host}:{settings.port}/v1 | executor {ex.backend}"
@@ -108,6 +202,14 @@ def start_line(graph: Any, settings: ServerSettings) -> str:
         f"(max_num_seqs {b.max_num_seqs}) | cache {'prefix' if graph.cache.enabled else 'off'}"
         f" | tracing {target}"
     )
+
+
+def _trace_target(tr: Any) -> str:
+    if tr.exporter == "file":
+        return f"file {tr.resolved_file_path()}"
+    if tr.exporter in ("otlp", "jaeger"):
+        return f"{tr.exporter} {tr.resolved_endpoint()}"
+    return str(tr.exporter)
 
 
 def serve(graph: Any) -> None:
@@ -119,7 +221,8 @@ def serve(graph: Any) -> None:
     """
     from inferflow.embeddings.models import is_embedding_model
 
-    if is_embedding_model(graph.model):  # no LLM: one process, no engine worker
+    if is_embedding_model(graph.model) and not graph.config.get("models"):
+        # no LLM: one process, no engine worker
         from inferflow.embeddings.server import serve_embeddings
 
         serve_embeddings(graph)

@@ -16,6 +16,15 @@ the API processes are forked (they inherit the shared memory).
 - ``executor``: a small JSON blob of the executor stage's own counters (``ExecutorStage.stats``),
   rewritten only when they change.
 
+With a model repository (``models:``) every LLM version has its own ``SharedState`` (the flags
+above but ``draining``/``queue_lost`` then describe that model's worker), plus:
+
+- ``load_state``: written by the main process (``ModelManager``): unloaded, loading, loaded,
+  unloading or failed (the worker's error is in ``info()["load_error"]``);
+- ``load_requested``: an API process wants this model loaded (then it wakes the supervisor);
+- ``weight``: its share of unpinned traffic, changed at run time by the admin endpoint;
+- ``last_used``: when a request last finished or arrived (least-recently-used unloading);
+
 Everything the engine worker writes is lock-free: the worker can be killed at any instruction
 (SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
 bytes; the snapshot and the blob use a sequence number (a seqlock: odd while being written);
@@ -50,14 +59,30 @@ STATS_FIELDS = (
     "updated_at",  # time.time() of the snapshot
 )
 _INFO_BYTES = 16384
+
+
+class LoadState:
+    """Values of ``SharedState.load_state`` (one byte)."""
+
+    UNLOADED = 0
+    LOADING = 1
+    LOADED = 2
+    UNLOADING = 3
+    FAILED = 4
+    NAMES = ("unloaded", "loading", "loaded", "unloading", "failed")
+
 _EXECUTOR_BYTES = 4096
 
 
 class SharedState:
     """Shared values; see the module docstring for what each one means and who writes it."""
 
-    def __init__(self) -> None:
+    def __init__(self, weight: float = 1.0) -> None:
         ctx = mp.get_context("spawn")
+        self._load_state = ctx.Value("b", LoadState.UNLOADED, lock=False)
+        self._load_requested = ctx.Value("b", 0, lock=False)
+        self._weight = ctx.Value("d", weight, lock=False)
+        self._last_used = ctx.Value("d", 0.0, lock=False)
         self._ready = ctx.Value("b", 0, lock=False)
         self._draining = ctx.Value("b", 0, lock=False)
         self._queue_lost = ctx.Value("b", 0, lock=False)
@@ -92,6 +117,41 @@ class SharedState:
 
     def set_queue_lost(self) -> None:
         self._queue_lost.value = 1
+
+    # model repository -----------------------------------------------------------------------
+    @property
+    def load_state(self) -> int:
+        return int(self._load_state.value)
+
+    def set_load_state(self, state: int) -> None:
+        self._load_state.value = state
+
+    @property
+    def load_requested(self) -> bool:
+        return bool(self._load_requested.value)
+
+    def set_load_requested(self, value: bool) -> None:
+        self._load_requested.value = 1 if value else 0
+
+    @property
+    def weight(self) -> float:
+        return float(self._weight.value)
+
+    def set_weight(self, weight: float) -> None:
+        self._weight.value = float(weight)
+
+    @property
+    def last_used(self) -> float:
+        return float(self._last_used.value)
+
+    def touch(self) -> None:
+        self._last_used.value = time.time()
+
+    def in_flight_fenced(self) -> int:
+        """``in_flight`` read under its lock: a full memory barrier after a ``load_state``
+        write (the unload check must see a request admitted just before it)."""
+        with self._in_flight.get_lock():
+            return int(self._in_flight.value)
 
     # heartbeat (single writer: the engine thread) ---------------------------------------------
     def beat(self) -> None:

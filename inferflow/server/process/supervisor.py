@@ -7,10 +7,14 @@ written by the signal handler, so it uses no CPU while nothing happens and react
   the API processes (they drain, see ``api_process``), and once they are gone stop the engine
   worker and the Manager. A second signal cuts the grace period short; past a hard deadline
   stragglers are killed. Every child is also bound to us with PR_SET_PDEATHSIG.
-- Engine worker died after it was ready: readiness drops, a new worker is started on a fresh
-  request queue, and every API process switches to that queue and fails its in-flight requests
-  (``WorkerLost`` -> 500). Died before it was ever ready
-  (setup failed): the server shuts down with exit code 1.
+- Engine workers, one per LLM version, are the ``ModelManager``'s (``model_manager.py``): it
+  loads eager models at start and on-demand ones when an API process asks (a byte on the wake-up
+  pipe), unloads within the memory budget, and handles a worker's exit. A worker that died
+  after it was ready: its model's readiness drops, a new worker is started on a fresh request
+  queue (on-demand: on the next request), and every API process switches to that queue and
+  fails that model's in-flight requests (``WorkerLost`` -> 500). Died before it was ever ready
+  (load failed): the model is reported failed; when no model is left to serve, the server
+  shuts down with exit code 1.
 - An API process died on its own: the server shuts down with exit code 1.
 - The queue (Manager) process died: every request and response queue went with it, so nothing
   can reach the worker or come back. The API processes fail their in-flight requests at once
@@ -29,9 +33,6 @@ from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from types import FrameType
 from typing import Any
-
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import StopWorker, WorkerLost
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,13 @@ class Supervisor:
         self._announced = False  # the start line is printed once, when /ready first turns 200
         settings = getattr(server, "settings", None)
         self._watchdog_s: float | None = getattr(settings, "worker_watchdog_s", None)
-        self._killed: set[int] = set()  # workers the watchdog killed (their death restarts them)
+        self.models = server.models  # ModelManager: the engine workers
+
+    @property
+    def wake_fd(self) -> int:
+        """Write end of the wake-up pipe: API processes (forked later) write to it after they
+        set a model's ``load_requested``."""
+        return self._wake_w
 
     # --- signals ------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -95,9 +102,14 @@ class Supervisor:
             if self.stopping and time.monotonic() >= self._hard_deadline:
                 self._kill_api_processes()
                 continue
+            if not self.stopping:
+                self.models.poll()  # loads API processes asked for, within the memory budget
             self._announce_when_ready()
-            self._watch_worker()
+            if not self.stopping and self.server.shared.ready:
+                self.models.watch(self._watchdog_s)
             timeout = None if self._announced else READY_POLL_S  # blocks once announced
+            if self.models.pending:  # a load waits for an unload or for a model to go idle
+                timeout = READY_POLL_S
             if self._watchdog_s is not None:
                 timeout = min(timeout or WATCHDOG_POLL_S, WATCHDOG_POLL_S)
             if self.stopping:
@@ -111,30 +123,11 @@ class Supervisor:
         self.stop_workers()
         return self.exit_code
 
-    def _watch_worker(self) -> None:
-        """Kill (to restart) a worker whose engine thread stopped beating (hung or stopped)."""
-        limit = self._watchdog_s
-        if limit is None or self.stopping or not self.server.shared.ready:
-            return  # loading, restarting or draining: no heartbeat is expected yet
-        age = self.server.shared.heartbeat_age()
-        if age <= limit:
-            return
-        for worker in self._workers():
-            if worker.pid is not None and worker.is_alive() and worker.pid not in self._killed:
-                logger.error(
-                    "engine worker %s gave no heartbeat for %.0f s (limit %.0f s): killing it to "
-                    "restart; its requests fail with an explicit error",
-                    worker.pid,
-                    age,
-                    limit,
-                )
-                self._killed.add(worker.pid)
-                os.kill(worker.pid, signal.SIGKILL)  # its death restarts it (ready until then)
-
     def _announce_when_ready(self) -> None:
-        if self._announced or self.stopping or not self.server.shared.ready:
+        if self._announced or self.stopping or not self.models.settled():
             return
         self._announced = True
+        self.server.shared.set_ready(True)  # the server's: every eager model settled
         line = getattr(self.server, "start_line", "")
         if line:
             print(line, flush=True)
@@ -164,11 +157,16 @@ class Supervisor:
                     process.exitcode,
                 )
                 self.begin_shutdown(exit_code=1)
-        elif not self.stopping:
-            self._on_worker_death(self._workers().index(process), process)
+        elif (
+            not self.stopping
+            and not self.server.shared.queue_lost  # else it stopped because its queue went away
+            and self.models.on_death(process) == "fatal"
+        ):
+            logger.error("no model could be loaded; shutting down")
+            self.begin_shutdown(exit_code=1)
 
     def _workers(self) -> list[BaseProcess]:
-        return list(self.server.inference_workers)
+        return self.models.processes()
 
     def _on_shutdown_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
@@ -206,6 +204,7 @@ class Supervisor:
         shared = self.server.shared
         shared.set_queue_lost()  # API processes: fail in-flight requests now, do not drain
         shared.set_ready(False)
+        self.models.set_ready(False)
         if self.stopping:
             return
         logger.error(
@@ -217,45 +216,6 @@ class Supervisor:
         )
         self.begin_shutdown(exit_code=1)
 
-    def _on_worker_death(self, index: int, process: BaseProcess) -> None:
-        if self.server.shared.queue_lost:
-            return  # it stopped because its queue went away; the shutdown is under way
-        was_ready = self.server.shared.ready
-        self.server.shared.set_ready(False)
-        if not was_ready:
-            logger.error(
-                "the engine worker exited during setup (exit code %s); see the error "
-                "above. Shutting down.",
-                process.exitcode,
-            )
-            self.begin_shutdown(exit_code=1)
-            return
-        logger.error(
-            "the engine worker died (exit code %s); failing its requests and restarting it",
-            process.exitcode,
-        )
-        try:
-            queue = self.server.restart_worker(index)
-        except Exception as exc:  # e.g. the queue process went down with it
-            logger.error("cannot restart the engine worker (%s); shutting down", exc)
-            self.begin_shutdown(exit_code=1)
-            return
-        self._notify_worker_lost(queue)
-
-    def _notify_worker_lost(self, request_queue: Any) -> None:
-        error = ErrorInfo(
-            500,
-            "The engine worker crashed while this request was running; it is being restarted.",
-            code="worker_crashed",
-        )
-        for consumer_id in self.api_processes:
-            try:
-                self.server.transport.send(
-                    WorkerLost(error, request_queue), consumer_id=consumer_id
-                )
-            except Exception as exc:
-                logger.warning("cannot notify API process %d: %s", consumer_id, exc)
-
     def cleanup(self) -> None:
         """Make sure no child outlives ``run`` (also after a start-up failure)."""
         self.begin_shutdown()
@@ -266,19 +226,4 @@ class Supervisor:
 
     def stop_workers(self) -> None:
         """Ask each worker to stop (it fails what is left), then make sure it is gone."""
-        stop = StopWorker(ErrorInfo(503, "The server is shutting down.", code="shutting_down"))
-        workers = [p for p in self._workers() if p.is_alive()]
-        for _ in workers:
-            try:
-                self.server.request_queue.put(stop)
-            except Exception as exc:
-                logger.debug("cannot send StopWorker: %s", exc)
-        for process in workers:
-            process.join(WORKER_STOP_TIMEOUT_S)
-            if process.is_alive():
-                logger.warning("engine worker %s did not stop; terminating it", process.pid)
-                process.terminate()
-                process.join(2.0)
-            if process.is_alive():
-                process.kill()
-                process.join(2.0)
+        self.models.stop_all(WORKER_STOP_TIMEOUT_S)

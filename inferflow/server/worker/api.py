@@ -26,7 +26,7 @@ from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
 from inferflow.server.process.process_utils import die_with_parent, name_process
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.process.shared_state import LoadState, SharedState
 from inferflow.server.worker.loop import EngineLoop
 from inferflow.telemetry.timings import RequestTimings
 
@@ -46,8 +46,11 @@ class EngineAPI(ls.LitAPI):
         spec: ls.specs.base.LitSpec | None = None,
         log_level: str = "info",
         telemetry: TelemetrySettings | None = None,
+        api_path: str = API_PATH,
+        process_name: str = "inferflow-llm",
     ) -> None:
-        super().__init__(api_path=API_PATH, stream=True, loop=EngineLoop(), spec=spec)
+        super().__init__(api_path=api_path, stream=True, loop=EngineLoop(), spec=spec)
+        self.process_name = process_name  # 15 bytes at most (the kernel's limit)
         self.engine_factory = engine_factory
         self.shared = shared
         self.log_level = log_level
@@ -66,11 +69,15 @@ class EngineAPI(ls.LitAPI):
     def setup(self, device: str) -> None:
         """Build and warm up the engine (worker process only)."""
         die_with_parent(signal.SIGKILL)
-        name_process("inferflow-llm")  # the engine worker (15 bytes at most)
+        name_process(self.process_name)  # the engine worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
         # the supervisor decides when the worker stops (after the API processes drained).
         _configure_worker_logging(self.log_level)
-        self.load()
+        try:
+            self.load()
+        except BaseException as exc:  # LitServe logs it and the worker exits: say why on /ready
+            self.shared.publish_info({"load_error": f"{type(exc).__name__}: {exc}"[:2000]})
+            raise
 
     def load(self) -> None:
         """Build the engine, warm it up, start telemetry and publish ``/version``'s description
@@ -116,6 +123,7 @@ class EngineAPI(ls.LitAPI):
 
     def mark_ready(self) -> None:
         self.shared.set_ready(True)
+        self.shared.set_load_state(LoadState.LOADED)  # the one load_state write of the worker
 
     def close(self) -> None:
         """Flush telemetry: a multiprocessing child exits without running atexit hooks."""
