@@ -114,6 +114,24 @@ class FrontendTelemetry:
             seed=params.seed,
         )
 
+    def model_load(
+        self, span: Any, model_id: str, started: float, ended: float, outcome: str
+    ) -> None:
+        """A ``model_load`` child span of the request's root span: the time it waited for its
+        on-demand model to load."""
+        if self.tracer is None or span is None:
+            return
+        from inferflow.telemetry.spans import emit_span
+
+        emit_span(
+            self.tracer,
+            "model_load",
+            parent=span,
+            start_time=started,
+            end_time=ended,
+            attributes={"inferflow.model.id": model_id, "inferflow.model_load.outcome": outcome},
+        )
+
     def on_response(self, route: str, status_code: int, duration_s: float) -> None:
         if self.server_metrics is not None:
             try:

@@ -155,7 +155,9 @@ def test_models_health_ready_version(server: ServerProcess) -> None:
     models = server.client().models.list()
     assert [m.id for m in models.data] == [MODEL]
     assert server.get("/health").json()["status"] == "ok"
-    assert server.get("/ready").json() == {"status": "ready"}
+    ready = server.get("/ready").json()
+    assert ready["status"] == "ready"
+    assert [(m["id"], m["status"]) for m in ready["models"]] == [(f"{MODEL}@1", "ready")]
     version = server.get("/version").json()
     assert version["model"]["name"] == MODEL
     assert version["engine"]["backend"] and version["engine"]["runtime_version"]

@@ -26,8 +26,9 @@ NONE_SPIN_S = 0.05  # an immediate None from the transport (its queue is gone): 
 class RequestChannel:
     """Updates for one request, in order. Only touched from the event loop thread."""
 
-    def __init__(self, request_id: str) -> None:
+    def __init__(self, request_id: str, deployment: str = "") -> None:
         self.request_id = request_id
+        self.deployment = deployment  # the model version whose worker runs it
         self._updates: deque[RequestUpdate] = deque()
         self._event = asyncio.Event()
         self.finished = False  # a final update (finish_reason or error) has been queued
@@ -80,8 +81,8 @@ class ChannelRegistry:
         self._idle = asyncio.Event()
         self._idle.set()
 
-    def open(self, request_id: str) -> RequestChannel:
-        channel = RequestChannel(request_id)
+    def open(self, request_id: str, deployment: str = "") -> RequestChannel:
+        channel = RequestChannel(request_id, deployment)
         self._channels[request_id] = channel
         self._idle.clear()
         return channel
@@ -94,11 +95,15 @@ class ChannelRegistry:
     def __len__(self) -> int:
         return len(self._channels)
 
-    def fail_all(self, error: ErrorInfo) -> list[str]:
-        """Push ``error`` to every open channel; returns their request ids."""
-        for channel in self._channels.values():
+    def fail_all(self, error: ErrorInfo, deployment: str | None = None) -> list[str]:
+        """Push ``error`` to every open channel (of ``deployment`` only, when given); returns
+        their request ids."""
+        failed = [
+            c for c in self._channels.values() if deployment is None or c.deployment == deployment
+        ]
+        for channel in failed:
             channel.fail(error)
-        return list(self._channels)
+        return [c.request_id for c in failed]
 
     async def wait_idle(self, timeout: float) -> bool:
         """True once no channel is open (within ``timeout`` seconds)."""

@@ -3,9 +3,14 @@
 Checks run cheapest first, each failing with OpenAI's error shape::
 
     413 body too large (middleware) -> 401 API key -> 503 not ready / draining
-    -> 400 JSON and schema -> 404 unknown model
-    -> 429 waiting queue full -> 429 requests/min -> request stages (validator, tokenizer,
-    plugins; 400 naming the field) -> 429 tokens/min -> submit to the engine worker
+    -> 400 JSON and schema -> 404 unknown model (naming the served ones)
+    -> 503 model failed to load / restarting -> 429 waiting queue full -> 429 requests/min
+    -> request stages (validator, tokenizer, plugins; 400 naming the field) -> 429 tokens/min
+    -> wait for an on-demand model to load (``model_load`` span; 503 past the load timeout)
+    -> submit to that model's engine worker
+
+The model is a ``Deployment`` (``deployments.py``): one LLM version with its own request
+stages, engine worker queue and shared state; ``DeploymentRouter`` picks it from ``model``.
 
 A request refused with a 429 is charged nothing: the queue check comes before the rate
 buckets, and a tokens-per-minute refusal gives its request token back.
@@ -17,6 +22,7 @@ unless the worker already finished it, sends the worker a ``CancelRequest`` that
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -25,7 +31,9 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
+from inferflow.config import LoadMode
 from inferflow.server.http.channels import ChannelRegistry
+from inferflow.server.http.deployments import Deployment, DeploymentRouter, LoadRequests
 from inferflow.server.http.errors import ErrorInfo, OpenAIError
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
@@ -39,9 +47,14 @@ from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
 from inferflow.server.messages import CancelRequest, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.process.shared_state import LoadState, SharedState
 
 logger = logging.getLogger(__name__)
+
+VERSION_HEADER = "x-inferflow-model-version"  # which version of the model answered
+ROUTE_KEY_HEADER = "x-inferflow-route-key"  # sticky canary key (else the body's ``user``)
+CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
+LOAD_POLL_S = 0.05  # while a request waits for its model to load (only then: no idle polling)
 
 _ROUTES: dict[
     str, tuple[type[CompletionRequest | ChatCompletionRequest], type[ResponseFormatter], str]
@@ -53,7 +66,12 @@ _ROUTES: dict[
 
 
 class Frontend:
-    """Handles ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``."""
+    """Handles ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``.
+
+    ``shared`` is the server's state (draining, queue lost; with one model also that model's
+    worker). ``deployments`` are the served LLM versions (default: one, from ``pipeline`` and
+    ``shared``, already loaded); ``pipeline``/``request_queue`` are the first one's.
+    """
 
     def __init__(
         self,
@@ -62,9 +80,20 @@ class Frontend:
         shared: SharedState,
         telemetry: FrontendTelemetry | None = None,
         responses: ResponsePipeline | None = None,
+        deployments: list[Deployment] | None = None,
+        model_version: str = "1",
     ) -> None:
-        self.pipeline = pipeline
-        self.responses = responses or ResponsePipeline([])
+        if deployments is None:
+            shared.set_load_state(LoadState.LOADED)  # one model, loaded by its host
+            deployments = [
+                Deployment("", pipeline.model_name, model_version, LoadMode.eager, pipeline,
+                           shared, responses or ResponsePipeline([]))
+            ]
+        self.deployments = deployments
+        self.router = DeploymentRouter(deployments)
+        self.load_requests = LoadRequests()  # the supervisor's wake-up pipe, set before forking
+        self.pipeline = deployments[0].pipeline
+        self.responses = deployments[0].responses
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
@@ -76,11 +105,22 @@ class Frontend:
         )
         self.registry = ChannelRegistry(on_worker_lost=self._worker_lost)
         self.consumer_id = 0  # this process's response queue; set before the API process forks
-        self.request_queue: Any = None  # LitServe's request queue (a Manager proxy)
         self.draining = False
         self.created = int(time.time())
         # EmbeddingsFrontend of the extra embedding models (``extra_models``), if any
         self.embeddings: Any = None
+
+    @property
+    def request_queue(self) -> Any:
+        """The first model's engine worker queue (LitServe's request queue, a Manager proxy)."""
+        return self.deployments[0].request_queue
+
+    @request_queue.setter
+    def request_queue(self, queue: Any) -> None:
+        self.deployments[0].request_queue = queue
+
+    def deployment(self, key: str) -> Deployment | None:
+        return next((d for d in self.deployments if d.key == key), None)
 
     def is_draining(self) -> bool:
         return self.draining or self.shared.draining
@@ -93,31 +133,53 @@ class Frontend:
         return await self._serve(request, "chat")
 
     def served_model_ids(self) -> list[str]:
-        """The LLM's id, then every embedding model id and ``name@version``."""
-        ids = [self.pipeline.model_name]
+        """The LLMs' ids (names, then ``name@version`` when a name has several versions), then
+        every embedding model id and ``name@version``."""
+        ids = [card["id"] for card in self._llm_cards()]
         if self.embeddings is not None:
             ids += [card["id"] for card in self.embeddings.models.cards(self.created)]
         return ids
 
+    def _llm_cards(self) -> list[dict[str, Any]]:
+        cards = []
+        for name, versions in self.router.by_name.items():
+            entries = [(name, versions)] + (
+                [(d.model_id, [d]) for d in versions] if len(versions) > 1 else []
+            )
+            for model_id, served in entries:
+                cards.append({
+                    "id": model_id,
+                    "object": "model",
+                    "created": self.created,
+                    "owned_by": "inferflow",
+                    "max_model_len": served[0].pipeline.max_model_len,
+                    "versions": [
+                        {"version": d.version, "weight": d.shared.weight, "status": d.status()}
+                        for d in served
+                    ],
+                })
+        return cards
+
     async def models(self, request: Request) -> Response:
         self.auth.authenticate(request.headers)
-        card = {
-            "id": self.pipeline.model_name,
-            "object": "model",
-            "created": self.created,
-            "owned_by": "inferflow",
-            "max_model_len": self.pipeline.max_model_len,
-        }
-        cards = [card]
+        cards = self._llm_cards()
         if self.embeddings is not None:
             cards += self.embeddings.models.cards(self.created)
         return JSONResponse({"object": "list", "data": cards})
 
     # --- admission ----------------------------------------------------------------------------
-    def check_accepting(self) -> None:
+    def check_accepting(self, deployment: Deployment | None = None) -> None:
         if self.draining or self.shared.draining:
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
-        if not self.shared.ready:
+        if deployment is None:
+            return
+        if (error := deployment.load_error()) is not None:
+            raise OpenAIError.of(
+                503,
+                f"The model `{deployment.model_id}` failed to load: {error}",
+                code="model_load_failed",
+            )
+        if deployment.load is LoadMode.eager and not deployment.serving:
             raise OpenAIError.of(
                 503,
                 "The model is not ready yet (loading or restarting).",
@@ -125,11 +187,56 @@ class Frontend:
                 retry_after_s=1,
             )
 
-    def _admit(self) -> None:
-        """Count the request in flight unless the engine's slots and waiting queue are full."""
+    def _unknown_model(self, model: str) -> OpenAIError:
+        known = ", ".join(self.served_model_ids())
+        return OpenAIError.of(
+            404,
+            f"The model `{model}` does not exist. Served models: {known}.",
+            param="model",
+            code="model_not_found",
+        )
+
+    async def _wait_loaded(self, deployment: Deployment, span: Any) -> None:
+        """Until ``deployment`` serves (an on-demand model loads on its first request);
+        503 when it fails to load, the server drains, or ``model_load_timeout_s`` passes."""
+        if deployment.serving:
+            return
+        started = time.time()
+        deadline = started + self.settings.model_load_timeout_s
+        outcome = "loaded"
+        try:
+            while not deployment.serving:
+                if self.is_draining():
+                    outcome = "draining"
+                    raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
+                if (error := deployment.load_error()) is not None:
+                    outcome = "failed"
+                    raise OpenAIError.of(
+                        503,
+                        f"The model `{deployment.model_id}` failed to load: {error}",
+                        code="model_load_failed",
+                    )
+                if time.time() > deadline:
+                    outcome = "timeout"
+                    raise OpenAIError.of(
+                        503,
+                        f"The model `{deployment.model_id}` did not load within "
+                        f"{self.settings.model_load_timeout_s:g} s (server.model_load_timeout_s).",
+                        code="model_load_timeout",
+                        retry_after_s=5,
+                    )
+                if deployment.shared.load_state in (LoadState.UNLOADED, LoadState.UNLOADING):
+                    self.load_requests.request(deployment)  # again if it was being unloaded
+                await asyncio.sleep(LOAD_POLL_S)
+        finally:
+            self.telemetry.model_load(span, deployment.model_id, started, time.time(), outcome)
+
+    def _admit(self, deployment: Deployment) -> None:
+        """Count the request in flight unless the model's slots and waiting queue are full."""
+        shared = deployment.shared
         waiting = self.settings.max_waiting_requests
-        limit = None if waiting is None else int(self.shared.stats()["total_slots"]) + waiting
-        if not self.shared.try_admit(limit):
+        limit = None if waiting is None else int(shared.stats()["total_slots"]) + waiting
+        if not shared.try_admit(limit):
             raise OpenAIError(
                 ErrorInfo(
                     429,
@@ -160,38 +267,51 @@ class Frontend:
         key_id = self.auth.authenticate(request.headers)
         self.check_accepting()
         body = parse_body(schema, await read_json_body(request))
-        if body.model != self.pipeline.model_name:
+        deployment = self.router.route(
+            body.model, request.headers.get(ROUTE_KEY_HEADER) or body.user
+        )
+        if deployment is None:
             if self.embeddings is not None and self.embeddings.models.serves(body.model):
                 from inferflow.embeddings.models import unsupported_route
 
                 raise unsupported_route(body.model, request.url.path)
-            raise OpenAIError.of(
-                404,
-                f"The model `{body.model}` does not exist.",
-                param="model",
-                code="model_not_found",
-            )
-        self._admit()  # the waiting-queue bound first: a burst's 429 costs no stage work
+            raise self._unknown_model(body.model)
+        self.check_accepting(deployment)
+        self._admit(deployment)  # the waiting-queue bound first: a burst's 429 costs no stage work
+        deployment.shared.touch()
         try:
-            prepared, span = await self._prepare(body, key_id, operation, request)
+            prepared, span = await self._prepare(body, key_id, operation, request, deployment)
         except BaseException:  # a refusal, a stage error or a client that left
-            self.shared.release()
+            deployment.shared.release()
+            raise
+        try:
+            await self._wait_loaded(deployment, span)
+        except BaseException as exc:  # failed to load, timed out, or the client left
+            deployment.shared.release()
+            _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_GONE)
             raise
         want_logprobs = prepared.params.logprobs is not None
         mode = body.tool_mode() if isinstance(body, ChatCompletionRequest) else None
         if mode is not None:
             assert isinstance(body, ChatCompletionRequest)
             formatter: ResponseFormatter = ToolCallFormatter(
-                self.pipeline.model_name, body.include_usage, want_logprobs, mode, body.tool_names()
+                deployment.name, body.include_usage, want_logprobs, mode, body.tool_names()
             )
         else:
-            formatter = formatter_cls(self.pipeline.model_name, body.include_usage, want_logprobs)
-        flow = self._submit(prepared, formatter, operation, request.url.path, started, span)
+            formatter = formatter_cls(deployment.name, body.include_usage, want_logprobs)
+        flow = self._submit(
+            prepared, formatter, operation, request.url.path, started, span, deployment
+        )
+        headers = {VERSION_HEADER: deployment.version}
         if body.stream:
             flow.stream = True
-            return SSEResponse(flow.events(), on_close=lambda gone: self.finish(flow, gone))
+            return SSEResponse(
+                flow.events(), on_close=lambda gone: self.finish(flow, gone), headers=headers
+            )
         try:
-            return await flow.respond(request)
+            response = await flow.respond(request)
+            response.headers.update(headers)
+            return response
         finally:
             await self.finish(flow, client_gone=False)
 
@@ -201,13 +321,19 @@ class Frontend:
         key_id: str,
         operation: str,
         request: Request,
+        deployment: Deployment,
     ) -> tuple[PreparedRequest, Any]:
-        """Rate limits and the request stages; a request refused with a 429 is charged nothing
-        (its request-per-minute token is given back when the token limit refuses it)."""
+        """Rate limits and the model's request stages; a request refused with a 429 is charged
+        nothing (its request-per-minute token is given back when the token limit refuses it)."""
         self.limiter.check_request(key_id)
         span = self.telemetry.start_request(operation, body.model, request.headers, body)
+        if span is not None:
+            span.set_attributes({
+                "inferflow.model.id": deployment.model_id,
+                "inferflow.model.version": deployment.version,
+            })
         try:
-            prepared = await self.pipeline.prepare(
+            prepared = await deployment.pipeline.prepare(
                 body, key_id, span.trace_context if span is not None else {}
             )
             self.limiter.check_tokens(key_id, prepared.reserved_tokens)
@@ -229,14 +355,15 @@ class Frontend:
         route: str,
         started: float,
         span: Any,
+        deployment: Deployment,
     ) -> RequestFlow:
         timeout = self.settings.request_timeout_s
         deadline = prepared.arrival_time + timeout if timeout else None
         request_id = f"req-{uuid.uuid4().hex}"
-        flow = RequestFlow(
-            request_id, self.registry.open(request_id), formatter, deadline, route, started, span
-        )
-        flow.responses = self.responses.open(prepared.request)
+        channel = self.registry.open(request_id, deployment.key)
+        flow = RequestFlow(request_id, channel, formatter, deadline, route, started, span)
+        flow.deployment = deployment
+        flow.responses = deployment.responses.open(prepared.request)
         message = SubmitRequest(
             request_id=request_id,
             consumer_id=self.consumer_id,
@@ -249,10 +376,10 @@ class Frontend:
             operation=operation,
         )
         try:
-            self.request_queue.put(message)
+            deployment.request_queue.put(message)
         except Exception as exc:
             self.registry.close(request_id)
-            self.shared.release()
+            deployment.shared.release()
             info = ErrorInfo(503, "The engine worker is unavailable.", code="not_ready")
             _end_failed_span(span, info)
             logger.error("cannot reach the engine worker's queue: %s", exc)
@@ -261,8 +388,11 @@ class Frontend:
 
     async def finish(self, flow: RequestFlow, client_gone: bool) -> None:
         """Release the request; cancel it in the worker unless the worker already ended it."""
+        deployment = flow.deployment
+        assert deployment is not None
         self.registry.close(flow.request_id)
-        self.shared.release()
+        deployment.shared.release()
+        deployment.shared.touch()
         if client_gone and flow.error is None:
             flow.error = ErrorInfo(499, "the client closed the connection", code="client_closed")
         status = flow.error.status_code if flow.error is not None else 200
@@ -273,16 +403,21 @@ class Frontend:
             return
         reason = "client_disconnected" if client_gone else "abandoned"
         try:
-            self.request_queue.put(CancelRequest(flow.request_id, reason))
+            deployment.request_queue.put(CancelRequest(flow.request_id, reason))
         except Exception as exc:  # the worker/Manager is gone; nothing left to free
             logger.debug("cancel of %s not delivered: %s", flow.request_id, exc)
 
     # --- worker loss and shutdown -------------------------------------------------------------
     def _worker_lost(self, notice: WorkerLost) -> None:
+        deployment = self.deployment(notice.deployment)
+        if deployment is None:
+            return
         if notice.request_queue is not None:
-            self.request_queue = notice.request_queue
-        failed = self.fail_all(notice.error)
-        logger.error("engine worker lost; failed %d in-flight request(s)", failed)
+            deployment.request_queue = notice.request_queue
+        failed = len(self.registry.fail_all(notice.error, deployment=notice.deployment))
+        logger.error(
+            "engine worker of %s lost; failed %d in-flight request(s)", deployment.model_id, failed
+        )
 
     def fail_all(self, error: ErrorInfo) -> int:
         """Fail every in-flight request of this process (shutdown after the grace period)."""

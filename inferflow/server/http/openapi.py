@@ -101,12 +101,20 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class ModelVersionCard(BaseModel):
+    version: str
+    weight: float  # its share of unpinned traffic
+    status: str
+
+
 class ModelCard(BaseModel):
-    id: str
+    id: str  # a name (its versions split by weight) or a pinned ``name@version``
     object: Literal["model"]
     created: int
     owned_by: str
     max_model_len: int | None = None
+    versions: list[ModelVersionCard] | None = None  # LLMs
+    task: str | None = None  # embedding models: "embed"
 
 
 class ModelList(BaseModel):
@@ -132,8 +140,29 @@ class Health(BaseModel):
     ready: bool
 
 
+class ModelReadiness(BaseModel):
+    id: str
+    name: str
+    version: str
+    load: Literal["eager", "on_demand"]
+    status: Literal["ready", "loading", "unloaded", "unloading", "failed", "restarting", "stalled"]
+    weight: float
+    rss_bytes: int | None = None
+    error: str | None = None  # why it failed to load
+
+
 class Readiness(BaseModel):
     status: Literal["ready", "not_ready", "draining", "stalled"]
+    models: list[ModelReadiness] = []
+    embedding_models: dict[str, str] | None = None
+
+
+class TrafficRequest(BaseModel):
+    weights: dict[str, float]  # version -> share of unpinned traffic (others: 0)
+
+
+class PromoteRequest(BaseModel):
+    version: str  # all unpinned traffic to this version
 
 
 # --- operations ---------------------------------------------------------------------------------
@@ -213,6 +242,14 @@ OPERATIONS: dict[tuple[str, str], Operation | Callable[[], Operation]] = {
         "Prometheus metrics", media_type="text/plain; version=0.0.4", errors=(401,)
     ),
     ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401,)),
+    ("/admin/models/{name}/traffic", "post"): Operation(
+        "Set the canary split of an LLM's versions", TrafficRequest, errors=(400, 401, 404, 413)
+    ),
+    ("/admin/models/{name}/promote", "post"): Operation(
+        "Send all unpinned traffic of an LLM to one version",
+        PromoteRequest,
+        errors=(400, 401, 404, 413),
+    ),
 }
 
 

@@ -1,8 +1,10 @@
 """Operational routes: liveness, readiness, versions and an admin view of the engine.
 
-They run in the API processes, where the engine does not live, so they read the state the
-worker publishes (``SharedState``): ``/ready`` is 200 only after the worker loaded its engine,
-ran a warm-up step and started consuming requests, and turns 503 while draining or restarting.
+They run in the API processes, where the engines do not live, so they read the state each
+worker publishes (``SharedState``): ``/ready`` is 200 once every eager model's worker loaded its
+engine, ran a warm-up step and started consuming requests (a model that failed to load is
+reported with its error and does not hold the others back), and 503 while draining or when no
+model can serve. Its body lists every model's status.
 """
 
 from __future__ import annotations
@@ -17,7 +19,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 import inferflow
+from inferflow.config import LoadMode
+from inferflow.server.http.deployments import Deployment
+from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.json_body import read_json_body
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
 
@@ -35,16 +41,36 @@ def runtime_versions() -> dict[str, Any]:
     return versions
 
 
+def model_status(frontend: Frontend, deployment: Deployment) -> str:
+    """One model's status (``Deployment.status``), ``stalled`` when its engine thread stopped
+    going round (503 for it until it does or is restarted)."""
+    status = deployment.status()
+    stall = frontend.settings.worker_stall_timeout_s
+    if status == "ready" and stall is not None and deployment.shared.heartbeat_age() > stall:
+        return "stalled"
+    return status
+
+
 def readiness(frontend: Frontend) -> str:
+    """``ready`` when every eager model is ready or failed and some model can serve."""
     if frontend.draining or frontend.shared.draining:
         return "draining"
-    embeddings_ready = frontend.embeddings is None or frontend.embeddings.models.ready
-    if not (frontend.shared.ready and embeddings_ready):
+    if frontend.embeddings is not None and not frontend.embeddings.models.ready:
         return "not_ready"
-    stall = frontend.settings.worker_stall_timeout_s
-    if stall is not None and frontend.shared.heartbeat_age() > stall:
-        return "stalled"  # the engine thread stopped going round: 503 until it does or restarts
-    return "ready"
+    statuses = [(d, model_status(frontend, d)) for d in frontend.deployments]
+    if any(d.load is LoadMode.eager and s in ("loading", "restarting", "unloaded")
+           for d, s in statuses):
+        return "not_ready"
+    if any(s == "ready" or (d.load is LoadMode.on_demand and s != "failed")
+           for d, s in statuses):
+        return "ready"
+    return "stalled" if any(s == "stalled" for _, s in statuses) else "not_ready"
+
+
+def models_status(frontend: Frontend) -> list[dict[str, Any]]:
+    return [
+        {**d.describe(), "status": model_status(frontend, d)} for d in frontend.deployments
+    ]
 
 
 Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint
@@ -60,7 +86,12 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
 
     async def ready() -> JSONResponse:
         status = readiness(frontend)
-        return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
+        body: dict[str, Any] = {"status": status, "models": models_status(frontend)}
+        if frontend.embeddings is not None:
+            body["embedding_models"] = {
+                "status": "ready" if frontend.embeddings.models.ready else "loading"
+            }
+        return JSONResponse(body, status_code=200 if status == "ready" else 503)
 
     async def metrics(request: Request) -> Response:
         """Prometheus text: the engine's and every API process's metrics, merged. With API keys
@@ -76,14 +107,64 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
         ("/version", _version_route(frontend, model_path), ["GET"]),
         ("/metrics", metrics, ["GET"]),
         ("/admin/stats", _admin_stats_route(frontend), ["GET"]),
+        ("/admin/models/{name}/traffic", _traffic_route(frontend), ["POST"]),
+        ("/admin/models/{name}/promote", _promote_route(frontend), ["POST"]),
     ]
+
+
+def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
+    async def traffic(name: str, request: Request) -> JSONResponse:
+        """Set the canary split of a model's versions: ``{"weights": {"1": 0.9, "2": 0.1}}``
+        (versions not named get 0). Takes effect for the next request in every API process;
+        requests in flight finish on the version they started on."""
+        frontend.auth.authenticate(request.headers)
+        body = await read_json_body(request)
+        weights = body.get("weights") if isinstance(body, dict) else None
+        if not isinstance(weights, dict) or not all(
+            isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()
+        ):
+            raise OpenAIError.of(
+                400, 'weights: expected {"weights": {"VERSION": number, ...}}', param="weights"
+            )
+        return _set_weights(frontend, name, {str(k): float(v) for k, v in weights.items()})
+
+    return traffic
+
+
+def _promote_route(frontend: Frontend) -> Callable[..., Any]:
+    async def promote(name: str, request: Request) -> JSONResponse:
+        """All unpinned traffic of a model to one version: ``{"version": "2"}``."""
+        frontend.auth.authenticate(request.headers)
+        body = await read_json_body(request)
+        version = body.get("version") if isinstance(body, dict) else None
+        if not isinstance(version, str) or not version:
+            raise OpenAIError.of(400, 'version: expected {"version": "VERSION"}', param="version")
+        return _set_weights(frontend, name, {version: 1.0})
+
+    return promote
+
+
+def _set_weights(frontend: Frontend, name: str, weights: dict[str, float]) -> JSONResponse:
+    try:
+        versions = frontend.router.set_weights(name, weights)
+    except KeyError:
+        raise OpenAIError.of(
+            404,
+            f"The model `{name}` does not exist. Served LLMs: "
+            f"{', '.join(frontend.router.by_name)}.",
+            param="name",
+            code="model_not_found",
+        ) from None
+    except ValueError as exc:
+        raise OpenAIError.of(400, str(exc), param="weights") from None
+    return JSONResponse({"model": name, "versions": [d.describe() for d in versions]})
 
 
 def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], Any]:
     async def version(request: Request) -> JSONResponse:
         """Versions and settings (needs a key when keys are on; no filesystem paths)."""
         frontend.auth.authenticate(request.headers)
-        info = frontend.shared.info()
+        info = frontend.deployments[0].shared.info()
         model = {
             "name": frontend.pipeline.model_name,
             "path": Path(model_path).name,  # the checkpoint folder's name, not where it lives
@@ -95,6 +176,7 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
                 "inferflow": inferflow.__version__,
                 "model": model,
                 "engine": info.get("engine"),  # null until the worker has loaded it
+                "models": [_model_versions(frontend, d) for d in frontend.deployments],
                 "runtime": runtime_versions(),
             }
         )
@@ -102,22 +184,45 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
     return version
 
 
+def _model_versions(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+    """One LLM version with its engine's versions (once loaded) for ``/version``."""
+    info = deployment.shared.info()
+    return {
+        **deployment.describe(),
+        "status": model_status(frontend, deployment),
+        "path": Path(deployment.model_path).name,
+        "max_model_len": deployment.pipeline.max_model_len,
+        "model": info.get("model"),
+        "engine": info.get("engine"),
+    }
+
+
 def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     async def admin_stats(request: Request) -> JSONResponse:
         """Running/waiting requests, free slots and KV blocks, cancellation counters."""
         frontend.auth.authenticate(request.headers)
-        engine = frontend.shared.stats()
+        first = frontend.deployments[0]
+        engine = first.shared.stats()
         return JSONResponse(
             {
                 "status": readiness(frontend),
-                "in_flight": frontend.shared.in_flight,
+                "in_flight": sum(d.shared.in_flight for d in frontend.deployments),
                 "api_process": {
                     "consumer_id": frontend.consumer_id,
                     "open_requests": len(frontend.registry),
                 },
                 "engine": {
-                    **{k: int(v) if float(v).is_integer() else v for k, v in engine.items()},
-                    "executor": frontend.shared.executor_stats(),
+                    **_ints(engine),
+                    "executor": first.shared.executor_stats(),
+                },
+                "models": {
+                    d.model_id: {
+                        **d.describe(),
+                        "status": model_status(frontend, d),
+                        "in_flight": d.shared.in_flight,
+                        **_ints(d.shared.stats()),
+                    }
+                    for d in frontend.deployments
                 },
                 "embeddings": (
                     frontend.embeddings.models.stats() if frontend.embeddings is not None else {}
@@ -126,3 +231,7 @@ def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
         )
 
     return admin_stats
+
+
+def _ints(stats: dict[str, float]) -> dict[str, Any]:
+    return {k: int(v) if float(v).is_integer() else v for k, v in stats.items()}

@@ -48,6 +48,7 @@ class RequestFlow:
     acc: Accumulated = field(default_factory=Accumulated)
     error: ErrorInfo | None = None  # how it failed, once it has
     responses: ResponseRun | None = None  # the response stages, if the graph has any
+    deployment: Any = None  # the model version it runs on (``deployments.Deployment``)
 
     async def next_update(self) -> RequestUpdate:
         """The merged updates since the last call; a silent worker past the deadline is a 504."""

@@ -39,6 +39,7 @@ class ServerSettings:
     timeout_header_s: float | None = 15.0  # waiting for a request's headers; then closed
     timeout_body_s: float | None = 30.0  # receiving a request's body; then 408
     timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
+    model_load_timeout_s: float = 300.0  # a request waits this long for its model to load
 
     @classmethod
     def from_config(cls, cfg: Any, environ: Mapping[str, str] | None = None) -> ServerSettings:

@@ -111,6 +111,9 @@ def serve_on_ray(graph: Any) -> None:
     if is_embedding_model(graph.model):
         raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
                          "models beside it); an embedding-only server runs with server=default")
+    if graph.config.get("models"):
+        raise SystemExit("inferflow: server=ray serves one LLM for now; the model repository "
+                         "(models: ...) runs with server=default (docs/models.md)")
     require_ray()
     import ray
     from ray import serve

@@ -139,7 +139,8 @@ class IngressDeployment:
         self.shared = SharedState()
         pipeline = RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage)
         self.frontend = Frontend(pipeline, self.settings, self.shared, self.telemetry,
-                                 ResponsePipeline(graph.response_stages))
+                                 ResponsePipeline(graph.response_stages),
+                                 model_version=str(graph.model.version))
         self.frontend.request_queue = EngineClient(engine, self.frontend)
         specs = embedding_specs(graph)  # extra_models: encoders in the ingress, as in API processes
         if specs:

@@ -1,0 +1,143 @@
+"""The LLM versions an API process routes to (the model repository, API side).
+
+A ``Deployment`` is one served LLM version: its request stages (``RequestPipeline``: its own
+tokenizer and limits), the request queue of its engine worker and that worker's
+``SharedState``. ``DeploymentRouter`` turns a request's ``model`` into a deployment:
+``name@version`` pins one; a plain ``name`` draws one of the name's versions by their current
+weights (shared memory, so a change through ``POST /admin/models/{name}/traffic`` reaches every
+API process at once), sticky per user when a key is given (``embeddings.routing``'s draw).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from inferflow.config import LoadMode
+from inferflow.embeddings.routing import ModelVersion, choose_version, split_model_id
+from inferflow.server.http.pipeline import RequestPipeline
+from inferflow.server.http.response_pipeline import ResponsePipeline
+from inferflow.server.process.process_utils import process_rss
+from inferflow.server.process.shared_state import LoadState, SharedState
+
+
+@dataclass
+class Deployment:
+    """One LLM version behind the OpenAI routes."""
+
+    key: str  # its entry under ``models:`` ("" for a lone top-level model); WorkerLost names it
+    name: str
+    version: str
+    load: LoadMode
+    pipeline: RequestPipeline
+    shared: SharedState
+    responses: ResponsePipeline
+    model_path: str = ""
+    request_queue: Any = None  # its engine worker's request queue (a Manager proxy)
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.version}"
+
+    @property
+    def serving(self) -> bool:
+        """Its worker is loaded and consuming requests."""
+        return self.shared.ready and self.shared.load_state == LoadState.LOADED
+
+    def status(self) -> str:
+        """``ready``, ``loading``, ``unloaded``, ``unloading``, ``failed`` or ``restarting``."""
+        state = self.shared.load_state
+        if state == LoadState.LOADED:
+            return "ready" if self.shared.ready else "restarting"
+        return LoadState.NAMES[state]
+
+    def rss_bytes(self) -> int | None:
+        """Its worker's resident memory now (None when it is not loaded)."""
+        if not self.serving:
+            return None
+        return process_rss(int(self.shared.stats()["worker_pid"])) or None
+
+    def load_error(self) -> str | None:
+        if self.shared.load_state != LoadState.FAILED:
+            return None
+        return str(self.shared.info().get("load_error") or "the engine worker exited during load")
+
+    def describe(self) -> dict[str, Any]:
+        """This version for ``/ready``, ``/version`` and ``/admin/stats``."""
+        out: dict[str, Any] = {
+            "id": self.model_id,
+            "name": self.name,
+            "version": self.version,
+            "load": self.load.value,
+            "status": self.status(),
+            "weight": self.shared.weight,
+            "rss_bytes": self.rss_bytes(),
+        }
+        if (error := self.load_error()) is not None:
+            out["error"] = error
+        return out
+
+
+class LoadRequests:
+    """How an API process asks the main process to load a model: a shared flag, then one
+    byte on the supervisor's wake-up pipe (inherited when the API process forks)."""
+
+    def __init__(self, wake_fd: int | None = None) -> None:
+        self.wake_fd = wake_fd
+
+    def request(self, deployment: Deployment) -> None:
+        deployment.shared.set_load_requested(True)
+        if self.wake_fd is not None:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self.wake_fd, b"L")
+
+
+class DeploymentRouter:
+    """``model`` (+ optional sticky key) -> a ``Deployment``, or None for an unknown model."""
+
+    def __init__(self, deployments: list[Deployment], rng: random.Random | None = None) -> None:
+        self.deployments = list(deployments)
+        self.by_name: dict[str, list[Deployment]] = {}
+        for d in self.deployments:
+            self.by_name.setdefault(d.name, []).append(d)
+        self.rng = rng or random.Random()
+
+    def route(self, model: str, user: str | None = None) -> Deployment | None:
+        versions = self.by_name.get(model)
+        if versions is not None:
+            if len(versions) == 1:
+                return versions[0]
+            weighted = [ModelVersion(d.name, d.version, d.shared.weight) for d in versions]
+            chosen = choose_version(weighted, self.rng, user)
+            return next(d for d in versions if d.version == chosen.version)
+        name, version = split_model_id(model)
+        return next((d for d in self.by_name.get(name, []) if d.version == version), None)
+
+    def model_ids(self) -> list[str]:
+        """Every id a client may send: each name, then each ``name@version``."""
+        return [*self.by_name, *(d.model_id for d in self.deployments)]
+
+    def set_weights(self, name: str, weights: dict[str, float]) -> list[Deployment]:
+        """Set the split of ``name``'s versions (versions not named get 0); ``ValueError``
+        naming what is wrong. Returns the versions."""
+        versions = self.by_name.get(name)
+        if versions is None:
+            raise KeyError(name)
+        known = {d.version for d in versions}
+        unknown = sorted(set(weights) - known)
+        if unknown:
+            raise ValueError(
+                f"weights: unknown version(s) {', '.join(unknown)} of `{name}`; its versions: "
+                f"{', '.join(sorted(known))}"
+            )
+        if not all(math.isfinite(w) and w >= 0 for w in weights.values()) or not any(
+            w > 0 for w in weights.values()
+        ):
+            raise ValueError("weights: every weight must be a finite number >= 0, one > 0")
+        for d in versions:
+            d.shared.set_weight(float(weights.get(d.version, 0.0)))
+        return versions
