@@ -10,15 +10,19 @@ API process at once), sticky per user when a key is given (``embeddings.routing`
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import os
 import random
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from inferflow.config import LoadMode
 from inferflow.embeddings.routing import ModelVersion, choose_version, split_model_id
+from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.process.process_utils import process_rss
@@ -82,6 +86,9 @@ class Deployment:
         return out
 
 
+LOAD_POLL_S = 0.05  # while a request waits for its model to load (only then: no idle polling)
+
+
 class LoadRequests:
     """How an API process asks the main process to load a model: a shared flag, then one
     byte on the supervisor's wake-up pipe (inherited when the API process forks)."""
@@ -117,6 +124,28 @@ class DeploymentRouter:
         name, version = split_model_id(model)
         return next((d for d in self.by_name.get(name, []) if d.version == version), None)
 
+    def cards(self, created: int) -> list[dict[str, Any]]:
+        """``/v1/models`` cards: each name (all its versions), then ``name@version`` for names
+        with several versions."""
+        cards = []
+        for name, versions in self.by_name.items():
+            entries = [(name, versions)] + (
+                [(d.model_id, [d]) for d in versions] if len(versions) > 1 else []
+            )
+            for model_id, served in entries:
+                cards.append({
+                    "id": model_id,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "inferflow",
+                    "max_model_len": served[0].pipeline.max_model_len,
+                    "versions": [
+                        {"version": d.version, "weight": d.shared.weight, "status": d.status()}
+                        for d in served
+                    ],
+                })
+        return cards
+
     def model_ids(self) -> list[str]:
         """Every id a client may send: each name, then each ``name@version``."""
         return [*self.by_name, *(d.model_id for d in self.deployments)]
@@ -141,3 +170,42 @@ class DeploymentRouter:
         for d in versions:
             d.shared.set_weight(float(weights.get(d.version, 0.0)))
         return versions
+
+
+def load_failed(deployment: Deployment) -> OpenAIError | None:
+    """The 503 for a model that failed to load (None when it did not)."""
+    error = deployment.load_error()
+    if error is None:
+        return None
+    return OpenAIError.of(
+        503, f"The model `{deployment.model_id}` failed to load: {error}", code="model_load_failed"
+    )
+
+
+async def wait_until_serving(
+    deployment: Deployment,
+    timeout_s: float,
+    is_draining: Callable[[], bool],
+    load_requests: LoadRequests,
+) -> str:
+    """Ask for ``deployment``'s load and wait until it serves (returns ``"loaded"``); a 503
+    when it fails to load (``model_load_failed``), the server drains (``shutting_down``) or
+    ``timeout_s`` passes (``model_load_timeout``)."""
+    deadline = time.time() + timeout_s
+    while not deployment.serving:
+        if is_draining():
+            raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
+        if (failed := load_failed(deployment)) is not None:
+            raise failed
+        if time.time() > deadline:
+            raise OpenAIError.of(
+                503,
+                f"The model `{deployment.model_id}` did not load within {timeout_s:g} s "
+                "(server.model_load_timeout_s).",
+                code="model_load_timeout",
+                retry_after_s=5,
+            )
+        if deployment.shared.load_state in (LoadState.UNLOADED, LoadState.UNLOADING):
+            load_requests.request(deployment)  # (again, if it was being unloaded meanwhile)
+        await asyncio.sleep(LOAD_POLL_S)
+    return "loaded"

@@ -22,7 +22,6 @@ unless the worker already finished it, sends the worker a ``CancelRequest`` that
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import uuid
@@ -33,7 +32,13 @@ from fastapi.responses import JSONResponse, Response
 
 from inferflow.config import LoadMode
 from inferflow.server.http.channels import ChannelRegistry
-from inferflow.server.http.deployments import Deployment, DeploymentRouter, LoadRequests
+from inferflow.server.http.deployments import (
+    Deployment,
+    DeploymentRouter,
+    LoadRequests,
+    load_failed,
+    wait_until_serving,
+)
 from inferflow.server.http.errors import ErrorInfo, OpenAIError
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
@@ -54,7 +59,6 @@ logger = logging.getLogger(__name__)
 VERSION_HEADER = "x-inferflow-model-version"  # which version of the model answered
 ROUTE_KEY_HEADER = "x-inferflow-route-key"  # sticky canary key (else the body's ``user``)
 CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
-LOAD_POLL_S = 0.05  # while a request waits for its model to load (only then: no idle polling)
 
 _ROUTES: dict[
     str, tuple[type[CompletionRequest | ChatCompletionRequest], type[ResponseFormatter], str]
@@ -135,34 +139,14 @@ class Frontend:
     def served_model_ids(self) -> list[str]:
         """The LLMs' ids (names, then ``name@version`` when a name has several versions), then
         every embedding model id and ``name@version``."""
-        ids = [card["id"] for card in self._llm_cards()]
+        ids = [card["id"] for card in self.router.cards(self.created)]
         if self.embeddings is not None:
             ids += [card["id"] for card in self.embeddings.models.cards(self.created)]
         return ids
 
-    def _llm_cards(self) -> list[dict[str, Any]]:
-        cards = []
-        for name, versions in self.router.by_name.items():
-            entries = [(name, versions)] + (
-                [(d.model_id, [d]) for d in versions] if len(versions) > 1 else []
-            )
-            for model_id, served in entries:
-                cards.append({
-                    "id": model_id,
-                    "object": "model",
-                    "created": self.created,
-                    "owned_by": "inferflow",
-                    "max_model_len": served[0].pipeline.max_model_len,
-                    "versions": [
-                        {"version": d.version, "weight": d.shared.weight, "status": d.status()}
-                        for d in served
-                    ],
-                })
-        return cards
-
     async def models(self, request: Request) -> Response:
         self.auth.authenticate(request.headers)
-        cards = self._llm_cards()
+        cards = self.router.cards(self.created)
         if self.embeddings is not None:
             cards += self.embeddings.models.cards(self.created)
         return JSONResponse({"object": "list", "data": cards})
@@ -173,12 +157,8 @@ class Frontend:
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
         if deployment is None:
             return
-        if (error := deployment.load_error()) is not None:
-            raise OpenAIError.of(
-                503,
-                f"The model `{deployment.model_id}` failed to load: {error}",
-                code="model_load_failed",
-            )
+        if (failed := load_failed(deployment)) is not None:
+            raise failed
         if deployment.load is LoadMode.eager and not deployment.serving:
             raise OpenAIError.of(
                 503,
@@ -197,37 +177,21 @@ class Frontend:
         )
 
     async def _wait_loaded(self, deployment: Deployment, span: Any) -> None:
-        """Until ``deployment`` serves (an on-demand model loads on its first request);
-        503 when it fails to load, the server drains, or ``model_load_timeout_s`` passes."""
+        """Until ``deployment`` serves (an on-demand model loads on its first request), with a
+        ``model_load`` span for the wait; 503 when it fails, the server drains or
+        ``model_load_timeout_s`` passes."""
         if deployment.serving:
             return
         started = time.time()
-        deadline = started + self.settings.model_load_timeout_s
-        outcome = "loaded"
+        outcome = "abandoned"  # e.g. the client left while it waited
         try:
-            while not deployment.serving:
-                if self.is_draining():
-                    outcome = "draining"
-                    raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
-                if (error := deployment.load_error()) is not None:
-                    outcome = "failed"
-                    raise OpenAIError.of(
-                        503,
-                        f"The model `{deployment.model_id}` failed to load: {error}",
-                        code="model_load_failed",
-                    )
-                if time.time() > deadline:
-                    outcome = "timeout"
-                    raise OpenAIError.of(
-                        503,
-                        f"The model `{deployment.model_id}` did not load within "
-                        f"{self.settings.model_load_timeout_s:g} s (server.model_load_timeout_s).",
-                        code="model_load_timeout",
-                        retry_after_s=5,
-                    )
-                if deployment.shared.load_state in (LoadState.UNLOADED, LoadState.UNLOADING):
-                    self.load_requests.request(deployment)  # again if it was being unloaded
-                await asyncio.sleep(LOAD_POLL_S)
+            outcome = await wait_until_serving(
+                deployment, self.settings.model_load_timeout_s, self.is_draining,
+                self.load_requests,
+            )
+        except OpenAIError as exc:
+            outcome = exc.info.code or "error"
+            raise
         finally:
             self.telemetry.model_load(span, deployment.model_id, started, time.time(), outcome)
 
