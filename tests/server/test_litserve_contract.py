@@ -35,7 +35,7 @@ PINNED: dict[str, tuple[Any, str, str]] = {
     ),
     # replaced by InferflowServer.lifespan: its tuple reader cannot share our response queue
     "LitServer.lifespan": (ls.LitServer.lifespan, "(self, app)", "6e72c5b311cc"),
-    # called by InferflowServer.run / restart_worker
+    # called by InferflowServer.run / launch / fresh_queue
     "LitServer._get_request_queue": (
         ls.LitServer._get_request_queue,
         "(self, api_path)",

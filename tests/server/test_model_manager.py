@@ -75,18 +75,26 @@ def model(manager: ModelManager, key: str) -> ManagedModel:
     return next(m for m in manager.models if m.key == key)
 
 
-def become_ready(m: ManagedModel) -> None:
-    """What the worker does once it serves (``EngineAPI.mark_ready``)."""
+def become_ready(m: ManagedModel, manager: ModelManager | None = None) -> None:
+    """What the worker does once it serves (``EngineAPI.mark_ready``); the requests that
+    waited for it then finish."""
     m.shared.set_ready(True)
     m.shared.set_load_state(LoadState.LOADED)
+    while m.shared.in_flight:
+        m.shared.release()
 
 
 def request(manager: ModelManager, key: str, at: float) -> None:
-    """An API process wants ``key`` (its ``last_used`` is ``at``)."""
+    """A request for ``key`` arrives (its ``last_used`` is ``at``), waits for the load and
+    finishes once the model serves (``finish``)."""
     m = model(manager, key)
     m.shared._last_used.value = at
-    m.shared.set_load_requested(True)
+    assert m.shared.try_admit(None)
     manager.poll()
+
+
+def finish(manager: ModelManager, key: str) -> None:
+    model(manager, key).shared.release()
 
 
 def exit_worker(manager: ModelManager, key: str, code: int = 0) -> str | None:
@@ -132,7 +140,7 @@ def test_a_busy_model_is_never_unloaded() -> None:
     assert model(manager, "a").shared.try_admit(None)  # a request in flight on "a"
     request(manager, "b", at=2.0)
     assert server.launched == ["a"] and manager.pending and not server.queue("a")
-    model(manager, "a").shared.release()
+    finish(manager, "a")
     manager.poll()  # now idle: unloaded for "b"
     assert isinstance(server.queue("a")[-1], StopWorker)
     exit_worker(manager, "a")
@@ -156,11 +164,15 @@ def test_a_crash_fails_that_models_requests_and_it_reloads_on_demand() -> None:
     for key in ("e", "o"):
         become_ready(model(manager, key))
     old_queue = server.queue("o")
+    assert model(manager, "o").shared.try_admit(None)  # running when the worker dies
     assert exit_worker(manager, "o", code=-9) is None
     (notice,) = server.sent
     assert isinstance(notice, WorkerLost) and notice.deployment == "o"
     assert notice.request_queue is server.queue("o") and notice.request_queue is not old_queue
     assert model(manager, "o").shared.load_state == LoadState.UNLOADED
+    manager.poll()  # its failing request (still counted) does not reload it
+    assert server.launched == ["e", "o"]
+    finish(manager, "o")
     request(manager, "o", at=2.0)  # the next request loads it again
     assert server.launched == ["e", "o", "o"]
     exit_worker(manager, "e", code=-9)  # an eager model restarts at once
@@ -174,3 +186,40 @@ def test_load_failures_are_reported_and_fatal_only_when_nothing_can_serve() -> N
     assert exit_worker(manager, "x", code=0) is None  # "y" is still loading
     assert model(manager, "x").shared.load_state == LoadState.FAILED
     assert exit_worker(manager, "y", code=0) == "fatal"
+
+
+def test_a_model_that_can_never_fit_fails_at_once_and_nothing_is_unloaded_for_it() -> None:
+    manager, server = make({"e": LoadMode.eager, "o": ON_DEMAND, "big": ON_DEMAND}, 250)
+    model(manager, "big").estimate_bytes = 200 * MB
+    manager.start()
+    become_ready(model(manager, "e"))
+    request(manager, "o", at=1.0)
+    become_ready(model(manager, "o"))
+    request(manager, "big", at=2.0)  # 100 (eager) + 200 > 250 whatever is unloaded
+    big = model(manager, "big")
+    assert big.shared.load_state == LoadState.FAILED
+    assert "model_memory_budget" in big.shared.info()["load_error"]
+    assert not server.queue("o") and not manager.pending  # "o" stays loaded
+
+
+def test_an_unload_that_hangs_is_killed_and_a_failed_launch_is_reported() -> None:
+    manager, server = make({"a": ON_DEMAND, "b": ON_DEMAND}, budget_mb=150)
+    request(manager, "a", at=1.0)
+    become_ready(model(manager, "a"))
+    request(manager, "b", at=2.0)
+    a = model(manager, "a")
+    assert a.stopping
+    killed = []
+    a.process.kill = lambda: killed.append(True)  # type: ignore[union-attr]
+    a.stop_deadline = 0.0  # past its deadline
+    manager.poll()
+    assert killed == [True]
+
+    def refuse(api: str) -> FakeProcess:
+        raise OSError("cannot allocate memory")
+
+    server.launch = refuse  # type: ignore[method-assign]
+    exit_worker(manager, "a", code=-9)  # its exit starts "b": the spawn fails
+    b = model(manager, "b")
+    assert b.shared.load_state == LoadState.FAILED
+    assert "cannot allocate memory" in b.shared.info()["load_error"]

@@ -5,8 +5,8 @@ Two seeded Llama checkpoints (A: seed 1, B: seed 2, so their greedy outputs diff
 - ``repo_server``: ``alpha`` = A; ``beta`` in two versions, v1 = B (weight 0.9, eager) and
   v2 = A (weight 0.1, on demand); MiniLM on /v1/embeddings; API keys on.
 - ``on_demand_server``: ``a`` = A and ``b`` = B, both on demand, under a memory budget that fits
-  one worker (1.5 x the resident memory measured of ``repo_server``'s workers), plus
-  ``broken`` whose weights are truncated; traced to a file.
+  one worker (1.5 x what ``repo_server`` counts for one of its workers, same engine settings),
+  plus ``broken`` whose weights are truncated; traced to a file.
 """
 
 from __future__ import annotations
@@ -33,6 +33,10 @@ KEY = "k-repo"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 8
+# every engine's KV buffers: 64 MiB for 16 sequences (2048-token contexts), so that a worker's
+# footprint is mostly its measured memory
+KV_MEMORY = "executor.kv_cache_memory=64MiB"
+SLOTS = "batching.max_num_seqs=16"
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +90,8 @@ def repo_server(
         "+models.minilm.model.builtin=minilm",
         "+models.minilm.model.task=embed",
         f"server.api_keys=[{KEY}]",
+        KV_MEMORY,
+        SLOTS,
     ]
     server = start_server(tmp_path_factory, "repo", overrides)
     server.admin_key = KEY  # type: ignore[attr-defined]  # for wait_until's /admin/stats
@@ -251,14 +257,19 @@ def on_demand_server(
     checkpoints: dict[str, Path],
     repo_server: ServerProcess,
 ) -> Iterator[ServerProcess]:
-    rss = [m["rss_bytes"] for m in repo_server.get("/ready").json()["models"] if m["rss_bytes"]]
-    budget = int(1.5 * max(rss))  # one worker fits, two do not
+    # what the budget counts for one worker of these checkpoints (same engine settings): its
+    # estimate or its measured RSS, whichever is larger; one fits, two do not
+    models = repo_server.get("/ready").json()["models"]
+    footprint = max(max(m["memory_bytes"], m["rss_bytes"] or 0) for m in models)
+    budget = int(1.5 * footprint)
     traces = tmp_path_factory.mktemp("repo_traces") / "traces.jsonl"
     overrides = [
         *_entry("a", checkpoints["A"], "a", load="on_demand"),
         *_entry("b", checkpoints["B"], "b", load="on_demand"),
         *_entry("broken", checkpoints["broken"], "broken", load="on_demand"),
         f"server.model_memory_budget={budget}",
+        KV_MEMORY,
+        SLOTS,
         "tracing=file",
         f"tracing.file_path={traces}",
     ]

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import os
 import random
 import time
@@ -26,7 +25,7 @@ from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.process.process_utils import process_rss
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.process.shared_state import LOAD_RETRY_S, LoadState, SharedState
 
 
 @dataclass
@@ -42,6 +41,7 @@ class Deployment:
     responses: ResponsePipeline
     model_path: str = ""
     request_queue: Any = None  # its engine worker's request queue (a Manager proxy)
+    slots_hint: int = 0  # its engine's slots before it ever loaded (then its stats say)
 
     @property
     def model_id(self) -> str:
@@ -53,10 +53,11 @@ class Deployment:
         return self.shared.ready and self.shared.load_state == LoadState.LOADED
 
     def status(self) -> str:
-        """``ready``, ``loading``, ``unloaded``, ``unloading``, ``failed`` or ``restarting``."""
+        """``ready``, ``loading``, ``unloaded``, ``unloading``, ``failed`` or ``not_ready``
+        (loaded but not serving: its worker just died, or on Ray, no replica is up)."""
         state = self.shared.load_state
         if state == LoadState.LOADED:
-            return "ready" if self.shared.ready else "restarting"
+            return "ready" if self.shared.ready else "not_ready"
         return LoadState.NAMES[state]
 
     def rss_bytes(self) -> int | None:
@@ -66,9 +67,16 @@ class Deployment:
         return process_rss(int(self.shared.stats()["worker_pid"])) or None
 
     def load_error(self) -> str | None:
+        """Why it failed to load; None when it did not, or when it is on demand and failed
+        more than ``LOAD_RETRY_S`` ago (the next request tries again)."""
         if self.shared.load_state != LoadState.FAILED:
             return None
-        return str(self.shared.info().get("load_error") or "the engine worker exited during load")
+        info = self.shared.info()
+        if self.load is LoadMode.on_demand and (
+            time.time() - float(info.get("failed_at") or 0.0) > LOAD_RETRY_S
+        ):
+            return None
+        return str(info.get("load_error") or "the engine worker exited during load")
 
     def describe(self) -> dict[str, Any]:
         """This version for ``/ready``, ``/version`` and ``/admin/stats``."""
@@ -80,6 +88,7 @@ class Deployment:
             "status": self.status(),
             "weight": self.shared.weight,
             "rss_bytes": self.rss_bytes(),
+            "memory_bytes": self.shared.memory_bytes or None,  # what the budget counts
         }
         if (error := self.load_error()) is not None:
             out["error"] = error
@@ -87,17 +96,19 @@ class Deployment:
 
 
 LOAD_POLL_S = 0.05  # while a request waits for its model to load (only then: no idle polling)
+MAX_WEIGHT = 1e6  # weights are relative shares; bounded so that their sum stays finite
+WAKE_EVERY_S = 1.0  # ... and how often it reminds the supervisor while the load has not begun
 
 
 class LoadRequests:
-    """How an API process asks the main process to load a model: a shared flag, then one
-    byte on the supervisor's wake-up pipe (inherited when the API process forks)."""
+    """How an API process asks the main process to load a model: the request waiting for it
+    is counted in its ``in_flight``; one byte on the supervisor's wake-up pipe (inherited when
+    the API process forks) makes the supervisor look now."""
 
     def __init__(self, wake_fd: int | None = None) -> None:
         self.wake_fd = wake_fd
 
-    def request(self, deployment: Deployment) -> None:
-        deployment.shared.set_load_requested(True)
+    def wake(self) -> None:
         if self.wake_fd is not None:
             with contextlib.suppress(BlockingIOError, OSError):
                 os.write(self.wake_fd, b"L")
@@ -160,13 +171,15 @@ class DeploymentRouter:
         unknown = sorted(set(weights) - known)
         if unknown:
             raise ValueError(
-                f"weights: unknown version(s) {', '.join(unknown)} of `{name}`; its versions: "
+                f"unknown version(s) {', '.join(unknown)} of `{name}`; its versions: "
                 f"{', '.join(sorted(known))}"
             )
-        if not all(math.isfinite(w) and w >= 0 for w in weights.values()) or not any(
+        if not all(0 <= w <= MAX_WEIGHT for w in weights.values()) or not any(
             w > 0 for w in weights.values()
         ):
-            raise ValueError("weights: every weight must be a finite number >= 0, one > 0")
+            raise ValueError(
+                f"weights: every weight must be a number in [0, {MAX_WEIGHT:g}], one of them > 0"
+            )
         for d in versions:
             d.shared.set_weight(float(weights.get(d.version, 0.0)))
         return versions
@@ -192,6 +205,7 @@ async def wait_until_serving(
     when it fails to load (``model_load_failed``), the server drains (``shutting_down``) or
     ``timeout_s`` passes (``model_load_timeout``)."""
     deadline = time.time() + timeout_s
+    woke = 0.0
     while not deployment.serving:
         if is_draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
@@ -205,7 +219,9 @@ async def wait_until_serving(
                 code="model_load_timeout",
                 retry_after_s=5,
             )
-        if deployment.shared.load_state in (LoadState.UNLOADED, LoadState.UNLOADING):
-            load_requests.request(deployment)  # (again, if it was being unloaded meanwhile)
+        now = time.time()
+        if deployment.shared.load_state != LoadState.LOADING and now - woke >= WAKE_EVERY_S:
+            load_requests.wake()  # not loading yet (or unloading, or to be retried): ask
+            woke = now
         await asyncio.sleep(LOAD_POLL_S)
     return "loaded"

@@ -72,9 +72,9 @@ _ROUTES: dict[
 class Frontend:
     """Handles ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``.
 
-    ``shared`` is the server's state (draining, queue lost; with one model also that model's
-    worker). ``deployments`` are the served LLM versions (default: one, from ``pipeline`` and
-    ``shared``, already loaded); ``pipeline``/``request_queue`` are the first one's.
+    ``shared`` is the server's state (draining, queue lost). ``deployments`` are the served LLM
+    versions, each with its own ``SharedState`` (default: one, from ``pipeline`` and ``shared``,
+    loaded by its host); ``pipeline``/``request_queue`` are the first one's.
     """
 
     def __init__(
@@ -85,12 +85,11 @@ class Frontend:
         telemetry: FrontendTelemetry | None = None,
         responses: ResponsePipeline | None = None,
         deployments: list[Deployment] | None = None,
-        model_version: str = "1",
     ) -> None:
         if deployments is None:
             shared.set_load_state(LoadState.LOADED)  # one model, loaded by its host
             deployments = [
-                Deployment("", pipeline.model_name, model_version, LoadMode.eager, pipeline,
+                Deployment("", pipeline.model_name, "1", LoadMode.eager, pipeline,
                            shared, responses or ResponsePipeline([]))
             ]
         self.deployments = deployments
@@ -199,7 +198,8 @@ class Frontend:
         """Count the request in flight unless the model's slots and waiting queue are full."""
         shared = deployment.shared
         waiting = self.settings.max_waiting_requests
-        limit = None if waiting is None else int(shared.stats()["total_slots"]) + waiting
+        slots = int(shared.stats()["total_slots"]) or deployment.slots_hint  # (before its load)
+        limit = None if waiting is None else slots + waiting
         if not shared.try_admit(limit):
             raise OpenAIError(
                 ErrorInfo(

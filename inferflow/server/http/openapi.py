@@ -145,9 +145,10 @@ class ModelReadiness(BaseModel):
     name: str
     version: str
     load: Literal["eager", "on_demand"]
-    status: Literal["ready", "loading", "unloaded", "unloading", "failed", "restarting", "stalled"]
+    status: Literal["ready", "loading", "unloaded", "unloading", "failed", "not_ready", "stalled"]
     weight: float
     rss_bytes: int | None = None
+    memory_bytes: int | None = None  # what server.model_memory_budget counts it for
     error: str | None = None  # why it failed to load
 
 

@@ -58,7 +58,7 @@ def readiness(frontend: Frontend) -> str:
     if frontend.embeddings is not None and not frontend.embeddings.models.ready:
         return "not_ready"
     statuses = [(d, model_status(frontend, d)) for d in frontend.deployments]
-    if any(d.load is LoadMode.eager and s in ("loading", "restarting", "unloaded")
+    if any(d.load is LoadMode.eager and s in ("loading", "not_ready", "unloaded")
            for d, s in statuses):
         return "not_ready"
     if any(s == "ready" or (d.load is LoadMode.on_demand and s != "failed")
@@ -107,8 +107,9 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
         ("/version", _version_route(frontend, model_path), ["GET"]),
         ("/metrics", metrics, ["GET"]),
         ("/admin/stats", _admin_stats_route(frontend), ["GET"]),
-        ("/admin/models/{name}/traffic", _traffic_route(frontend), ["POST"]),
-        ("/admin/models/{name}/promote", _promote_route(frontend), ["POST"]),
+        # {name:path}: a served name may contain "/" (e.g. org/model)
+        ("/admin/models/{name:path}/traffic", _traffic_route(frontend), ["POST"]),
+        ("/admin/models/{name:path}/promote", _promote_route(frontend), ["POST"]),
     ]
 
 
@@ -120,13 +121,17 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
         frontend.auth.authenticate(request.headers)
         body = await read_json_body(request)
         weights = body.get("weights") if isinstance(body, dict) else None
-        if not isinstance(weights, dict) or not all(
-            isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()
-        ):
+        try:
+            if not isinstance(weights, dict) or not all(
+                isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()
+            ):
+                raise ValueError
+            shares = {str(k): float(v) for k, v in weights.items()}  # (a huge int overflows)
+        except (ValueError, OverflowError):
             raise OpenAIError.of(
                 400, 'weights: expected {"weights": {"VERSION": number, ...}}', param="weights"
-            )
-        return _set_weights(frontend, name, {str(k): float(v) for k, v in weights.items()})
+            ) from None
+        return _set_weights(frontend, name, shares, "weights")
 
     return traffic
 
@@ -139,12 +144,14 @@ def _promote_route(frontend: Frontend) -> Callable[..., Any]:
         version = body.get("version") if isinstance(body, dict) else None
         if not isinstance(version, str) or not version:
             raise OpenAIError.of(400, 'version: expected {"version": "VERSION"}', param="version")
-        return _set_weights(frontend, name, {version: 1.0})
+        return _set_weights(frontend, name, {version: 1.0}, "version")
 
     return promote
 
 
-def _set_weights(frontend: Frontend, name: str, weights: dict[str, float]) -> JSONResponse:
+def _set_weights(
+    frontend: Frontend, name: str, weights: dict[str, float], param: str
+) -> JSONResponse:
     try:
         versions = frontend.router.set_weights(name, weights)
     except KeyError:
@@ -156,7 +163,7 @@ def _set_weights(frontend: Frontend, name: str, weights: dict[str, float]) -> JS
             code="model_not_found",
         ) from None
     except ValueError as exc:
-        raise OpenAIError.of(400, str(exc), param="weights") from None
+        raise OpenAIError.of(400, str(exc), param=param) from None
     return JSONResponse({"model": name, "versions": [d.describe() for d in versions]})
 
 

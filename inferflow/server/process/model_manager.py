@@ -1,22 +1,28 @@
-"""The model repository in the main process: one engine worker per LLM version.
+r"""The model repository in the main process: one engine worker per LLM version.
 
-The supervisor calls ``poll()`` each time it wakes (a child died, a signal, or an API process
-wrote a byte to its wake-up pipe after setting a model's ``load_requested``), and ``on_death``
-for each worker that exited. Nothing here polls on its own: while no load is pending the
-supervisor blocks and an idle server uses no CPU.
+The supervisor calls ``poll()`` each time it wakes (a child died, a signal, the watchdog's
+second, or an API process wrote a byte to its wake-up pipe because a request waits for an
+unloaded model), and ``on_death`` for each worker that exited. Nothing here polls on its own:
+only while a load or an unload is under way does the supervisor come back every 0.25 s; an idle
+server uses no CPU. A model is *wanted* while requests for it are in flight (an API process
+counts a request before it waits for the model's load).
 
 Per model (``ManagedModel``), ``SharedState.load_state`` moves::
 
     unloaded --load--> loading --worker ready--> loaded --unload--> unloading --exit--> unloaded
-                          \\--exit before ready--> failed          (crash) --> restart / unloaded
+                          \--exit before ready--> failed          (crash) --> restart / unloaded
 
 Eager models load at start and are restarted after a crash; on-demand models load when a
-request wants them and are unloaded, least recently used first and only when idle, when
-loading another would exceed ``server.model_memory_budget``. The budget counts each loaded
-worker's measured resident memory, and for a model not yet loaded an estimate (its last
-measured RSS, else its weights' size at the engine's precision plus a worker's base memory).
-An unload finishes (the worker has exited) before the next model starts, so the workers
-together stay within the budget.
+request wants them, are unloaded (least recently used first, idle ones only) when loading
+another would exceed ``server.model_memory_budget``, and after a crash reload for the next
+request admitted. A failed on-demand model is tried again by a request ``LOAD_RETRY_S`` after
+its failure; a failed eager model stays failed (its error is on ``/ready``).
+
+The budget counts each model's footprint: the largest of its estimate (weights at the engine's
+precision, the KV buffers it reserves, a worker's base memory) and every resident size measured
+of its worker; loading and unloading models count too. An unload finishes (the worker exited,
+killed after ``UNLOAD_TIMEOUT_S``) before the next model starts. A model that cannot fit even
+with every on-demand model unloaded fails at once with a message saying so.
 
 The unload race: an API process counts a request in flight, *then* reads ``load_state``; the
 manager writes ``unloading``, *then* reads the in-flight count under its lock (a memory
@@ -28,7 +34,8 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
@@ -37,13 +44,15 @@ from inferflow.config import LoadMode
 from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import StopWorker, WorkerLost
 from inferflow.server.process.process_utils import process_rss
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.process.shared_state import LOAD_RETRY_S, LoadState, SharedState
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)
 
 WORKER_BASE_BYTES = 150 * 2**20  # a worker's Python, ONNX Runtime and tokenizer, measured ~140 MB
-_PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.3, "int4": 0.2}
+UNLOAD_TIMEOUT_S = 10.0  # a worker asked to stop is killed after this long
+_PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.3, "int4": 0.2,
+                     "float32": 1.0, "float16": 0.5, "bfloat16": 0.5}
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 UNLOAD_ERROR = ErrorInfo(503, "The model was unloaded.", code="model_unloaded")
 CRASH_ERROR = ErrorInfo(
@@ -53,17 +62,29 @@ CRASH_ERROR = ErrorInfo(
 )
 
 
-def estimate_model_bytes(model_path: str, precision: str | None) -> int:
-    """A worker's memory before it was ever measured: weights at the engine's precision plus
-    ``WORKER_BASE_BYTES`` (the KV buffers of small models are within that base)."""
-    folder = Path(model_path)
-    on_disk = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+def estimate_model_bytes(graph: Any) -> int:
+    """Host memory an engine worker of ``graph`` will hold: its weights at the engine's
+    precision (``executor.precision``, or the torch executor's ``dtype``), the KV buffers its
+    layout reserves, and ``WORKER_BASE_BYTES``. (A GPU's memory is not host memory.)"""
+    from inferflow.models.safetensors_reader import iter_shards
+    from inferflow.scheduling.kv_budget import weights_bytes
+
+    folder = Path(graph.model_path)
     try:
         dtype = json.loads((folder / "config.json").read_text()).get("torch_dtype", "float32")
     except (OSError, ValueError):
         dtype = "float32"
-    fp32 = on_disk * 4 / _DTYPE_BYTES.get(str(dtype), 4)
-    return int(fp32 * _PRECISION_FACTOR.get(str(precision or "fp32"), 1.0)) + WORKER_BASE_BYTES
+    fp32 = weights_bytes(iter_shards(folder)) * 4 / _DTYPE_BYTES.get(str(dtype), 4)
+    executor = graph.executor
+    precision = getattr(executor, "precision", None) or getattr(executor, "dtype", None)
+    factor = _PRECISION_FACTOR.get(str(getattr(precision, "value", precision) or "fp32"), 1.0)
+    on_gpu = str(getattr(executor, "device", "cpu")).startswith("cuda")
+    layout, budget = graph.kv_layout(), graph.served_context.budget
+    tokens = layout.num_blocks * layout.block_size
+    if not layout.paged:
+        tokens += layout.max_slots * layout.max_model_len
+    kv = 0 if on_gpu or budget is None else tokens * budget.bytes_per_token
+    return (0 if on_gpu else int(fp32 * factor)) + kv + WORKER_BASE_BYTES
 
 
 @dataclass
@@ -78,18 +99,34 @@ class ManagedModel:
     estimate_bytes: int
     process: BaseProcess | None = None
     stopping: bool = False  # we asked it to stop (an unload or the shutdown): no crash
+    stop_deadline: float = float("inf")  # monotonic time after which a stopping worker is killed
+    killed: bool = False  # the watchdog or the unload deadline killed it: its death is pending
     measured_bytes: int = 0  # the largest RSS seen of its workers
-    restarts: int = field(default=0)
+    admitted_at_crash: int = -1  # ``shared.admitted`` when its worker last crashed
+
+    def __post_init__(self) -> None:
+        self.shared.set_memory_bytes(self.estimate_bytes)
 
     @property
     def alive(self) -> bool:
         return self.process is not None and self.process.is_alive()
 
+    @property
+    def wanted(self) -> bool:
+        """Requests wait for it (for a crashed model: one admitted after the crash)."""
+        return self.shared.in_flight > 0 and self.shared.admitted > self.admitted_at_crash
+
     def footprint(self) -> int:
-        """Memory it holds now (measured) or will hold once loaded (estimated)."""
-        rss = process_rss(self.process.pid if self.alive and self.process else None)
-        self.measured_bytes = max(self.measured_bytes, rss)
-        return max(rss, self.measured_bytes or self.estimate_bytes)
+        """What it counts for against the budget: its estimate or the largest RSS measured."""
+        if self.alive and self.process is not None:
+            self.measured_bytes = max(self.measured_bytes, process_rss(self.process.pid))
+        footprint = max(self.estimate_bytes, self.measured_bytes)
+        self.shared.set_memory_bytes(footprint)
+        return footprint
+
+    def failed_long_ago(self) -> bool:
+        failed_at = float(self.shared.info().get("failed_at") or 0.0)
+        return time.time() - failed_at > LOAD_RETRY_S
 
 
 class ModelManager:
@@ -100,7 +137,7 @@ class ModelManager:
         self.server = server
         self.models = models
         self.budget = budget_bytes
-        self.pending = False  # a load waits for memory: the supervisor should poll again soon
+        self.pending = False  # a load or an unload is under way: the supervisor polls soon
 
     # --- what the supervisor asks -------------------------------------------------------------
     def processes(self) -> list[BaseProcess]:
@@ -110,7 +147,8 @@ class ModelManager:
         return next((m for m in self.models if m.process is process), None)
 
     def settled(self) -> bool:
-        """Every eager model is loaded or failed, and something can be served."""
+        """Every eager model is loaded or failed, and something can be served (an on-demand
+        model can, until it fails)."""
         if any(
             m.load is LoadMode.eager and not _ready(m) and m.shared.load_state != LoadState.FAILED
             for m in self.models
@@ -127,25 +165,34 @@ class ModelManager:
                 self._launch(m)
 
     def poll(self) -> None:
-        """Start the models requests are waiting for, unloading idle ones to make room."""
+        """Start the models requests wait for, unloading idle ones to make room; kill a
+        worker that did not stop within ``UNLOAD_TIMEOUT_S`` of its unload."""
         self.pending = False
+        now = time.monotonic()
+        for m in self.models:
+            if m.stopping and m.alive and m.process is not None:
+                self.pending = True
+                if now > m.stop_deadline and not m.killed:
+                    logger.warning("model %s: its worker did not stop within %.0f s; killing it",
+                                   m.model_id, UNLOAD_TIMEOUT_S)
+                    m.killed = True
+                    m.process.kill()
         for m in sorted(self.models, key=lambda m: m.shared.last_used):
             state = m.shared.load_state
-            if state == LoadState.LOADED:
-                m.shared.set_load_requested(False)
+            if state in (LoadState.LOADED, LoadState.LOADING) or not m.wanted:
                 continue
-            wanted = m.shared.load_requested or m.shared.in_flight > 0
-            if not wanted or state in (LoadState.LOADING, LoadState.FAILED):
-                continue  # a failed model stays failed (its error is on /ready)
+            if state == LoadState.FAILED and (m.load is LoadMode.eager or not m.failed_long_ago()):
+                continue  # its error is on /ready; an on-demand model is retried later
             if state == LoadState.UNLOADING or m.alive:  # its old worker is still exiting
                 self.pending = True
             elif self._make_room(m):
                 self._launch(m)
-            else:
+            elif m.shared.load_state != LoadState.FAILED:
                 self.pending = True
 
     def on_death(self, process: BaseProcess) -> str | None:
-        """Handle a worker's exit; returns ``"fatal"`` when nothing can be served any more."""
+        """Handle a worker's exit; returns ``"fatal"`` when the server cannot go on (no model
+        can ever serve, or the queue process is gone)."""
         m = self.model_of(process)
         if m is None:
             return None
@@ -153,35 +200,35 @@ class ModelManager:
             mark_process_dead(process.pid)  # its running/waiting gauges are stale
         was_ready = m.shared.ready
         m.shared.set_ready(False)
-        m.process = None
+        m.process, m.killed = None, False
         if m.stopping:  # unloaded (or stopped for the shutdown)
-            m.stopping = False
+            m.stopping, m.stop_deadline = False, float("inf")
             m.shared.set_load_state(LoadState.UNLOADED)
             logger.info("model %s unloaded", m.model_id)
             self.poll()
             return None
         if m.shared.load_state == LoadState.LOADING and not was_ready:
-            m.shared.set_load_state(LoadState.FAILED)
-            logger.error(
-                "model %s: the engine worker exited during load (exit code %s): %s",
-                m.model_id,
-                process.exitcode,
-                m.shared.info().get("load_error", "see the error above"),
+            error = m.shared.info().get("load_error") or (
+                f"the engine worker exited during load (exit code {process.exitcode})"
             )
-            return None if self.settled() or self._loading() else "fatal"
+            self._fail(m, str(error))
+            return None if self._can_serve() else "fatal"
         logger.error(
             "model %s: the engine worker died (exit code %s); failing its requests and %s",
             m.model_id,
             process.exitcode,
             "restarting it" if m.load is LoadMode.eager else "reloading it on the next request",
         )
-        queue = self.server.fresh_queue(m.api)
-        m.restarts += 1
+        try:
+            queue = self.server.fresh_queue(m.api)
+        except Exception as exc:  # the queue process went down with it: the server must stop
+            logger.error("cannot give model %s a new request queue (%s)", m.model_id, exc)
+            return "fatal"
+        m.admitted_at_crash = m.shared.admitted  # its failing requests do not reload it
         if m.load is LoadMode.eager:
             self._launch(m)
         else:
             m.shared.set_load_state(LoadState.UNLOADED)
-            m.shared.set_load_requested(False)
         self._notify_lost(m, queue)
         return None
 
@@ -190,15 +237,16 @@ class ModelManager:
         if limit_s is None:
             return
         for m in self.models:
-            if not _ready(m) or not m.alive or m.stopping or m.process is None:
+            if not _ready(m) or m.stopping or m.killed or m.process is None or not m.alive:
                 continue
             age = m.shared.heartbeat_age()
-            if age > limit_s and m.process.pid is not None:
+            if age > limit_s:
                 logger.error(
                     "model %s: engine worker %s gave no heartbeat for %.0f s (limit %.0f s): "
                     "killing it to restart; its requests fail with an explicit error",
                     m.model_id, m.process.pid, age, limit_s,
                 )
+                m.killed = True
                 m.process.kill()  # its death restarts it
 
     def set_ready(self, ready: bool) -> None:
@@ -228,42 +276,59 @@ class ModelManager:
                 process.join(2.0)
 
     # --- loading and unloading ----------------------------------------------------------------
-    def _loading(self) -> bool:
-        return any(m.shared.load_state == LoadState.LOADING for m in self.models)
+    def _can_serve(self) -> bool:
+        """Some model serves, is loading, or is on demand (it may load later)."""
+        return any(
+            _ready(m) or m.shared.load_state == LoadState.LOADING or m.load is LoadMode.on_demand
+            for m in self.models
+        )
+
+    def _fail(self, m: ManagedModel, error: str) -> None:
+        m.shared.publish_info({"load_error": error, "failed_at": time.time()})
+        m.shared.set_load_state(LoadState.FAILED)
+        logger.error("model %s failed to load: %s", m.model_id, error)
 
     def _launch(self, m: ManagedModel) -> None:
-        m.shared.set_load_state(LoadState.LOADING)
-        m.shared.set_load_requested(False)
         m.shared.publish_info({})
+        m.shared.set_load_state(LoadState.LOADING)
         logger.info("model %s: loading", m.model_id)
-        m.process = self.server.launch(m.api)
+        try:
+            m.process = self.server.launch(m.api)
+        except Exception as exc:  # e.g. no memory left to spawn it
+            self._fail(m, f"cannot start its engine worker: {exc}")
 
     def _make_room(self, wanted: ManagedModel) -> bool:
-        """True when ``wanted`` may start now; else an idle model is being unloaded for it (or
-        every other model is busy) and the caller tries again later."""
+        """True when ``wanted`` may start now. Else an idle model is being unloaded for it, or
+        the others are busy (the caller tries again later), or it can never fit (failed)."""
         if self.budget is None:
             return True
         held = [m for m in self.models if m is not wanted and m.process is not None]
-        if any(m.shared.load_state == LoadState.UNLOADING for m in held):
+        if any(m.stopping for m in held):
             return False  # wait for that unload to finish first
         need = wanted.footprint()
-        used = sum(m.footprint() for m in held)
+        sizes = {m.key: m.footprint() for m in held}
+        used = sum(sizes.values())
         if used + need <= self.budget:
             return True
+        unloadable = [m for m in held if m.load is LoadMode.on_demand]
+        pinned = used - sum(sizes[m.key] for m in unloadable)  # eager models, kept loaded
+        if pinned + need > self.budget:
+            self._fail(wanted, (
+                f"it needs ~{need >> 20} MiB and server.model_memory_budget is "
+                f"{self.budget >> 20} MiB, of which the eager models hold {pinned >> 20} MiB "
+                "(raise the budget, or lower its executor.kv_cache_memory or precision)"
+            ))
+            return False
         idle = [
-            m for m in held
-            if m.load is LoadMode.on_demand and m.shared.load_state == LoadState.LOADED
+            m for m in unloadable
+            if m.shared.load_state == LoadState.LOADED and m.shared.in_flight == 0
         ]
+        if used - sum(sizes[m.key] for m in idle) + need > self.budget:
+            return False  # only busy models could make room: wait until they are idle
         for victim in sorted(idle, key=lambda m: m.shared.last_used):
             if self._unload(victim):
                 return False  # start once it has exited (on_death polls again)
-        if not held:
-            logger.warning(
-                "model %s needs ~%d MB, more than server.model_memory_budget (%d MB): loading "
-                "it anyway, alone", wanted.model_id, need >> 20, self.budget >> 20,
-            )
-            return True
-        return False  # every other model is busy: the request waits (up to its load timeout)
+        return False
 
     def _unload(self, m: ManagedModel) -> bool:
         m.shared.set_load_state(LoadState.UNLOADING)
@@ -271,7 +336,7 @@ class ModelManager:
             m.shared.set_load_state(LoadState.LOADED)
             return False
         logger.info("model %s: unloading (least recently used, idle) to make room", m.model_id)
-        m.stopping = True
+        m.stopping, m.stop_deadline = True, time.monotonic() + UNLOAD_TIMEOUT_S
         try:
             self.server.queue(m.api).put(StopWorker(UNLOAD_ERROR))
         except Exception as exc:  # its queue is gone: the shutdown is under way

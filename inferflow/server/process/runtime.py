@@ -22,7 +22,6 @@ from inferflow.config import ConfigError
 from inferflow.embeddings.http_api import EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
 from inferflow.model_repository import build_entry_graph, llm_entries
-from inferflow.scheduling.kv_budget import parse_memory
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
@@ -90,6 +89,7 @@ def _deployments(
             SharedState(weight=model.weight),
             ResponsePipeline(entry_graph.response_stages),  # set up with the request stages
             str(entry_graph.model_path),
+            slots_hint=entry_graph.executor.max_slots or entry_graph.batching.max_num_seqs,
         )
         if deployment.model_id in seen:
             raise ConfigError(
@@ -100,10 +100,6 @@ def _deployments(
         seen[deployment.model_id] = entry.key
         out.append((deployment, entry_graph))
     return out
-
-
-def _memory_budget(server: Any) -> int | None:
-    return parse_memory(getattr(server, "model_memory_budget", None), "server.model_memory_budget")
 
 
 def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
@@ -158,7 +154,6 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
             api_path=path,
             process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
         )
-        precision = getattr(entry_graph.executor, "precision", None)
         models.append(
             ManagedModel(
                 deployment.key,
@@ -166,8 +161,14 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
                 deployment.load,
                 api,
                 deployment.shared,
-                estimate_model_bytes(deployment.model_path, getattr(precision, "value", precision)),
+                estimate_model_bytes(entry_graph),
             )
+        )
+    budget = graph.server.model_memory_budget_bytes
+    if budget is not None and not any(d.load.value == "on_demand" for d, _ in deployments):
+        logger.warning(
+            "server.model_memory_budget applies to on-demand models of the repository (models:"
+            " ... load: on_demand); with none, nothing is loaded or unloaded by it"
         )
     return InferflowServer(
         models,
@@ -175,7 +176,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
         settings,
         first.model_path,
         start_line(graph, settings, [d for d, _ in deployments]),
-        memory_budget=_memory_budget(graph.server),
+        memory_budget=budget,
     )
 
 

@@ -21,9 +21,11 @@ above but ``draining``/``queue_lost`` then describe that model's worker), plus:
 
 - ``load_state``: written by the main process (``ModelManager``): unloaded, loading, loaded,
   unloading or failed (the worker's error is in ``info()["load_error"]``);
-- ``load_requested``: an API process wants this model loaded (then it wakes the supervisor);
+- ``admitted``: requests ever admitted (a request waiting for the model is in ``in_flight``;
+  the main process reloads a crashed model only for a request admitted after the crash);
 - ``weight``: its share of unpinned traffic, changed at run time by the admin endpoint;
 - ``last_used``: when a request last finished or arrived (least-recently-used unloading);
+- ``memory_bytes``: what the main process counts it for against the memory budget.
 
 Everything the engine worker writes is lock-free: the worker can be killed at any instruction
 (SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
@@ -71,6 +73,9 @@ class LoadState:
     FAILED = 4
     NAMES = ("unloaded", "loading", "loaded", "unloading", "failed")
 
+
+LOAD_RETRY_S = 30.0  # a failed on-demand model is loaded again by a request after this long
+
 _EXECUTOR_BYTES = 4096
 
 
@@ -80,7 +85,8 @@ class SharedState:
     def __init__(self, weight: float = 1.0) -> None:
         ctx = mp.get_context("spawn")
         self._load_state = ctx.Value("b", LoadState.UNLOADED, lock=False)
-        self._load_requested = ctx.Value("b", 0, lock=False)
+        self._admitted = ctx.Value("q", 0, lock=False)  # written under _in_flight's lock
+        self._memory = ctx.Value("d", 0.0, lock=False)
         self._weight = ctx.Value("d", weight, lock=False)
         self._last_used = ctx.Value("d", 0.0, lock=False)
         self._ready = ctx.Value("b", 0, lock=False)
@@ -127,11 +133,15 @@ class SharedState:
         self._load_state.value = state
 
     @property
-    def load_requested(self) -> bool:
-        return bool(self._load_requested.value)
+    def admitted(self) -> int:
+        return int(self._admitted.value)
 
-    def set_load_requested(self, value: bool) -> None:
-        self._load_requested.value = 1 if value else 0
+    @property
+    def memory_bytes(self) -> int:
+        return int(self._memory.value)
+
+    def set_memory_bytes(self, value: int) -> None:
+        self._memory.value = float(value)
 
     @property
     def weight(self) -> float:
@@ -169,6 +179,7 @@ class SharedState:
             if limit is not None and self._in_flight.value >= limit:
                 return False
             self._in_flight.value += 1
+            self._admitted.value += 1
             return True
 
     def release(self) -> None:

@@ -66,8 +66,8 @@ class Supervisor:
 
     @property
     def wake_fd(self) -> int:
-        """Write end of the wake-up pipe: API processes (forked later) write to it after they
-        set a model's ``load_requested``."""
+        """Write end of the wake-up pipe: API processes (forked later) write to it when a
+        request waits for a model that is not loaded."""
         return self._wake_w
 
     # --- signals ------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from inferflow.config import LoadMode
 from inferflow.embeddings.http_api import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
+from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.errors import ErrorInfo, install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
@@ -38,7 +40,7 @@ from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, UpdateBatch
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.shared_state import STATS_FIELDS, SharedState
+from inferflow.server.process.shared_state import STATS_FIELDS, LoadState, SharedState
 from inferflow.server.ray.board import board_actor, merge_metrics
 
 logger = logging.getLogger(__name__)
@@ -138,9 +140,12 @@ class IngressDeployment:
         self.telemetry = FrontendTelemetry(telemetry)
         self.shared = SharedState()
         pipeline = RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage)
-        self.frontend = Frontend(pipeline, self.settings, self.shared, self.telemetry,
-                                 ResponsePipeline(graph.response_stages),
-                                 model_version=str(graph.model.version))
+        responses = ResponsePipeline(graph.response_stages)
+        self.shared.set_load_state(LoadState.LOADED)  # the engine replicas' readiness: ready
+        model = Deployment("", graph.model_name, str(graph.model.version), LoadMode.eager,
+                           pipeline, self.shared, responses, str(graph.model_path))
+        self.frontend = Frontend(pipeline, self.settings, self.shared, self.telemetry, responses,
+                                 deployments=[model])
         self.frontend.request_queue = EngineClient(engine, self.frontend)
         specs = embedding_specs(graph)  # extra_models: encoders in the ingress, as in API processes
         if specs:
