@@ -80,6 +80,8 @@ def become_ready(m: ManagedModel, manager: ModelManager | None = None) -> None:
     waited for it then finish."""
     m.shared.set_ready(True)
     m.shared.set_load_state(LoadState.LOADED)
+    while m.shared.load_waiters:
+        m.shared.add_load_waiter(-1)
     while m.shared.in_flight:
         m.shared.release()
 
@@ -90,18 +92,25 @@ def request(manager: ModelManager, key: str, at: float) -> None:
     m = model(manager, key)
     m.shared._last_used.value = at
     assert m.shared.try_admit(None)
+    m.shared.add_load_waiter(1)  # what wait_until_serving does
     manager.poll()
 
 
 def finish(manager: ModelManager, key: str) -> None:
-    model(manager, key).shared.release()
+    """A request on ``key`` ends (it did not wait for a load, or its wait is over)."""
+    shared = model(manager, key).shared
+    if shared.load_waiters:
+        shared.add_load_waiter(-1)
+    shared.release()
 
 
 def exit_worker(manager: ModelManager, key: str, code: int = 0) -> str | None:
     m = model(manager, key)
     assert m.process is not None
     m.process.exitcode = code
-    return manager.on_death(m.process)
+    outcome = manager.on_death(m.process)
+    manager.poll()  # what the supervisor does next, in the same pass
+    return outcome
 
 
 ON_DEMAND = LoadMode.on_demand
@@ -223,3 +232,18 @@ def test_an_unload_that_hangs_is_killed_and_a_failed_launch_is_reported() -> Non
     b = model(manager, "b")
     assert b.shared.load_state == LoadState.FAILED
     assert "cannot allocate memory" in b.shared.info()["load_error"]
+
+
+def test_an_on_demand_load_past_the_load_timeout_is_killed_and_fails() -> None:
+    manager, _ = make({"slow": ON_DEMAND}, budget_mb=None)
+    request(manager, "slow", at=1.0)
+    slow = model(manager, "slow")
+    assert manager.pending  # polled again while it loads
+    killed = []
+    slow.process.kill = lambda: killed.append(True)  # type: ignore[union-attr]
+    slow.load_deadline = 0.0
+    manager.poll()
+    assert killed == [True]
+    exit_worker(manager, "slow", code=-9)
+    assert slow.shared.load_state == LoadState.FAILED
+    assert "did not load within" in slow.shared.info()["load_error"]

@@ -90,8 +90,8 @@ class Deployment:
             "rss_bytes": self.rss_bytes(),
             "memory_bytes": self.shared.memory_bytes or None,  # what the budget counts
         }
-        if (error := self.load_error()) is not None:
-            out["error"] = error
+        if self.shared.load_state == LoadState.FAILED:  # (also once a request may retry it)
+            out["error"] = str(self.shared.info().get("load_error") or "the worker exited")
         return out
 
 
@@ -201,27 +201,32 @@ async def wait_until_serving(
     is_draining: Callable[[], bool],
     load_requests: LoadRequests,
 ) -> str:
-    """Ask for ``deployment``'s load and wait until it serves (returns ``"loaded"``); a 503
-    when it fails to load (``model_load_failed``), the server drains (``shutting_down``) or
-    ``timeout_s`` passes (``model_load_timeout``)."""
+    """Wait (counted in ``load_waiters``: what makes the main process load it) until
+    ``deployment`` serves; returns ``"loaded"``. A 503 when it fails to load
+    (``model_load_failed``), the server drains (``shutting_down``) or ``timeout_s`` passes
+    (``model_load_timeout``)."""
     deadline = time.time() + timeout_s
     woke = 0.0
-    while not deployment.serving:
-        if is_draining():
-            raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
-        if (failed := load_failed(deployment)) is not None:
-            raise failed
-        if time.time() > deadline:
-            raise OpenAIError.of(
-                503,
-                f"The model `{deployment.model_id}` did not load within {timeout_s:g} s "
-                "(server.model_load_timeout_s).",
-                code="model_load_timeout",
-                retry_after_s=5,
-            )
-        now = time.time()
-        if deployment.shared.load_state != LoadState.LOADING and now - woke >= WAKE_EVERY_S:
-            load_requests.wake()  # not loading yet (or unloading, or to be retried): ask
-            woke = now
-        await asyncio.sleep(LOAD_POLL_S)
+    deployment.shared.add_load_waiter(1)
+    try:
+        while not deployment.serving:
+            if is_draining():
+                raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
+            if (failed := load_failed(deployment)) is not None:
+                raise failed
+            now = time.time()
+            if now > deadline:
+                raise OpenAIError.of(
+                    503,
+                    f"The model `{deployment.model_id}` did not load within {timeout_s:g} s "
+                    "(server.model_load_timeout_s).",
+                    code="model_load_timeout",
+                    retry_after_s=5,
+                )
+            if deployment.shared.load_state != LoadState.LOADING and now - woke >= WAKE_EVERY_S:
+                load_requests.wake()  # not loading yet (unloading, or to be retried): ask now
+                woke = now
+            await asyncio.sleep(LOAD_POLL_S)
+    finally:
+        deployment.shared.add_load_waiter(-1)
     return "loaded"

@@ -52,7 +52,8 @@ def model_status(frontend: Frontend, deployment: Deployment) -> str:
 
 
 def readiness(frontend: Frontend) -> str:
-    """``ready`` when every eager model is ready or failed and some model can serve."""
+    """``ready`` when every eager model is ready or failed and some model can serve (an
+    on-demand one can, once loaded)."""
     if frontend.draining or frontend.shared.draining:
         return "draining"
     if frontend.embeddings is not None and not frontend.embeddings.models.ready:
@@ -61,9 +62,8 @@ def readiness(frontend: Frontend) -> str:
     if any(d.load is LoadMode.eager and s in ("loading", "not_ready", "unloaded")
            for d, s in statuses):
         return "not_ready"
-    if any(s == "ready" or (d.load is LoadMode.on_demand and s != "failed")
-           for d, s in statuses):
-        return "ready"
+    if any(s == "ready" or d.load is LoadMode.on_demand for d, s in statuses):
+        return "ready"  # (an on-demand model that failed is tried again by a later request)
     return "stalled" if any(s == "stalled" for _, s in statuses) else "not_ready"
 
 

@@ -103,7 +103,7 @@ class InferflowServer(ls.LitServer):
         self.shared = frontend.shared  # the server's: draining, queue lost, ready
         self.model_path = model_path
         self.exit_code = 0
-        self.models = ModelManager(self, models, memory_budget)
+        self.models = ModelManager(self, models, memory_budget, settings.model_load_timeout_s)
         self._api_processes: dict[int, BaseProcess] = {}
         super().__init__(
             [m.api for m in models],

@@ -4,8 +4,8 @@ The supervisor calls ``poll()`` each time it wakes (a child died, a signal, the 
 second, or an API process wrote a byte to its wake-up pipe because a request waits for an
 unloaded model), and ``on_death`` for each worker that exited. Nothing here polls on its own:
 only while a load or an unload is under way does the supervisor come back every 0.25 s; an idle
-server uses no CPU. A model is *wanted* while requests for it are in flight (an API process
-counts a request before it waits for the model's load).
+server uses no CPU. A model is *wanted* while requests wait for its load
+(``SharedState.load_waiters``); requests a crash failed never wait, so they do not reload it.
 
 Per model (``ManagedModel``), ``SharedState.load_state`` moves::
 
@@ -13,16 +13,17 @@ Per model (``ManagedModel``), ``SharedState.load_state`` moves::
                           \--exit before ready--> failed          (crash) --> restart / unloaded
 
 Eager models load at start and are restarted after a crash; on-demand models load when a
-request wants them, are unloaded (least recently used first, idle ones only) when loading
-another would exceed ``server.model_memory_budget``, and after a crash reload for the next
-request admitted. A failed on-demand model is tried again by a request ``LOAD_RETRY_S`` after
-its failure; a failed eager model stays failed (its error is on ``/ready``).
+request waits for them (a load taking longer than ``server.model_load_timeout_s`` is killed and
+fails), are unloaded (least recently used first, idle ones only) when loading another would
+exceed ``server.model_memory_budget``, and after a crash reload for the next request. A failed
+on-demand model is tried again by a request ``LOAD_RETRY_S`` after its failure; a failed eager
+model stays failed (its error is on ``/ready``).
 
 The budget counts each model's footprint: the largest of its estimate (weights at the engine's
 precision, the KV buffers it reserves, a worker's base memory) and every resident size measured
 of its worker; loading and unloading models count too. An unload finishes (the worker exited,
-killed after ``UNLOAD_TIMEOUT_S``) before the next model starts. A model that cannot fit even
-with every on-demand model unloaded fails at once with a message saying so.
+killed after ``UNLOAD_TIMEOUT_S``) before the next model starts. A model whose estimate cannot
+fit even with every on-demand model unloaded fails at once with a message saying so.
 
 The unload race: an API process counts a request in flight, *then* reads ``load_state``; the
 manager writes ``unloading``, *then* reads the in-flight count under its lock (a memory
@@ -100,9 +101,9 @@ class ManagedModel:
     process: BaseProcess | None = None
     stopping: bool = False  # we asked it to stop (an unload or the shutdown): no crash
     stop_deadline: float = float("inf")  # monotonic time after which a stopping worker is killed
-    killed: bool = False  # the watchdog or the unload deadline killed it: its death is pending
+    load_deadline: float = float("inf")  # ... after which an on-demand load is killed (failed)
+    killed: bool = False  # the watchdog or a deadline killed it: its death is pending
     measured_bytes: int = 0  # the largest RSS seen of its workers
-    admitted_at_crash: int = -1  # ``shared.admitted`` when its worker last crashed
 
     def __post_init__(self) -> None:
         self.shared.set_memory_bytes(self.estimate_bytes)
@@ -113,8 +114,8 @@ class ManagedModel:
 
     @property
     def wanted(self) -> bool:
-        """Requests wait for it (for a crashed model: one admitted after the crash)."""
-        return self.shared.in_flight > 0 and self.shared.admitted > self.admitted_at_crash
+        """Requests wait for it to load."""
+        return self.shared.load_waiters > 0
 
     def footprint(self) -> int:
         """What it counts for against the budget: its estimate or the largest RSS measured."""
@@ -133,10 +134,17 @@ class ModelManager:
     """Starts, stops and restarts the engine workers of ``models`` (``server`` launches them
     and owns their request queues: ``launch(api)``, ``fresh_queue(api)``, ``queue(api)``)."""
 
-    def __init__(self, server: Any, models: list[ManagedModel], budget_bytes: int | None) -> None:
+    def __init__(
+        self,
+        server: Any,
+        models: list[ManagedModel],
+        budget_bytes: int | None,
+        load_timeout_s: float = 300.0,
+    ) -> None:
         self.server = server
         self.models = models
         self.budget = budget_bytes
+        self.load_timeout_s = load_timeout_s
         self.pending = False  # a load or an unload is under way: the supervisor polls soon
 
     # --- what the supervisor asks -------------------------------------------------------------
@@ -166,17 +174,27 @@ class ModelManager:
 
     def poll(self) -> None:
         """Start the models requests wait for, unloading idle ones to make room; kill a
-        worker that did not stop within ``UNLOAD_TIMEOUT_S`` of its unload."""
+        worker that did not stop within ``UNLOAD_TIMEOUT_S`` of its unload, or an on-demand
+        one that did not load within the load timeout."""
         self.pending = False
         now = time.monotonic()
         for m in self.models:
-            if m.stopping and m.alive and m.process is not None:
-                self.pending = True
-                if now > m.stop_deadline and not m.killed:
-                    logger.warning("model %s: its worker did not stop within %.0f s; killing it",
-                                   m.model_id, UNLOAD_TIMEOUT_S)
-                    m.killed = True
-                    m.process.kill()
+            if m.process is None or not m.alive:
+                continue
+            # an eager model may take long to load the first time (an engine build): no deadline
+            loading = m.shared.load_state == LoadState.LOADING and m.load is LoadMode.on_demand
+            if not (m.stopping or loading):
+                continue
+            self.pending = True  # come back for its deadline
+            late = now > (m.stop_deadline if m.stopping else m.load_deadline)
+            if late and not m.killed:
+                logger.warning(
+                    "model %s: its worker did not %s within %.0f s; killing it", m.model_id,
+                    "stop" if m.stopping else "load",
+                    UNLOAD_TIMEOUT_S if m.stopping else self.load_timeout_s,
+                )
+                m.killed = True
+                m.process.kill()
         for m in sorted(self.models, key=lambda m: m.shared.last_used):
             state = m.shared.load_state
             if state in (LoadState.LOADED, LoadState.LOADING) or not m.wanted:
@@ -200,16 +218,17 @@ class ModelManager:
             mark_process_dead(process.pid)  # its running/waiting gauges are stale
         was_ready = m.shared.ready
         m.shared.set_ready(False)
-        m.process, m.killed = None, False
-        if m.stopping:  # unloaded (or stopped for the shutdown)
+        killed, m.process, m.killed = m.killed, None, False
+        if m.stopping:  # unloaded (or stopped for the shutdown); the supervisor polls next
             m.stopping, m.stop_deadline = False, float("inf")
             m.shared.set_load_state(LoadState.UNLOADED)
             logger.info("model %s unloaded", m.model_id)
-            self.poll()
             return None
         if m.shared.load_state == LoadState.LOADING and not was_ready:
             error = m.shared.info().get("load_error") or (
-                f"the engine worker exited during load (exit code {process.exitcode})"
+                f"it did not load within {self.load_timeout_s:g} s (server.model_load_timeout_s)"
+                if killed and m.load is LoadMode.on_demand
+                else f"the engine worker exited during load (exit code {process.exitcode})"
             )
             self._fail(m, str(error))
             return None if self._can_serve() else "fatal"
@@ -224,7 +243,6 @@ class ModelManager:
         except Exception as exc:  # the queue process went down with it: the server must stop
             logger.error("cannot give model %s a new request queue (%s)", m.model_id, exc)
             return "fatal"
-        m.admitted_at_crash = m.shared.admitted  # its failing requests do not reload it
         if m.load is LoadMode.eager:
             self._launch(m)
         else:
@@ -292,6 +310,8 @@ class ModelManager:
         m.shared.publish_info({})
         m.shared.set_load_state(LoadState.LOADING)
         logger.info("model %s: loading", m.model_id)
+        m.load_deadline = time.monotonic() + self.load_timeout_s
+        self.pending = self.pending or m.load is LoadMode.on_demand  # (its deadline: poll soon)
         try:
             m.process = self.server.launch(m.api)
         except Exception as exc:  # e.g. no memory left to spawn it
@@ -313,21 +333,22 @@ class ModelManager:
         unloadable = [m for m in held if m.load is LoadMode.on_demand]
         pinned = used - sum(sizes[m.key] for m in unloadable)  # eager models, kept loaded
         if pinned + need > self.budget:
+            need = wanted.estimate_bytes  # a past peak of its RSS alone does not rule it out
+        if pinned + need > self.budget:
             self._fail(wanted, (
-                f"it needs ~{need >> 20} MiB and server.model_memory_budget is "
-                f"{self.budget >> 20} MiB, of which the eager models hold {pinned >> 20} MiB "
+                f"it needs ~{need >> 20} MiB and server.model_memory_budget "
+                f"is {self.budget >> 20} MiB, of which the eager models hold {pinned >> 20} MiB "
                 "(raise the budget, or lower its executor.kv_cache_memory or precision)"
             ))
             return False
         idle = [
             m for m in unloadable
-            if m.shared.load_state == LoadState.LOADED and m.shared.in_flight == 0
+            if m.alive and m.shared.load_state == LoadState.LOADED and m.shared.in_flight == 0
         ]
-        if used - sum(sizes[m.key] for m in idle) + need > self.budget:
+        if not idle or used - sum(sizes[m.key] for m in idle) + need > self.budget:
             return False  # only busy models could make room: wait until they are idle
-        for victim in sorted(idle, key=lambda m: m.shared.last_used):
-            if self._unload(victim):
-                return False  # start once it has exited (on_death polls again)
+        # one unload at a time: once it has exited (or if a request kept it) look again
+        self._unload(min(idle, key=lambda m: m.shared.last_used))
         return False
 
     def _unload(self, m: ManagedModel) -> bool:

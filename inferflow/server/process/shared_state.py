@@ -21,8 +21,8 @@ above but ``draining``/``queue_lost`` then describe that model's worker), plus:
 
 - ``load_state``: written by the main process (``ModelManager``): unloaded, loading, loaded,
   unloading or failed (the worker's error is in ``info()["load_error"]``);
-- ``admitted``: requests ever admitted (a request waiting for the model is in ``in_flight``;
-  the main process reloads a crashed model only for a request admitted after the crash);
+- ``load_waiters``: requests waiting for this model to load (the main process loads a model
+  while any wait; requests failed by a crash never wait, so they do not reload it);
 - ``weight``: its share of unpinned traffic, changed at run time by the admin endpoint;
 - ``last_used``: when a request last finished or arrived (least-recently-used unloading);
 - ``memory_bytes``: what the main process counts it for against the memory budget.
@@ -85,7 +85,7 @@ class SharedState:
     def __init__(self, weight: float = 1.0) -> None:
         ctx = mp.get_context("spawn")
         self._load_state = ctx.Value("b", LoadState.UNLOADED, lock=False)
-        self._admitted = ctx.Value("q", 0, lock=False)  # written under _in_flight's lock
+        self._load_waiters = ctx.Value("i", 0)  # locked: API processes only
         self._memory = ctx.Value("d", 0.0, lock=False)
         self._weight = ctx.Value("d", weight, lock=False)
         self._last_used = ctx.Value("d", 0.0, lock=False)
@@ -133,8 +133,12 @@ class SharedState:
         self._load_state.value = state
 
     @property
-    def admitted(self) -> int:
-        return int(self._admitted.value)
+    def load_waiters(self) -> int:
+        return int(self._load_waiters.value)
+
+    def add_load_waiter(self, delta: int) -> None:
+        with self._load_waiters.get_lock():
+            self._load_waiters.value += delta
 
     @property
     def memory_bytes(self) -> int:
@@ -179,7 +183,6 @@ class SharedState:
             if limit is not None and self._in_flight.value >= limit:
                 return False
             self._in_flight.value += 1
-            self._admitted.value += 1
             return True
 
     def release(self) -> None:
