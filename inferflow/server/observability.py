@@ -117,8 +117,13 @@ class FrontendTelemetry:
     def model_load(
         self, span: Any, model_id: str, started: float, ended: float, outcome: str
     ) -> None:
-        """A ``model_load`` child span of the request's root span: the time it waited for its
-        on-demand model to load."""
+        """The time a request waited for its on-demand model to load: a ``model_load`` child
+        span of its root span and ``inferflow:model_load_wait_seconds``."""
+        if self.server_metrics is not None:
+            try:
+                self.server_metrics.on_model_load_wait(model_id, outcome, ended - started)
+            except Exception as exc:  # metrics never fail a request
+                logger.debug("metrics: %s", exc)
         if self.tracer is None or span is None:
             return
         from inferflow.telemetry.spans import emit_span

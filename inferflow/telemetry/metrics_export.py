@@ -140,6 +140,16 @@ class ServerMetrics:
             registry=self.registry,
             buckets=REQUEST_LATENCY_BUCKETS,
         )
+        self.model_load_wait = Histogram(
+            "inferflow:model_load_wait_seconds",
+            "Time a request waited for its on-demand model to load, by outcome (s).",
+            ["model_name", "outcome"],
+            registry=self.registry,
+            buckets=REQUEST_LATENCY_BUCKETS,
+        )
+
+    def on_model_load_wait(self, model_id: str, outcome: str, seconds: float) -> None:
+        self.model_load_wait.labels(model_id, outcome).observe(seconds)
 
     def on_response(self, route: str, status_code: int, duration_s: float | None = None) -> None:
         """Count one response (call it for errors too: 400, 401, 413, 429, 503, 504 ...)."""

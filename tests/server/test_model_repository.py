@@ -24,6 +24,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, start_server
 
 from inferflow.models.tiny import make_checkpoint
@@ -316,6 +317,14 @@ def test_on_demand_models_take_turns_within_the_memory_budget(
         if a["key"] == "inferflow.model_load.outcome"
     }
     assert outcomes == {"loaded"}
+    families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics").text)}
+    loads = {s.labels["model_name"]: s.value for s in families["inferflow:model_loads"].samples}
+    unloads = {s.labels["model_name"]: s.value
+               for s in families["inferflow:model_unloads"].samples}
+    assert loads["a"] == loads["b"] == 2 and unloads["a"] == 2 and unloads["b"] >= 1
+    waits = families["inferflow:model_load_wait_seconds"].samples
+    assert any(s.name.endswith("_count") and s.labels["outcome"] == "loaded" and s.value >= 2
+               for s in waits)
 
 
 def _spans(path: Path, name: str) -> list[dict]:

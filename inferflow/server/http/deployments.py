@@ -230,3 +230,38 @@ async def wait_until_serving(
     finally:
         deployment.shared.add_load_waiter(-1)
     return "loaded"
+
+
+_REPOSITORY_METRICS = (
+    # (name, type, help, value of a deployment)
+    ("inferflow:model_loaded", "gauge", "1 while the model version serves requests.",
+     lambda d: 1 if d.serving else 0),
+    ("inferflow:model_memory_bytes", "gauge",
+     "What server.model_memory_budget counts the model version for (bytes).",
+     lambda d: d.shared.memory_bytes),
+    ("inferflow:model_weight", "gauge", "The version's share of unpinned traffic (canary).",
+     lambda d: d.shared.weight),
+    ("inferflow:model_load_waiters", "gauge", "Requests waiting for the model to load.",
+     lambda d: d.shared.load_waiters),
+    ("inferflow:model_loads_total", "counter", "Engine worker starts of the model version.",
+     lambda d: d.shared.loads),
+    ("inferflow:model_unloads_total", "counter",
+     "Unloads of the model version to make room within the memory budget.",
+     lambda d: d.shared.unloads),
+)
+
+
+def repository_metrics(deployments: list[Deployment]) -> bytes:
+    """Prometheus text of the repository's state, read from shared memory when scraped (so
+    every API process answers the same)."""
+    lines = []
+    for name, kind, text, value in _REPOSITORY_METRICS:
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        for d in deployments:
+            labels = f'model_name="{_label(d.name)}",version="{_label(d.version)}"'
+            lines.append(f"{name}{{{labels}}} {float(value(d))}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 import inferflow
 from inferflow.config import LoadMode
-from inferflow.server.http.deployments import Deployment
+from inferflow.server.http.deployments import Deployment, repository_metrics
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.json_body import read_json_body
@@ -99,6 +99,8 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
         if not frontend.settings.public_metrics:
             frontend.auth.authenticate(request.headers)
         body, content_type = frontend.telemetry.render_metrics()
+        if frontend.deployments[0].key:  # a model repository: its state per version too
+            body += repository_metrics(frontend.deployments)
         return Response(content=body, media_type=content_type)
 
     return [

@@ -311,6 +311,7 @@ class ModelManager:
         m.shared.set_load_state(LoadState.LOADING)
         logger.info("model %s: loading", m.model_id)
         m.load_deadline = time.monotonic() + self.load_timeout_s
+        m.shared.count_load()
         self.pending = self.pending or m.load is LoadMode.on_demand  # (its deadline: poll soon)
         try:
             m.process = self.server.launch(m.api)
@@ -357,6 +358,7 @@ class ModelManager:
             m.shared.set_load_state(LoadState.LOADED)
             return False
         logger.info("model %s: unloading (least recently used, idle) to make room", m.model_id)
+        m.shared.count_unload()
         m.stopping, m.stop_deadline = True, time.monotonic() + UNLOAD_TIMEOUT_S
         try:
             self.server.queue(m.api).put(StopWorker(UNLOAD_ERROR))

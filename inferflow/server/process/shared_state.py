@@ -25,7 +25,8 @@ above but ``draining``/``queue_lost`` then describe that model's worker), plus:
   while any wait; requests failed by a crash never wait, so they do not reload it);
 - ``weight``: its share of unpinned traffic, changed at run time by the admin endpoint;
 - ``last_used``: when a request last finished or arrived (least-recently-used unloading);
-- ``memory_bytes``: what the main process counts it for against the memory budget.
+- ``memory_bytes``: what the main process counts it for against the memory budget;
+- ``loads``/``unloads``: how many times the main process started / unloaded its worker.
 
 Everything the engine worker writes is lock-free: the worker can be killed at any instruction
 (SIGKILL, OOM), and a lock it held would then block every API process forever. Flags are single
@@ -87,6 +88,8 @@ class SharedState:
         self._load_state = ctx.Value("b", LoadState.UNLOADED, lock=False)
         self._load_waiters = ctx.Value("i", 0)  # locked: API processes only
         self._memory = ctx.Value("d", 0.0, lock=False)
+        self._loads = ctx.Value("q", 0, lock=False)  # single writer: the main process
+        self._unloads = ctx.Value("q", 0, lock=False)
         self._weight = ctx.Value("d", weight, lock=False)
         self._last_used = ctx.Value("d", 0.0, lock=False)
         self._ready = ctx.Value("b", 0, lock=False)
@@ -146,6 +149,20 @@ class SharedState:
 
     def set_memory_bytes(self, value: int) -> None:
         self._memory.value = float(value)
+
+    @property
+    def loads(self) -> int:
+        return int(self._loads.value)
+
+    @property
+    def unloads(self) -> int:
+        return int(self._unloads.value)
+
+    def count_load(self) -> None:
+        self._loads.value += 1
+
+    def count_unload(self) -> None:
+        self._unloads.value += 1
 
     @property
     def weight(self) -> float:
