@@ -324,7 +324,9 @@ def _server_schema(node: Any) -> type:
     return RayServerConfig if str(runtime) == "ray" else ServerConfig
 
 
-def _typed(schema: type, node: Any, key: str) -> Any:
+def typed_config(schema: type, node: Any, key: str) -> Any:
+    """``node`` checked against the dataclass ``schema`` and built as one; a bad value or key is
+    a ConfigError naming ``key.field``."""
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
         return OmegaConf.to_object(merged)
@@ -352,7 +354,7 @@ def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
 
 
 def _build(cfg: DictConfig) -> ServingGraph:
-    model: ModelConfig = _typed(ModelConfig, cfg.get("model"), "model")
+    model: ModelConfig = typed_config(ModelConfig, cfg.get("model"), "model")
     model_path, model_name = resolve_model(model)
     cfg.model.path, cfg.model.name = str(model_path), model_name
     prefixes = allowed_prefixes(cfg)
@@ -393,7 +395,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
         guided=engine_stage("guided", NoGuidedDecoding),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
-        server=_typed(_server_schema(cfg.get("server")), cfg.get("server"), "server"),
-        tracing=_typed(TracingConfig, cfg.get("tracing"), "tracing"),
+        server=typed_config(_server_schema(cfg.get("server")), cfg.get("server"), "server"),
+        tracing=typed_config(TracingConfig, cfg.get("tracing"), "tracing"),
         config=cfg,
     )

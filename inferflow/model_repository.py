@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import (
     ConfigError,
@@ -34,7 +33,6 @@ from inferflow.config import (
     ModelConfig,
     ModelEntryConfig,
     ModelTask,
-    describe_omegaconf_error,
 )
 
 ENTRY_SLOTS = ("validator", "tokenizer", "cache", "batching", "executor", "detokenizer", "guided")
@@ -58,11 +56,9 @@ class RepositoryEntry:
 
 
 def _typed_entry(key: str, node: Any) -> ModelEntryConfig:
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(ModelEntryConfig), node)
-        entry = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise describe_omegaconf_error(exc, f"models.{key}.") from None
+    from inferflow.graph import typed_config
+
+    entry = typed_config(ModelEntryConfig, node, f"models.{key}")
     assert isinstance(entry, ModelEntryConfig)
     return entry
 
@@ -147,14 +143,13 @@ def llm_entries(config: DictConfig | Mapping[str, Any]) -> list[RepositoryEntry]
 
 def embedding_entries(config: DictConfig | Mapping[str, Any]) -> list[ModelConfig]:
     """The repository's embedding entries as typed ``ModelConfig``s (``extra_models`` style)."""
-    models: list[ModelConfig] = []
-    for entry in repository_entries(config):
-        if entry.is_embedding and entry.key:
-            merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), entry.model)
-            typed = OmegaConf.to_object(merged)
-            assert isinstance(typed, ModelConfig)
-            models.append(typed)
-    return models
+    from inferflow.graph import typed_config
+
+    return [
+        typed_config(ModelConfig, entry.model, f"models.{entry.key}.model")
+        for entry in repository_entries(config)
+        if entry.is_embedding and entry.key
+    ]
 
 
 def build_entry_graph(entry: RepositoryEntry) -> Any:

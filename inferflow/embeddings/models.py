@@ -5,14 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf import DictConfig
 
 from inferflow.config import (
     ConfigError,
     ModelConfig,
     ModelTask,
-    describe_omegaconf_error,
 )
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
 from inferflow.embeddings.http_api import EmbeddingModelSpec
@@ -34,11 +32,9 @@ def batching_config(graph: Any) -> DynamicBatchingConfig:
 
 
 def _entry(key: str, node: Any) -> ModelConfig:
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(ModelConfig), node)
-        entry = OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise describe_omegaconf_error(exc, f"extra_models.{key}.") from None
+    from inferflow.graph import typed_config
+
+    entry = typed_config(ModelConfig, node, f"extra_models.{key}")
     assert isinstance(entry, ModelConfig)
     if not is_embedding_model(entry):
         raise ConfigError(

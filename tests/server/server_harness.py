@@ -7,6 +7,7 @@ process tree if it does not exit in time.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -206,3 +207,13 @@ def gone(pids: list[int], timeout: float) -> list[str]:
         for p in survivors
         if alive(p)
     ]
+
+
+def trace_spans(path: Path) -> list[dict]:
+    """Every span of a trace file (OTLP JSON, one export per line), in file order."""
+    spans: list[dict] = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        for rs in json.loads(line).get("resourceSpans", ()):
+            for ss in rs.get("scopeSpans", ()):
+                spans += ss.get("spans", ())
+    return spans

@@ -11,7 +11,6 @@ Two seeded Llama checkpoints (A: seed 1, B: seed 2, so their greedy outputs diff
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -25,7 +24,7 @@ import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_harness import ServerProcess, start_server
+from server_harness import ServerProcess, start_server, trace_spans
 
 from inferflow.models.tiny import make_checkpoint
 from inferflow.server.process.process_utils import descendants, process_rss
@@ -328,12 +327,7 @@ def test_on_demand_models_take_turns_within_the_memory_budget(
 
 
 def _spans(path: Path, name: str) -> list[dict]:
-    spans = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        for rs in json.loads(line).get("resourceSpans", ()):
-            for ss in rs.get("scopeSpans", ()):
-                spans += [s for s in ss.get("spans", ()) if s["name"] == name]
-    return spans
+    return [s for s in trace_spans(path) if s["name"] == name]
 
 
 def test_a_model_that_fails_to_load_is_reported_and_the_rest_serve(

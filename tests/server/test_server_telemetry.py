@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import secrets
 import time
 from collections.abc import Iterator
@@ -10,17 +9,11 @@ from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from server_harness import MODEL, ServerProcess, start_server
+from server_harness import MODEL, ServerProcess, start_server, trace_spans
 
 
 def spans_of(path, trace_id: str) -> list[dict]:
-    spans = []
-    if path.exists():
-        for line in path.read_text().splitlines():
-            for rs in json.loads(line).get("resourceSpans", ()):
-                for ss in rs.get("scopeSpans", ()):
-                    spans += [s for s in ss.get("spans", ()) if s["traceId"] == trace_id]
-    return spans
+    return [s for s in trace_spans(path) if s["traceId"] == trace_id]
 
 
 def test_request_trace_continues_traceparent_with_stage_and_engine_spans(
