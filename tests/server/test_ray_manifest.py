@@ -46,7 +46,7 @@ def test_the_pod_templates_are_valid_pod_templates() -> None:
 
 def test_the_serve_config_builds_inferflow_apps_from_valid_overrides() -> None:
     from inferflow.cli import compose_config
-    from inferflow.graph import _typed
+    from inferflow.graph import typed_config
     from inferflow.server_schema import RayServerConfig
 
     serve_config = yaml.safe_load(_rayservice()["spec"]["serveConfigV2"])
@@ -55,5 +55,5 @@ def test_the_serve_config_builds_inferflow_apps_from_valid_overrides() -> None:
         module, attr = app["import_path"].split(":")
         assert callable(getattr(importlib.import_module(module), attr))
         cfg = compose_config(["server=ray", *app["args"]["overrides"]])  # unknown keys raise
-        server = _typed(RayServerConfig, cfg.server, "server")
+        server = typed_config(RayServerConfig, cfg.server, "server")
         assert server.num_replicas >= 1 and str(server.runtime) == "ray"
