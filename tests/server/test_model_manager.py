@@ -174,7 +174,10 @@ def test_a_crash_fails_that_models_requests_and_it_reloads_on_demand() -> None:
         become_ready(model(manager, key))
     old_queue = server.queue("o")
     assert model(manager, "o").shared.try_admit(None)  # running when the worker dies
+    model(manager, "o").shared.publish_stats({"running": 1, "waiting": 2})  # its last snapshot
     assert exit_worker(manager, "o", code=-9) is None
+    stats = model(manager, "o").shared.stats()
+    assert (stats["running"], stats["waiting"]) == (0, 0)  # not the dead worker's figures
     (notice,) = server.sent
     assert isinstance(notice, WorkerLost) and notice.deployment == "o"
     assert notice.request_queue is server.queue("o") and notice.request_queue is not old_queue
@@ -247,3 +250,17 @@ def test_an_on_demand_load_past_the_load_timeout_is_killed_and_fails() -> None:
     exit_worker(manager, "slow", code=-9)
     assert slow.shared.load_state == LoadState.FAILED
     assert "did not load within" in slow.shared.info()["load_error"]
+
+
+def test_a_worker_killed_mid_write_does_not_leave_its_replacements_snapshots_unreadable() -> None:
+    shared = SharedState()
+    shared.publish_stats({"running": 3})
+    assert shared.stats()["running"] == 3
+    shared._stats[0] += 1  # SIGKILL between "a write is in progress" and "done"
+    assert shared.stats()["running"] == 3  # readers fall back to the last snapshot they saw
+    shared.publish_stats({"running": 0})  # the replacement worker's first snapshot
+    assert shared.stats()["running"] == 0
+    shared.publish_info({"engine": "a"})
+    shared._info_seq.value += 1  # the same for the info blob
+    shared.publish_info({"engine": "b"})
+    assert shared.info() == {"engine": "b"}

@@ -216,6 +216,8 @@ class ModelManager:
             return None
         if process.pid is not None and multiprocess_active():
             mark_process_dead(process.pid)  # its running/waiting gauges are stale
+        # the dead writer's snapshot is stale too; with no worker this process may write it
+        m.shared.publish_stats({"running": 0, "waiting": 0})
         was_ready = m.shared.ready
         m.shared.set_ready(False)
         killed, m.process, m.killed = m.killed, None, False

@@ -223,7 +223,7 @@ class SharedState:
             float(values.get(name, old))
             for name, old in zip(STATS_FIELDS, self._stats[1:], strict=True)
         ]
-        seq = int(self._stats[0])
+        seq = _even(int(self._stats[0]))
         self._stats[0] = seq + 1  # odd: a write is in progress
         self._stats[1:] = merged  # one copy: keeps the write window short
         self._stats[0] = seq + 2
@@ -250,7 +250,7 @@ class SharedState:
 def _write_blob(seq_value: Any, array: Any, obj: dict[str, Any], size: int) -> None:
     """Seqlock write of ``obj`` as JSON (single writer)."""
     data = json.dumps(obj, default=str).encode()[: size - 1]
-    seq = seq_value.value
+    seq = _even(seq_value.value)
     seq_value.value = seq + 1
     array.value = data
     seq_value.value = seq + 2
@@ -262,6 +262,12 @@ def _read_blob(seq_value: Any, array: Any) -> dict[str, Any]:
         return json.loads(data) if data else {}
     except ValueError:  # truncated at the size limit
         return {}
+
+
+def _even(seq: int) -> int:
+    """The sequence a write starts from: a writer killed mid-write left it odd, and the next
+    writer (its replacement) must not keep it odd, or every reader would fall back for good."""
+    return seq + (seq & 1)
 
 
 def _seqlock_read(
