@@ -158,4 +158,4 @@ def engine_fields(checkpoint: BertCheckpoint) -> dict[str, str]:
 
 def cached_encoder_model(checkpoint: BertCheckpoint, cache_dir: Path) -> CacheEntry:
     """The shared compiled-engine cache entry for ``checkpoint`` (built on first use)."""
-    return get_or_build(cache_dir, engine_fields(checkpoint), lambda: build_bert_graph(checkpoint))
+    return get_or_build(cache_dir, engine_fields(checkpoint), lambda _folder: build_bert_graph(checkpoint))

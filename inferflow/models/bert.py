@@ -94,7 +94,7 @@ class BertCheckpoint:
             st = SafetensorsFile(file)
             try:
                 for name in st.tensors:
-                    out[name.removeprefix("bert.")] = st.read(name).copy()  # detach from the mmap
+                    out[name.removeprefix("bert.")] = st.read(name)
             finally:
                 st.close()
         return out

@@ -8,8 +8,7 @@ Every failure is a :class:`CheckpointError` naming the file and the problem.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -22,30 +21,162 @@ from inferflow.models.safetensors_reader import SafetensorsFile, iter_shards
 from inferflow.models.tokenizer import Tokenizer
 
 
-@dataclass
 class LayerWeights:
-    """One decoder layer, as float32 arrays in (in_features, out_features) layout for MatMul."""
+    """One decoder layer's weights in (in_features, out_features) layout for MatMul; each
+    property reads its tensor from the checkpoint (nothing is kept: the caller holds it)."""
 
-    input_norm: np.ndarray  # (H,)
-    wq: np.ndarray  # (H, Hq*D)
-    wk: np.ndarray  # (H, Hkv*D)
-    wv: np.ndarray  # (H, Hkv*D)
-    wo: np.ndarray  # (Hq*D, H)
-    post_norm: np.ndarray  # (H,)
-    w_gate: np.ndarray  # (H, I)
-    w_up: np.ndarray  # (H, I)
-    w_down: np.ndarray  # (I, H)
-    bq: np.ndarray | None = None
-    bk: np.ndarray | None = None
-    bv: np.ndarray | None = None
+    def __init__(self, weights: ModelWeights, index: int) -> None:
+        self._w, self._prefix = weights, f"model.layers.{index}."
+
+    def _read(self, name: str, transpose: bool = False) -> np.ndarray:
+        return self._w.read(self._prefix + name, transpose)
+
+    def _bias(self, name: str) -> np.ndarray | None:
+        return self._read(name) if self._w.config.attention_bias else None
+
+    @property
+    def input_norm(self) -> np.ndarray:  # (H,)
+        return self._read("input_layernorm.weight")
+
+    @property
+    def wq(self) -> np.ndarray:  # (H, Hq*D)
+        return self._read("self_attn.q_proj.weight", transpose=True)
+
+    @property
+    def wk(self) -> np.ndarray:  # (H, Hkv*D)
+        return self._read("self_attn.k_proj.weight", transpose=True)
+
+    @property
+    def wv(self) -> np.ndarray:  # (H, Hkv*D)
+        return self._read("self_attn.v_proj.weight", transpose=True)
+
+    @property
+    def wo(self) -> np.ndarray:  # (Hq*D, H)
+        return self._read("self_attn.o_proj.weight", transpose=True)
+
+    @property
+    def post_norm(self) -> np.ndarray:  # (H,)
+        return self._read("post_attention_layernorm.weight")
+
+    @property
+    def w_gate(self) -> np.ndarray:  # (H, I)
+        return self._read("mlp.gate_proj.weight", transpose=True)
+
+    @property
+    def w_up(self) -> np.ndarray:  # (H, I)
+        return self._read("mlp.up_proj.weight", transpose=True)
+
+    @property
+    def w_down(self) -> np.ndarray:  # (I, H)
+        return self._read("mlp.down_proj.weight", transpose=True)
+
+    @property
+    def bq(self) -> np.ndarray | None:  # (Hq*D,)
+        return self._bias("self_attn.q_proj.bias")
+
+    @property
+    def bk(self) -> np.ndarray | None:  # (Hkv*D,)
+        return self._bias("self_attn.k_proj.bias")
+
+    @property
+    def bv(self) -> np.ndarray | None:  # (Hkv*D,)
+        return self._bias("self_attn.v_proj.bias")
 
 
-@dataclass
 class ModelWeights:
-    embed: np.ndarray  # (V, H)
-    layers: list[LayerWeights] = field(default_factory=list)
-    final_norm: np.ndarray | None = None  # (H,)
-    lm_head: np.ndarray | None = None  # (H, V); the transposed embedding when tied
+    """A checkpoint's weights, read from the safetensors files one tensor per access.
+
+    Nothing is cached: an access reads the tensor again, and the caller decides how long it
+    lives, so a builder that converts and writes each tensor before asking for the next one
+    holds about one tensor (plus what it fuses with it) at a time. Every expected tensor and its
+    shape is checked against config.json from the file headers when this is created, before any
+    data is read. Floating tensors come as ``dtype`` (float32, or float16 for a 16-bit engine).
+    """
+
+    def __init__(self, config: ModelArch, folder: Path, shards: list[Path],
+                 dtype: np.dtype | type = np.float32) -> None:
+        self.config, self.folder, self.dtype = config, folder, np.dtype(dtype)
+        self.on_read: Callable[[str, int], None] | None = None  # (tensor name, bytes read)
+        self._files = [SafetensorsFile(shard) for shard in shards]
+        where = {name: st for st in self._files for name in st.tensors}
+        self._shapes = expected_shapes(config)
+        self._where: dict[str, SafetensorsFile] = {}
+        for name, shape in self._shapes.items():
+            st = where.get(name)
+            if st is None:
+                raise CheckpointError(folder, f"tensor {name!r} is missing from the weights")
+            if st.tensors[name].shape != shape:
+                raise CheckpointError(st.path, f"tensor {name!r} has shape "
+                                      f"{st.tensors[name].shape}, config.json implies {shape}")
+            self._where[name] = st
+        self.layers = [LayerWeights(self, i) for i in range(config.num_layers)]
+
+    def read(self, name: str, transpose: bool = False) -> np.ndarray:
+        """Tensor ``name`` (a Hugging Face name), transposed to (in, out) when ``transpose``."""
+        st = self._where[name]
+        arr = st.read(name, self.dtype)
+        if self.on_read is not None:
+            self.on_read(name, st.tensors[name].end - st.tensors[name].begin)
+        return np.ascontiguousarray(arr.T) if transpose else arr
+
+    @property
+    def embed(self) -> np.ndarray:  # (V, H)
+        return self.read("model.embed_tokens.weight")
+
+    @property
+    def final_norm(self) -> np.ndarray:  # (H,)
+        return self.read("model.norm.weight")
+
+    @property
+    def lm_head(self) -> np.ndarray:  # (H, V); the transposed embedding when tied
+        if self.config.tie_word_embeddings:
+            return self.read("model.embed_tokens.weight", transpose=True)
+        return self.read("lm_head.weight", transpose=True)
+
+    @property
+    def tensor_names(self) -> list[str]:
+        return list(self._where)
+
+    @property
+    def read_bytes(self) -> int:
+        """Bytes a build reads: every tensor once, the embedding twice when tied (lm_head)."""
+        size = {n: st.tensors[n].end - st.tensors[n].begin for n, st in self._where.items()}
+        tied = size["model.embed_tokens.weight"] if self.config.tie_word_embeddings else 0
+        return sum(size.values()) + tied
+
+    def close(self) -> None:
+        for st in self._files:
+            st.close()
+
+    def __enter__(self) -> ModelWeights:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def expected_shapes(cfg: ModelArch) -> dict[str, tuple[int, ...]]:
+    """Every tensor a checkpoint of ``cfg`` has, by Hugging Face name, in its stored shape
+    ((out_features, in_features) for projections)."""
+    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q), p + "post_attention_layernorm.weight": (h,),
+            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+            p + "mlp.down_proj.weight": (h, inter),
+        })
+        if cfg.attention_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+    shapes["model.norm.weight"] = (h,)
+    if not cfg.tie_word_embeddings:
+        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
 
 
 class Checkpoint:
@@ -86,56 +217,10 @@ class Checkpoint:
             h.update(cached_file_digest(f).encode())
         return h.hexdigest()
 
-    def _tensors(self) -> Iterator[tuple[str, SafetensorsFile]]:
-        for shard in self.shards:
-            st = SafetensorsFile(shard)
-            for name in st.tensors:
-                yield name, st
-
-    def load_weights(self) -> ModelWeights:
-        """All weights as float32, shapes checked against config.json."""
-        where = {name: st for name, st in self._tensors()}
-        return _assemble(self.config, where, self.path)
-
-
-def _assemble(cfg: ModelArch, where: dict[str, SafetensorsFile], folder: Path) -> ModelWeights:
-    h, d = cfg.hidden_size, cfg.head_dim
-
-    def get(name: str, shape: tuple[int, ...], transpose: bool = False) -> np.ndarray:
-        st = where.get(name)
-        if st is None:
-            raise CheckpointError(folder, f"tensor {name!r} is missing from the weights")
-        arr = st.read(name)
-        if arr.shape != shape:
-            raise CheckpointError(st.path, f"tensor {name!r} has shape {arr.shape}, config.json implies {shape}")
-        return np.ascontiguousarray(arr.T) if transpose else arr
-
-    def maybe(name: str, shape: tuple[int, ...]) -> np.ndarray | None:
-        return get(name, shape) if cfg.attention_bias else None
-
-    weights = ModelWeights(embed=get("model.embed_tokens.weight", (cfg.vocab_size, h)))
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        weights.layers.append(LayerWeights(
-            input_norm=get(p + "input_layernorm.weight", (h,)),
-            wq=get(p + "self_attn.q_proj.weight", (cfg.num_heads * d, h), transpose=True),
-            wk=get(p + "self_attn.k_proj.weight", (cfg.num_kv_heads * d, h), transpose=True),
-            wv=get(p + "self_attn.v_proj.weight", (cfg.num_kv_heads * d, h), transpose=True),
-            wo=get(p + "self_attn.o_proj.weight", (h, cfg.num_heads * d), transpose=True),
-            post_norm=get(p + "post_attention_layernorm.weight", (h,)),
-            w_gate=get(p + "mlp.gate_proj.weight", (cfg.intermediate_size, h), transpose=True),
-            w_up=get(p + "mlp.up_proj.weight", (cfg.intermediate_size, h), transpose=True),
-            w_down=get(p + "mlp.down_proj.weight", (h, cfg.intermediate_size), transpose=True),
-            bq=maybe(p + "self_attn.q_proj.bias", (cfg.num_heads * d,)),
-            bk=maybe(p + "self_attn.k_proj.bias", (cfg.num_kv_heads * d,)),
-            bv=maybe(p + "self_attn.v_proj.bias", (cfg.num_kv_heads * d,)),
-        ))
-    weights.final_norm = get("model.norm.weight", (h,))
-    if cfg.tie_word_embeddings:
-        weights.lm_head = np.ascontiguousarray(weights.embed.T)
-    else:
-        weights.lm_head = get("lm_head.weight", (cfg.vocab_size, h), transpose=True)
-    return weights
+    def weights(self, dtype: np.dtype | type = np.float32) -> ModelWeights:
+        """The weights, read tensor by tensor as they are used (see ``ModelWeights``); files,
+        tensor names and shapes are checked now."""
+        return ModelWeights(self.config, self.path, self.shards, dtype)
 
 
 def load_checkpoint(path: Path | str) -> Checkpoint:

@@ -1,7 +1,8 @@
 """Weight digests that are not recomputed on every start when the files have not changed.
 
 A checkpoint's identity (``Checkpoint.weights_digest``, part of the compiled-engine cache key) is
-a sha256 over its files: for a multi-GB checkpoint, seconds of reading on every start. Each
+a sha256 over its files, and a cached engine's files are checked against the digests in its
+manifest: for multi-GB files, seconds of reading on every start. Each
 file's digest is therefore kept in ``$INFERFLOW_HOME/digests/`` against the file's identity as
 the filesystem reports it (resolved path, size, inode, ``mtime_ns`` and ``ctime_ns``; the last
 changes on any write and cannot be set back by the writer), and reused while that identity is
@@ -55,11 +56,22 @@ def cached_file_digest(path: Path) -> str:
     digest = file_digest(path)
     if _identity(path) != identity:  # changed while being read: do not remember it
         return digest
+    _save(entry, identity, digest)
+    return digest
+
+
+def remember_digest(path: Path, digest: str) -> None:
+    """Record ``digest`` for ``path`` as it is now (a file just written and hashed under another
+    name, e.g. an engine published by renaming its folder, is then not read again)."""
+    path = path.resolve()
+    _save(_entry(path), _identity(path), digest)
+
+
+def _save(entry: Path, identity: dict[str, int | str], digest: str) -> None:
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
         tmp = entry.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(json.dumps({"identity": identity, "sha256": digest}))
         os.replace(tmp, entry)
     except OSError as exc:
-        logger.debug("cannot cache the digest of %s: %s", path, exc)
-    return digest
+        logger.debug("cannot cache the digest of %s: %s", entry, exc)

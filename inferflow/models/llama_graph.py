@@ -25,16 +25,16 @@ Outputs: logits float32 (R, V); present_key_{i}, present_value_{i} (B, Hkv, C, D
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
 
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
+from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.rope import cos_sin_cache
 
@@ -59,10 +59,11 @@ class GraphSpec:
 
 
 class _Graph:
-    """Accumulates nodes and initializers; names are unique by construction."""
+    """Accumulates nodes and initializers; names are unique by construction. Each initializer
+    goes to ``store`` when it is made (streamed to the data file when the store writes one)."""
 
-    def __init__(self, spec: GraphSpec) -> None:
-        self.spec = spec
+    def __init__(self, spec: GraphSpec, store: InitializerStore) -> None:
+        self.spec, self.store = spec, store
         self.nodes: list[onnx.NodeProto] = []
         self.inits: list[onnx.TensorProto] = []
         self._n = 0
@@ -73,7 +74,7 @@ class _Graph:
 
     def const(self, base: str, value: np.ndarray) -> str:
         name = self.name(base)
-        self.inits.append(numpy_helper.from_array(value, name))
+        self.inits.append(self.store.add(name, value))
         return name
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> list[str]:
@@ -85,7 +86,7 @@ class _Graph:
         return self.op(op_type, inputs, 1, domain, **attrs)[0]
 
     def weight(self, base: str, w: np.ndarray) -> str:
-        return self.const(base, w.astype(self.spec.act_dtype))
+        return self.const(base, w.astype(self.spec.act_dtype, copy=False))
 
     def linear(self, x: str, base: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
         """x (N, K) @ w (K, N_out) [+ bias], in the spec's weight precision."""
@@ -98,9 +99,9 @@ class _Graph:
                              domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size,
                              accuracy_level=self.spec.quant_accuracy_level)
             else:
-                qtype = onnx.TensorProto.INT8 if qw.bits == 8 else onnx.TensorProto.INT4
                 qname = self.name(base + "_q")
-                self.inits.append(helper.make_tensor(qname, qtype, list(qw.q.shape), qw.q.reshape(-1).tolist()))
+                self.inits.append(self.store.add(qname, qw.q) if qw.bits == 8 else
+                                  self.store.add(qname, qw.int4_packed(), TensorProto.INT4, qw.q.shape))
                 deq = self.op1("DequantizeLinear", [qname, self.const(base + "_scales", qw.scales)],
                                axis=0, block_size=qw.block_size)
                 y = self.op1("MatMul", [x, deq])
@@ -138,7 +139,7 @@ class _Layers:
         g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
         # one fused projection: (N, H) @ (H, (Hq + 2*Hkv) * D) -> packed [q | k | v] per token
-        bias = None if lw.bq is None else np.concatenate([lw.bq, lw.bk, lw.bv])  # type: ignore[list-item]
+        bias = np.concatenate([lw.bq, lw.bk, lw.bv]) if cfg.attention_bias else None  # type: ignore[list-item]
         qkv = g.linear(h, f"l{i}_qkv", np.concatenate([lw.wq, lw.wk, lw.wv], axis=1), bias)
         x = g.op1("Add", [x, g.linear(self.attention(i, qkv), f"l{i}_o", lw.wo)])
         h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
@@ -220,20 +221,19 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
 
 
 def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
-                      on_layer: Callable[[int], None] | None = None) -> onnx.ModelProto:
+                      store: InitializerStore | None = None) -> onnx.ModelProto:
     """The whole decoder as one ONNX model (see the module docstring for the I/O contract).
 
-    ``on_layer(i)`` is called after each decoder layer is emitted (progress reporting).
+    Weights are read, converted and handed to ``store`` one fused tensor at a time, in graph
+    order; with an ``ExternalDataWriter`` the model returned is a skeleton pointing into its
+    data file, and the build holds about one layer's largest tensor (plus its quantized form).
     """
-    g = _Graph(spec)
+    g = _Graph(spec, store or InMemoryInitializers())
     layers = _Layers(g, cfg)
     x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)  # (N, H)
     for i, lw in enumerate(weights.layers):
         x = layers.layer(i, x, lw)
-        if on_layer is not None:
-            on_layer(i)
     x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
-    assert weights.final_norm is not None and weights.lm_head is not None
     x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
     logits = g.linear(x, "lm_head", weights.lm_head) if spec.precision == "fp16" else \
         g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])

@@ -47,6 +47,14 @@ class QuantizedWeight:
             return np.ascontiguousarray(u)
         return np.ascontiguousarray((u[..., 0::2] & 0x0F) | ((u[..., 1::2] & 0x0F) << 4))
 
+    def int4_packed(self) -> np.ndarray:
+        """(K*N/2,) uint8: the (K, N) values in row-major order, two per byte, low nibble first
+        (ONNX's INT4 raw_data layout; a trailing odd value is paired with 0)."""
+        flat = self.q.reshape(-1).view(np.uint8) & 0x0F
+        if flat.size % 2:
+            flat = np.concatenate([flat, np.zeros(1, np.uint8)])
+        return np.ascontiguousarray(flat[0::2] | (flat[1::2] << 4))
+
     def matmulnbits_scales(self) -> np.ndarray:
         return np.ascontiguousarray(self.scales.T).reshape(-1)  # (N * K/bs,)
 
@@ -56,13 +64,21 @@ class QuantizedWeight:
 
 
 def quantize_blocked(w: np.ndarray, bits: int, block_size: int = 32) -> QuantizedWeight:
-    """Symmetric blocked quantization of a (K, N) float32 weight; K must divide by block_size."""
+    """Symmetric blocked quantization of a (K, N) float32 weight; K must divide by block_size.
+
+    Memory: one float32 temporary the size of ``w`` besides the int8 result (max|w| is taken as
+    max(max w, -min w), and rounding and clipping work in place), so a build that quantizes
+    tensor by tensor peaks at about three times its largest weight.
+    """
     k, n = w.shape
     if k % block_size:
         raise ValueError(f"input dimension {k} is not a multiple of block_size {block_size}")
     qmax = (1 << (bits - 1)) - 1
     blocks = w.reshape(k // block_size, block_size, n)
-    scales = np.abs(blocks).max(axis=1) / qmax  # (K/bs, N)
+    amax = np.maximum(blocks.max(axis=1), -blocks.min(axis=1))  # (K/bs, N) = max |w|
+    scales = amax / qmax
     scales = np.where(scales == 0, 1.0, scales).astype(np.float32)
-    q = np.clip(np.rint(blocks / scales[:, None, :]), -qmax - 1, qmax).astype(np.int8)
-    return QuantizedWeight(q.reshape(k, n), scales, bits, block_size)
+    scaled = blocks / scales[:, None, :]
+    np.rint(scaled, out=scaled)
+    np.clip(scaled, -qmax - 1, qmax, out=scaled)
+    return QuantizedWeight(scaled.astype(np.int8).reshape(k, n), scales, bits, block_size)

@@ -1,15 +1,20 @@
-"""Read ``*.safetensors`` files into float32 numpy arrays, with clear errors.
+"""Read ``*.safetensors`` files one tensor at a time, with clear errors.
 
 Our own small reader (the format is an 8-byte little-endian header length, a JSON header of
 ``name -> {dtype, shape, data_offsets}``, then raw little-endian data) so that bf16 works without
 torch and a truncated or malformed file names the file and the tensor.
+
+A tensor is read with ``pread`` into memory of its own, not through a memory map: pages of a
+mapped multi-GB checkpoint stay resident (and count in the process's RSS) after the tensor is
+gone, while a read buffer is freed with the array. A build that reads tensor by tensor so holds
+about one tensor of the checkpoint at a time.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import mmap
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -42,7 +47,7 @@ class TensorInfo:
 
 
 class SafetensorsFile:
-    """One safetensors file, memory-mapped; tensors are decoded to float32 on access."""
+    """One safetensors file; each ``read`` decodes one tensor from the file."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -71,7 +76,6 @@ class SafetensorsFile:
                     f"{self._data_start + info.end}, file has {size}"
                 )
             self.tensors[name] = info
-        self._mm = mmap.mmap(self._fh.fileno(), 0, access=mmap.ACCESS_READ) if size else None
 
     def _tensor_info(self, name: str, spec: dict) -> TensorInfo:
         dtype = spec.get("dtype")
@@ -83,23 +87,34 @@ class SafetensorsFile:
             raise CheckpointError(self.path, f"tensor {name!r}: data size does not match shape {shape}")
         return TensorInfo(name, dtype, shape, begin, end)
 
-    def read(self, name: str) -> np.ndarray:
-        """Tensor ``name`` as float32 (floating types) or its integer dtype."""
+    def read(self, name: str, dtype: np.dtype | type = np.float32) -> np.ndarray:
+        """Tensor ``name``: floating types as ``dtype`` (float32 or float16; an F16 tensor read as
+        float16 and an F32 one as float32 are not converted), integer types as stored."""
         info = self.tensors[name]
-        assert self._mm is not None
-        raw = np.frombuffer(self._mm, dtype=np.uint8, count=info.end - info.begin,
-                            offset=self._data_start + info.begin)
-        if info.dtype == "BF16":
-            # bf16 is the top half of an fp32: widen by shifting into the high 16 bits.
-            out = (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
+        code, want = info.dtype, np.dtype(dtype)
+        if code == "BF16":
+            # bf16 is the top half of an fp32: widen by shifting into the high 16 bits
+            wide = (self._raw(info, np.dtype("<u2")).astype(np.uint32) << 16).view(np.float32)
+            out = wide if want == np.float32 else wide.astype(want)
         else:
-            out = raw.view(np.dtype(_NUMPY_DTYPES[info.dtype]).newbyteorder("<"))
-            out = out.astype(np.float32) if out.dtype.kind == "f" else out.copy()
+            stored = np.dtype(_NUMPY_DTYPES[code]).newbyteorder("<")
+            out = self._raw(info, stored)
+            if stored.kind == "f" and out.dtype != want:
+                out = out.astype(want)
         return out.reshape(info.shape)
 
+    def _raw(self, info: TensorInfo, dtype: np.dtype) -> np.ndarray:
+        """The tensor's bytes, read into a new array of ``dtype`` (flat)."""
+        out = np.empty((info.end - info.begin) // dtype.itemsize, dtype)
+        view, offset = out.view(np.uint8).data, self._data_start + info.begin
+        while view.nbytes:  # pread may return less than asked (large reads, signals)
+            n = os.preadv(self._fh.fileno(), [view], offset)
+            if n == 0:
+                raise CheckpointError(self.path, f"truncated safetensors file while reading {info.name!r}")
+            view, offset = view[n:], offset + n
+        return out
+
     def close(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
         self._fh.close()
 
 

@@ -4,6 +4,11 @@ The key hashes everything that determines the built file: the weights' digest, t
 version, the runtime versions (onnx, onnxruntime) and the engine settings. A second start with the
 same inputs reuses the entry; any change gives a new key (a stale engine is never loaded). An entry
 whose manifest or files do not verify is rebuilt, never crashed on.
+
+The builder gets the entry's folder being built: a streaming builder writes its weights to
+``model.onnx.data`` there as it goes and returns a skeleton model; an in-memory model is split
+into the same two files here. Files are checked against the manifest's digests on every load,
+but through ``digest_cache``: an unchanged file (path, size, inode, mtime, ctime) is not re-read.
 """
 
 from __future__ import annotations
@@ -22,13 +27,15 @@ from typing import Any
 
 import onnx
 
+from inferflow.models.digest_cache import cached_file_digest, remember_digest
+from inferflow.models.initializers import DATA_FILE, uses_external_data
 from inferflow.models.safetensors_reader import file_digest
+from inferflow.runtimes.build_progress import peak_rss_bytes, reset_peak_rss
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 MODEL_FILE = "model.onnx"
-_VERIFY_SHA_BELOW = 2 << 30  # hash files below 2 GiB on load; larger ones are checked by size
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,7 @@ def _verify(entry: Path, key: str) -> dict[str, Any] | None:
             f = entry / name
             if f.stat().st_size != meta["size"]:
                 raise ValueError(f"{name} has the wrong size")
-            if meta["size"] < _VERIFY_SHA_BELOW and file_digest(f) != meta["sha256"]:
+            if cached_file_digest(f) != meta["sha256"]:
                 raise ValueError(f"{name} does not match its digest")
         return manifest
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -67,8 +74,12 @@ def _verify(entry: Path, key: str) -> dict[str, Any] | None:
 
 
 def get_or_build(engine_dir: Path, fields: dict[str, Any],
-                 build: Callable[[], onnx.ModelProto]) -> CacheEntry:
-    """Return the cached engine for ``fields``, building (and caching) it when absent or corrupt."""
+                 build: Callable[[Path], onnx.ModelProto]) -> CacheEntry:
+    """Return the cached engine for ``fields``, building (and caching) it when absent or corrupt.
+
+    ``build(folder)`` returns the model; it may already have written its external data to
+    ``folder/model.onnx.data`` (``initializers.ExternalDataWriter``).
+    """
     key = cache_key(fields)
     entry = engine_dir / key
     if entry.exists():
@@ -79,20 +90,28 @@ def get_or_build(engine_dir: Path, fields: dict[str, Any],
         shutil.rmtree(entry, ignore_errors=True)
     engine_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    model = build()
     tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=engine_dir))
     try:
-        onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True,
-                        location=MODEL_FILE + ".data", size_threshold=1024)
+        reset_peak_rss()  # the manifest's build_peak_rss_bytes is this build's
+        model = build(tmp)
+        if uses_external_data(model):  # streamed: the data file is written, the model is small
+            onnx.save_model(model, tmp / MODEL_FILE)
+        else:
+            onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True,
+                            location=DATA_FILE, size_threshold=1024)
+        del model
         files = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)} for f in sorted(tmp.iterdir())}
         manifest = {"key": key, **fields, "files": files, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "build_seconds": round(time.time() - started, 3)}
+                    "build_seconds": round(time.time() - started, 3), "build_peak_rss_bytes": peak_rss_bytes()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         try:
             os.replace(tmp, entry)  # atomic publish; a concurrent builder of the same key may win
         except OSError:
             if _verify(entry, key) is None:
                 raise
+        else:
+            for name, meta in files.items():  # the next start does not hash them again
+                remember_digest(entry / name, str(meta["sha256"]))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("built compiled engine %s in %.1fs", entry, time.time() - started)

@@ -9,7 +9,6 @@ writes only its new K/V; the canonical form (the reference) gathers and scatters
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -18,9 +17,10 @@ import onnxruntime as ort
 
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.models.errors import CheckpointError
-from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec, build_llama_graph
+from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
 from inferflow.runtimes.config import EngineConfig
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
+from inferflow.runtimes.llama_build import build_llama_engine
 from inferflow.runtimes.step_inputs import (
     EngineRow,
     StepArrays,
@@ -35,17 +35,6 @@ log = logging.getLogger(__name__)
 MAX_BINDINGS = 64  # slot windows whose IOBinding is kept (binding one is ~50 calls into ORT)
 
 
-def _build(checkpoint: Checkpoint, spec: GraphSpec) -> onnx.ModelProto:
-    from tqdm import tqdm
-
-    cfg = checkpoint.config
-    with tqdm(total=cfg.num_layers + 1, desc=f"building {spec.form}/{spec.precision} engine",
-              unit="layer", file=sys.stderr, disable=None) as bar:
-        weights = checkpoint.load_weights()
-        bar.update(1)
-        return build_llama_graph(cfg, weights, spec, on_layer=lambda _: bar.update(1))
-
-
 class OnnxRuntimeRunner:
     """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
 
@@ -58,8 +47,9 @@ class OnnxRuntimeRunner:
         self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
         self.spec = GraphSpec(config.graph_form, config.precision, self.capacity,  # type: ignore[arg-type]
                               config.quant_block_size, config.quant_accuracy_level)
-        self.cache_entry: CacheEntry = get_or_build(config.engine_dir, self.cache_fields(checkpoint),
-                                                    lambda: _build(checkpoint, self.spec))
+        self.cache_entry: CacheEntry = get_or_build(
+            config.engine_dir, self.cache_fields(checkpoint),
+            lambda folder: build_llama_engine(checkpoint, self.spec, folder))
         self.session = ort.InferenceSession(str(self.cache_entry.model_path), self._session_options(),
                                             providers=["CPUExecutionProvider"])
         dtype = self.spec.act_dtype

@@ -250,8 +250,9 @@ class TensorRTRunner:
     """
 
     def __init__(self, checkpoint: Any, config: Any) -> None:
-        from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec, build_llama_graph
+        from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
         from inferflow.runtimes.engine_cache import get_or_build
+        from inferflow.runtimes.llama_build import build_llama_engine
 
         trt, cudart = import_tensorrt(), import_cudart()
         _check(cudart.cudaSetDevice(config.device_id))
@@ -268,7 +269,7 @@ class TensorRTRunner:
                   "compute_capability": f"{props.major}.{props.minor}", "max_slots": config.max_slots,
                   "max_num_batched_tokens": max_tokens}
         self.cache_entry = get_or_build(config.engine_dir, fields,
-                                        lambda: build_llama_graph(cfg, checkpoint.load_weights(), spec))
+                                        lambda folder: build_llama_engine(checkpoint, spec, folder))
         plan_path = self.cache_entry.path / "engine.plan"
         profiles = optimization_profiles(cfg, config.max_slots, alloc, max_chunk, max_tokens)
         if not plan_path.exists():

@@ -46,13 +46,14 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
     pytest.importorskip("cuda")
     from engine_factories import greedy, make_engine
 
-    from inferflow.models.llama_graph import GraphSpec, build_llama_graph
+    from inferflow.models.llama_graph import GraphSpec
     from inferflow.runtimes.engine_cache import get_or_build
+    from inferflow.runtimes.llama_build import build_llama_engine
 
     path = make_named_checkpoint(tmp_path, "gqa8x2")
     ck = load_checkpoint(path)
     spec = GraphSpec("canonical", "fp32", 256 + 64)
-    entry = get_or_build(tmp_path / "engines", {"k": "trt"}, lambda: build_llama_graph(ck.config, ck.load_weights(), spec))
+    entry = get_or_build(tmp_path / "engines", {"k": "trt"}, lambda folder: build_llama_engine(ck, spec, folder))
     profiles = trt_engine.optimization_profiles(ck.config, 4, 256 + 64, 64)
     plan = trt_engine.build_serialized_engine(str(entry.model_path), profiles)
     runtime = trt_engine.TensorRTRuntime(plan, ck.config, 4, 256 + 64, np.dtype(np.float32))

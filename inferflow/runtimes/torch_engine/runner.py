@@ -29,6 +29,7 @@ import torch
 
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.models.errors import CheckpointError
+from inferflow.runtimes.build_progress import BuildProgress
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.runtimes.torch_engine.engine_dir import TorchEngineDir, open_engine_dir
 from inferflow.runtimes.torch_engine.model import DTYPES, TorchLlama
@@ -123,12 +124,15 @@ class TorchRunner:
             torch.set_num_threads(settings.threads)
         self.engine_dir: TorchEngineDir = open_engine_dir(checkpoint, settings, self.device)
         started = time.perf_counter()
-        weights = checkpoint.load_weights()
         max_positions = min(cfg.max_position_embeddings, layout.max_model_len)
-        with torch.inference_mode():
+        # tensor by tensor onto the device: float16 stays float16, bf16 is widened one tensor at
+        # a time (numpy has no bfloat16), never the whole checkpoint
+        read_as = np.float16 if settings.dtype == "float16" else np.float32
+        label = f"loading {checkpoint.name} onto {self.device} as {settings.dtype}"
+        with checkpoint.weights(read_as) as weights, BuildProgress.of(weights, label), \
+                torch.inference_mode():
             self.model = TorchLlama(cfg, weights, layout.num_blocks, layout.block_size,
                                     max_positions, DTYPES[settings.dtype], self.device).eval()
-        del weights
         self._forward: Callable[..., torch.Tensor] = self.model
         if settings.compile == "inductor":
             self._forward = self._compiled()
