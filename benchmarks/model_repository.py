@@ -35,7 +35,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from inferflow.bench.suite import free_port, managed_server, write_report  # noqa: E402
+from inferflow.bench.suite import free_port, managed_server, server_pid, write_report  # noqa: E402
 from inferflow.server.process.process_utils import descendants, process_rss  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "model_repository"
@@ -78,18 +78,6 @@ def cpu_seconds(pids: list[int]) -> float:
             continue
         ticks += int(fields[11]) + int(fields[12])  # utime + stime
     return ticks / os.sysconf("SC_CLK_TCK")
-
-
-def server_pid(port: int) -> int:
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-            except OSError:
-                continue
-            if "-m inferflow" in cmd and f"server.port={port}" in cmd:
-                return int(proc.name)
-    raise RuntimeError(f"no server on port {port}")
 
 
 def measure(a: Path, b: Path, rounds: int, max_tokens: int, idle_s: float) -> dict:

@@ -78,18 +78,19 @@ def _model_dict(model: ModelConfig) -> dict[str, Any]:
     node = OmegaConf.structured(model)
     plain = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
     assert isinstance(plain, dict)
-    return plain
+    return {str(k): v for k, v in plain.items()}
 
 
 def repository_entries(config: DictConfig | Mapping[str, Any]) -> list[RepositoryEntry]:
     """The served entries of a composed config, in config order; ``ConfigError`` naming the key
     for a bad entry, an on-demand embedding model or a ``name@version`` served twice."""
-    base = OmegaConf.to_container(
+    container = OmegaConf.to_container(
         config if isinstance(config, DictConfig) else OmegaConf.create(dict(config)),
         resolve=True,
         enum_to_str=True,
     )
-    assert isinstance(base, dict)
+    assert isinstance(container, dict)
+    base: dict[str, Any] = {str(k): v for k, v in container.items()}  # config keys are strings
     nodes = dict(base.pop("models", None) or {})
     if not nodes:
         return [RepositoryEntry("", base, LoadMode.eager)]

@@ -35,6 +35,19 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def server_pid(port: int) -> int:
+    """The pid of the ``python -m inferflow ... server.port=<port>`` process (Linux /proc)."""
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "-m inferflow" in cmd and f"server.port={port}" in cmd:
+                return int(proc.name)
+    raise RuntimeError(f"no server on port {port}")
+
+
 def log_excerpt(path: Path, lines: int = 20) -> str:
     """The log's first few error lines (the cause) and its last ``lines`` lines (the outcome)."""
     try:

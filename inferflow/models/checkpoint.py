@@ -97,19 +97,28 @@ class ModelWeights:
                  dtype: np.dtype | type = np.float32) -> None:
         self.config, self.folder, self.dtype = config, folder, np.dtype(dtype)
         self.on_read: Callable[[str, int], None] | None = None  # (tensor name, bytes read)
-        self._files = [SafetensorsFile(shard) for shard in shards]
+        self._files: list[SafetensorsFile] = []
+        try:
+            self._files.extend(SafetensorsFile(shard) for shard in shards)
+            self._where = self._locate(expected_shapes(config))
+        except BaseException:
+            self.close()
+            raise
+        self.layers = [LayerWeights(self, i) for i in range(config.num_layers)]
+
+    def _locate(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, SafetensorsFile]:
+        """The file of every expected tensor, its shape checked against config.json."""
         where = {name: st for st in self._files for name in st.tensors}
-        self._shapes = expected_shapes(config)
-        self._where: dict[str, SafetensorsFile] = {}
-        for name, shape in self._shapes.items():
+        located: dict[str, SafetensorsFile] = {}
+        for name, shape in shapes.items():
             st = where.get(name)
             if st is None:
-                raise CheckpointError(folder, f"tensor {name!r} is missing from the weights")
+                raise CheckpointError(self.folder, f"tensor {name!r} is missing from the weights")
             if st.tensors[name].shape != shape:
                 raise CheckpointError(st.path, f"tensor {name!r} has shape "
                                       f"{st.tensors[name].shape}, config.json implies {shape}")
-            self._where[name] = st
-        self.layers = [LayerWeights(self, i) for i in range(config.num_layers)]
+            located[name] = st
+        return located
 
     def read(self, name: str, transpose: bool = False) -> np.ndarray:
         """Tensor ``name`` (a Hugging Face name), transposed to (in, out) when ``transpose``."""
@@ -217,9 +226,9 @@ class Checkpoint:
             h.update(cached_file_digest(f).encode())
         return h.hexdigest()
 
-    def weights(self, dtype: np.dtype | type = np.float32) -> ModelWeights:
-        """The weights, read tensor by tensor as they are used (see ``ModelWeights``); files,
-        tensor names and shapes are checked now."""
+    def open_weights(self, dtype: np.dtype | type = np.float32) -> ModelWeights:
+        """The weights, read tensor by tensor as they are used (see ``ModelWeights``; close it,
+        or use it as a context manager); files, tensor names and shapes are checked now."""
         return ModelWeights(self.config, self.path, self.shards, dtype)
 
 

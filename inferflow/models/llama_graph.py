@@ -226,7 +226,7 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
 
     Weights are read, converted and handed to ``store`` one fused tensor at a time, in graph
     order; with an ``ExternalDataWriter`` the model returned is a skeleton pointing into its
-    data file, and the build holds about one layer's largest tensor (plus its quantized form).
+    data file, and the build holds a few times the largest fused tensor, never the model.
     """
     g = _Graph(spec, store or InMemoryInitializers())
     layers = _Layers(g, cfg)

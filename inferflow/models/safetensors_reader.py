@@ -55,7 +55,14 @@ class SafetensorsFile:
             self._fh = path.open("rb")
         except FileNotFoundError:
             raise CheckpointError(path, "weights file is missing") from None
-        size = path.stat().st_size
+        try:
+            self._read_header(path.stat().st_size)
+        except BaseException:
+            self._fh.close()
+            raise
+
+    def _read_header(self, size: int) -> None:
+        path = self.path
         if size < 8:
             raise CheckpointError(path, f"truncated safetensors file ({size} bytes)")
         (header_len,) = struct.unpack("<Q", self._fh.read(8))
@@ -94,7 +101,9 @@ class SafetensorsFile:
         code, want = info.dtype, np.dtype(dtype)
         if code == "BF16":
             # bf16 is the top half of an fp32: widen by shifting into the high 16 bits
-            wide = (self._raw(info, np.dtype("<u2")).astype(np.uint32) << 16).view(np.float32)
+            wide_bits = self._raw(info, np.dtype("<u2")).astype(np.uint32)
+            wide_bits <<= 16  # in place: no second 4-byte temporary
+            wide = wide_bits.view(np.float32)
             out = wide if want == np.float32 else wide.astype(want)
         else:
             stored = np.dtype(_NUMPY_DTYPES[code]).newbyteorder("<")

@@ -30,7 +30,7 @@ import onnx
 from inferflow.models.digest_cache import cached_file_digest, remember_digest
 from inferflow.models.initializers import DATA_FILE, uses_external_data
 from inferflow.models.safetensors_reader import file_digest
-from inferflow.runtimes.build_progress import peak_rss_bytes, reset_peak_rss
+from inferflow.runtimes.build_progress import current_rss_bytes, peak_rss_bytes, reset_peak_rss
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,20 @@ def _verify(entry: Path, key: str) -> dict[str, Any] | None:
         return None
 
 
+def _remove_abandoned_builds(engine_dir: Path, key: str) -> None:
+    """Delete ``.<key>-<pid>-*`` folders of builds whose process is gone (killed mid-build: a
+    streamed build leaves a partial data file of up to the engine's size)."""
+    for folder in engine_dir.glob(f".{key}-*"):
+        try:
+            pid = int(folder.name.split("-")[1])
+            os.kill(pid, 0)  # alive (or not ours to signal): a concurrent build, leave it
+        except (ValueError, IndexError, ProcessLookupError):
+            log.info("removing an abandoned engine build %s", folder)
+            shutil.rmtree(folder, ignore_errors=True)
+        except PermissionError:
+            pass
+
+
 def get_or_build(engine_dir: Path, fields: dict[str, Any],
                  build: Callable[[Path], onnx.ModelProto]) -> CacheEntry:
     """Return the cached engine for ``fields``, building (and caching) it when absent or corrupt.
@@ -89,10 +103,12 @@ def get_or_build(engine_dir: Path, fields: dict[str, Any],
             return CacheEntry(key, entry, manifest, reused=True)
         shutil.rmtree(entry, ignore_errors=True)
     engine_dir.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned_builds(engine_dir, key)
     started = time.time()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=engine_dir))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-{os.getpid()}-", dir=engine_dir))
     try:
         reset_peak_rss()  # the manifest's build_peak_rss_bytes is this build's
+        rss_before = current_rss_bytes()
         model = build(tmp)
         if uses_external_data(model):  # streamed: the data file is written, the model is small
             onnx.save_model(model, tmp / MODEL_FILE)
@@ -102,7 +118,9 @@ def get_or_build(engine_dir: Path, fields: dict[str, Any],
         del model
         files = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)} for f in sorted(tmp.iterdir())}
         manifest = {"key": key, **fields, "files": files, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                    "build_seconds": round(time.time() - started, 3), "build_peak_rss_bytes": peak_rss_bytes()}
+                    "build_seconds": round(time.time() - started, 3),
+                    # the building process's RSS when the build began and its high-water mark
+                    "build_rss_before_bytes": rss_before, "build_peak_rss_bytes": peak_rss_bytes()}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
         try:
             os.replace(tmp, entry)  # atomic publish; a concurrent builder of the same key may win

@@ -24,7 +24,7 @@ def _error(path: Path, load_weights: bool = False) -> CheckpointError:
     with pytest.raises(CheckpointError) as info:
         ck = load_checkpoint(path)
         if load_weights:
-            ck.weights()
+            ck.open_weights()
         else:
             _ = ck.tokenizer
     assert "\n" not in str(info.value)

@@ -1,8 +1,11 @@
 """Engines are built by streaming the checkpoint tensor by tensor (``runtimes/llama_build.py``).
 
-The streamed files are byte for byte what the in-memory graph gives when onnx saves it (so the
-engines, and every output they produce, are unchanged), the build's memory follows the largest
-tensor and not the model, and a second start reuses the engine without re-reading its files.
+The streamed files are byte for byte what the in-memory graph gives when onnx saves it, and the
+default (gqa) engines are byte for byte the ones built before streaming (golden digests), so
+every output they produce is unchanged; the build's memory follows the largest tensor and not
+the model; a second start reuses the engine without re-reading its files. (The canonical form's
+int8/int4 weights moved from ``int32_data`` inside model.onnx to raw bytes in the data file:
+the same values, a different encoding.)
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def test_the_streamed_engine_is_byte_identical_to_the_in_memory_graph(
     spec = GraphSpec(form, precision, 128)  # type: ignore[arg-type]
     whole, streamed = tmp_path / "whole", tmp_path / "streamed"
     whole.mkdir(), streamed.mkdir()
-    with ck.weights(np.float16 if precision == "fp16" else np.float32) as weights:
+    with ck.open_weights(np.float16 if precision == "fp16" else np.float32) as weights:
         model = build_llama_graph(ck.config, weights, spec)  # every initializer in the proto
     onnx.save_model(model, whole / "model.onnx", save_as_external_data=True,
                     location="model.onnx.data", size_threshold=1024)
@@ -96,7 +99,7 @@ reset_peak_rss()
 if sys.argv[4] == "streamed":
     build_llama_engine(ck, spec, out)
 else:  # what builds did before: the whole model in memory, then saved by onnx
-    with ck.weights() as weights:
+    with ck.open_weights() as weights:
         model = build_llama_graph(ck.config, weights, spec)
 print(json.dumps({"growth": peak_rss_bytes() - before}))
 """
@@ -138,7 +141,7 @@ def test_a_bf16_engine_greedy_output_equals_the_fp32_checkpoints(tmp_path: Path)
     bf16 = make_checkpoint(tmp_path / "bf16", dtype="bfloat16", **SMALL)
     fp32 = tmp_path / "fp32"
     fp32.mkdir()
-    with load_checkpoint(bf16).weights() as w:
+    with load_checkpoint(bf16).open_weights() as w:
         tensors = {n: w.read(n) for n in w.tensor_names}
     from inferflow.models.safetensors_writer import save_safetensors
 
@@ -151,6 +154,45 @@ def test_a_bf16_engine_greedy_output_equals_the_fp32_checkpoints(tmp_path: Path)
     assert greedy(a, prompt, 12)[0] == greedy(b, prompt, 12)[0]
     data = "model.onnx.data"
     assert (a.cache_entry.path / data).read_bytes() == (b.cache_entry.path / data).read_bytes()
+
+
+# sha256 of model.onnx.data built by the code before streaming (commit 7cc830f) for
+# make_checkpoint(**SMALL, dtype="bfloat16"), gqa form, max_model_len 256
+GOLDEN_DATA = {
+    "fp32": "ead01d01e828a218213d8367ba9b5469e269b074c915e604a88db63266d8ab97",
+    "int4": "c2aaaa973f60362745affe6c600e228806d7368dc028affffb9746be16b79f5e",
+}
+
+
+@pytest.mark.parametrize("precision", sorted(GOLDEN_DATA))
+def test_streamed_engines_are_the_engines_built_before(tmp_path: Path, precision: str) -> None:
+    import hashlib
+
+    ckpt = make_checkpoint(tmp_path / "m", dtype="bfloat16", **SMALL)
+    engine = make_engine(ckpt, cache_dir=str(tmp_path / "e"), precision=precision)
+    data = (engine.cache_entry.path / "model.onnx.data").read_bytes()
+    assert hashlib.sha256(data).hexdigest() == GOLDEN_DATA[precision]
+
+
+def test_an_abandoned_build_is_removed_and_a_live_one_kept(tmp_path: Path) -> None:
+    import os
+    import shutil
+    import subprocess
+
+    ckpt = make_checkpoint(tmp_path / "m", **SMALL)
+    engines = tmp_path / "engines"
+    first = make_engine(ckpt, cache_dir=str(engines))
+    key = first.cache_entry.key
+    shutil.rmtree(first.cache_entry.path)  # the entry is gone: the next start builds it again
+    dead = subprocess.Popen(["true"])  # a pid that has exited
+    dead.wait()
+    abandoned = engines / f".{key}-{dead.pid}-x"
+    live = engines / f".{key}-{os.getpid()}-y"  # this process: a build still running
+    for folder in (abandoned, live):
+        folder.mkdir()
+        (folder / "model.onnx.data").write_bytes(b"partial")
+    make_engine(ckpt, cache_dir=str(engines))
+    assert not abandoned.exists() and live.exists()
 
 
 def test_a_second_start_finds_the_engine_without_rereading_its_files(
@@ -177,8 +219,12 @@ def test_a_second_start_finds_the_engine_without_rereading_its_files(
 
 
 def test_the_build_logs_its_progress_and_peak_memory(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import io
+    import sys
+
+    monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: log lines, not a bar
     ck = load_checkpoint(make_checkpoint(tmp_path / "m", **SMALL))
     (tmp_path / "e").mkdir()
     with caplog.at_level(logging.INFO, logger="inferflow.runtimes.build_progress"):

@@ -1,5 +1,5 @@
 """The Llama-family decoder in torch, built from the checkpoint's ``ModelArch`` (config.json) and
-weights as the ONNX graph builder reads them (``Checkpoint.weights``, tensor by tensor): one forward for
+weights as the ONNX graph builder reads them (``Checkpoint.open_weights``, tensor by tensor): one forward for
 Llama, Mistral and Qwen2 (q/k/v bias), GQA, tied or untied embeddings, llama3 rope scaling.
 
 Why a torch forward and not the ONNX graph lowered to torch: the KV layout differs (paged blocks,

@@ -29,7 +29,7 @@ import torch
 
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.models.errors import CheckpointError
-from inferflow.runtimes.build_progress import BuildProgress
+from inferflow.runtimes.build_progress import BuildProgress, reset_peak_rss
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.runtimes.torch_engine.engine_dir import TorchEngineDir, open_engine_dir
 from inferflow.runtimes.torch_engine.model import DTYPES, TorchLlama
@@ -129,7 +129,8 @@ class TorchRunner:
         # a time (numpy has no bfloat16), never the whole checkpoint
         read_as = np.float16 if settings.dtype == "float16" else np.float32
         label = f"loading {checkpoint.name} onto {self.device} as {settings.dtype}"
-        with checkpoint.weights(read_as) as weights, BuildProgress.of(weights, label), \
+        reset_peak_rss()  # the progress's closing line then reports this load's peak
+        with checkpoint.open_weights(read_as) as weights, BuildProgress.of(weights, label), \
                 torch.inference_mode():
             self.model = TorchLlama(cfg, weights, layout.num_blocks, layout.block_size,
                                     max_positions, DTYPES[settings.dtype], self.device).eval()
