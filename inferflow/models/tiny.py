@@ -1,9 +1,12 @@
-"""Small seeded Llama checkpoints in Hugging Face layout, made offline in about a second.
+"""Small seeded Llama checkpoints in Hugging Face layout, made offline in about a second, and the
+embedded default model.
 
 ``make_checkpoint`` writes a random-weight Llama (any shape) with a byte-level BPE tokenizer
-trained on a fixed corpus: same arguments -> byte-identical files. ``tiny_llama_path()`` is the
-embedded default model, created on first use under ``$INFERFLOW_HOME`` (default
-``~/.cache/inferflow``) so ``python -m inferflow`` and the tests work on a fresh offline machine.
+trained on a fixed corpus: same arguments -> byte-identical files (the tests' factory for shapes).
+``tiny_llama_path()`` is the embedded default model, a small Llama *trained* on the Python
+documentation (committed in ``inferflow/models/tiny_llama/``), placed on first use under
+``$INFERFLOW_HOME`` (default ``~/.cache/inferflow``) so ``python -m inferflow`` and the tests work
+on a fresh offline machine.
 """
 
 from __future__ import annotations
@@ -88,10 +91,10 @@ def _filler_text(num_words: int = 60000, seed: int = 1234) -> str:
     )
 
 
-def train_tokenizer(vocab_size: int, out: Path) -> None:
-    """Byte-level BPE trained on the fixed corpus (plus seeded filler words) to exactly
-    ``vocab_size`` tokens; writes tokenizer.json + tokenizer_config.json. Raises ``ValueError``
-    for a vocabulary the corpus cannot train (every model id must have a token)."""
+def train_tokenizer(vocab_size: int, out: Path, texts: list[str] | None = None) -> None:
+    """Byte-level BPE trained to exactly ``vocab_size`` tokens on ``texts`` (default: the fixed
+    corpus plus seeded filler words); writes tokenizer.json + tokenizer_config.json. Raises
+    ``ValueError`` for a vocabulary the corpus cannot train (every model id must have a token)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -101,7 +104,8 @@ def train_tokenizer(vocab_size: int, out: Path) -> None:
         vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
-    tok.train_from_iterator([CORPUS] * 4 + [_filler_text()], trainer=trainer)
+    tok.train_from_iterator(texts if texts is not None else [CORPUS] * 4 + [_filler_text()],
+                            trainer=trainer)
     if tok.get_vocab_size() != vocab_size:
         raise ValueError(
             f"vocab_size: {vocab_size} tokens cannot be trained from the built-in corpus (it "
@@ -145,7 +149,7 @@ def _random_weights(spec: TinySpec, head_dim: int, seed: int) -> dict[str, np.nd
     return w
 
 
-def _config_json(spec: TinySpec, head_dim: int, dtype: str) -> dict:
+def config_json(spec: TinySpec, head_dim: int, dtype: str) -> dict:
     cfg = {
         "architectures": [spec.architecture],
         "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -186,7 +190,7 @@ def make_checkpoint(path: Path | str, spec: TinySpec | None = None, *, seed: int
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(spec.vocab_size, out)  # first: a vocabulary it cannot train is refused
     weights = _random_weights(spec, head_dim, seed)
-    (out / "config.json").write_text(json.dumps(_config_json(spec, head_dim, dtype), indent=2))
+    (out / "config.json").write_text(json.dumps(config_json(spec, head_dim, dtype), indent=2))
     _write_weights(weights, out, dtype, shards)
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 4, "do_sample": False}, indent=2))
@@ -209,18 +213,24 @@ def _write_weights(weights: dict[str, np.ndarray], out: Path, dtype: str, shards
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-TINY_LLAMA_VERSION = "v2"  # v2: the tokenizer has all vocab_size tokens (v1: 869 of 1024)
+TINY_LLAMA_VERSION = "v3"  # v3: trained on the Python docs; v2: random weights, a full vocabulary
+TRAINED = Path(__file__).with_name("tiny_llama")  # the committed checkpoint (see its README.md)
+CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                    "tokenizer_config.json")
 
 
 def tiny_llama_path() -> Path:
-    """The embedded default model, created deterministically on first use (atomic rename)."""
+    """The embedded default model: the trained checkpoint shipped in the package
+    (``inferflow/models/tiny_llama/``, made by ``scripts/train_tiny_llama.py``), copied on first
+    use under ``$INFERFLOW_HOME/models`` (atomic rename), so every start finds it at one path."""
     target = inferflow_home() / "models" / f"tiny_llama-{TINY_LLAMA_VERSION}"
     if (target / "tokenizer_config.json").exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny_llama-", dir=target.parent))
     try:
-        make_checkpoint(tmp, TinySpec(), seed=0)
+        for name in CHECKPOINT_FILES:
+            shutil.copyfile(TRAINED / name, tmp / name)
         # another process may win the race; its files are identical to ours
         with contextlib.suppress(OSError):
             tmp.rename(target)

@@ -51,21 +51,21 @@ def test_the_slots_and_the_pool_fit_the_budget() -> None:
 
 
 def test_a_small_budget_caps_the_served_context(tiny_checkpoint: Path) -> None:
-    graph = graph_for("executor.kv_cache_memory=8MiB")
+    graph = graph_for("executor.kv_cache_memory=32MiB")
     arch = parse_model_config(tiny_checkpoint / "config.json")
     per_token = kv_bytes_per_token(arch, 4)
     layout = graph.kv_layout()
     assert graph.max_model_len == layout.max_model_len < arch.max_position_embeddings
     reserved = layout.max_slots * layout.max_model_len + layout.num_blocks * layout.block_size
-    assert reserved * per_token <= 8 * 1024**2
+    assert reserved * per_token <= 32 * 1024**2
     note = graph.kv_budget_note()
-    assert note is not None and "executor.kv_cache_memory=8MiB" in note
+    assert note is not None and "executor.kv_cache_memory=32MiB" in note
     assert f"serving max_model_len={graph.max_model_len}" in note
 
 
 def test_fewer_slots_leave_room_for_a_longer_context(tiny_checkpoint: Path) -> None:
-    many = graph_for("executor.kv_cache_memory=8MiB", "batching.max_num_seqs=16")
-    few = graph_for("executor.kv_cache_memory=8MiB", "batching.max_num_seqs=2")
+    many = graph_for("executor.kv_cache_memory=32MiB", "batching.max_num_seqs=16")
+    few = graph_for("executor.kv_cache_memory=32MiB", "batching.max_num_seqs=2")
     assert few.max_model_len == 8 * many.max_model_len
 
 
@@ -80,7 +80,7 @@ def test_the_default_budget_leaves_the_tiny_model_alone(tiny_checkpoint: Path) -
 
 def test_a_budget_too_small_for_the_slots_is_one_config_error(tiny_checkpoint: Path) -> None:
     with pytest.raises(ConfigError, match="holds 100 tokens") as info:
-        graph_for("executor.kv_cache_memory=100KiB").check_engine_settings()
+        graph_for("executor.kv_cache_memory=400KiB").check_engine_settings()
     assert info.value.key == "executor.kv_cache_memory"
 
 
@@ -90,11 +90,11 @@ def test_a_budget_too_small_for_the_slots_is_one_config_error(tiny_checkpoint: P
 def test_a_paged_executor_turns_the_budget_into_blocks(tiny_checkpoint: Path) -> None:
     arch = parse_model_config(tiny_checkpoint / "config.json")
     per_token = kv_bytes_per_token(arch, 4)
-    graph = graph_for("executor=torch", "executor.kv_cache_memory=8MiB",
+    graph = graph_for("executor=torch", "executor.kv_cache_memory=32MiB",
                       "batching.max_num_seqs=200")
     layout = graph.kv_layout()
     assert layout.paged and layout.max_slots == 200  # rows, not reservations
-    assert layout.num_blocks == 8 * 1024**2 // (per_token * layout.block_size)
+    assert layout.num_blocks == 32 * 1024**2 // (per_token * layout.block_size)
     # one sequence may use the whole pool; more sequences do not shorten the context
     assert layout.max_model_len == min(arch.max_position_embeddings,
                                        layout.num_blocks * layout.block_size)

@@ -11,10 +11,10 @@ def test_the_served_context_is_what_the_kv_budget_holds(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     srv = start_server(tmp_path_factory, "kv-budget",
-                       ["executor.kv_cache_memory=8MiB", "batching.max_num_seqs=16"])
+                       ["executor.kv_cache_memory=32MiB", "batching.max_num_seqs=16"])
     try:
         card = srv.get("/v1/models").json()["data"][0]
-        assert card["max_model_len"] == 256  # 8 MiB / 1 KiB per token / (16 slots + pool)
+        assert card["max_model_len"] == 256  # 32 MiB / 4 KiB per token / (16 slots + pool)
         assert "does not fit the KV budget" in srv.log()
         out = srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=4)
         assert out.choices[0].finish_reason == "length"

@@ -1,0 +1,1 @@
+"""The embedded default model's files (package data, not code): see README.md here."""
