@@ -40,6 +40,7 @@ from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
+from inferflow.stages.speculative import NgramSpeculation, NoSpeculation
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.torch_executor import TorchExecutor
 from inferflow.stages.validator import RequestValidator
@@ -55,7 +56,7 @@ CONFIG_NAME = "config"
 
 # Slot name -> kind. Request slots run per request; engine slots shape the engine.
 REQUEST_SLOTS = ("validator", "tokenizer")
-ENGINE_SLOTS = ("cache", "batching", "guided", "executor", "detokenizer")
+ENGINE_SLOTS = ("cache", "batching", "speculative", "guided", "executor", "detokenizer")
 SLOTS = REQUEST_SLOTS + ENGINE_SLOTS
 
 # Built-in options of each slot group -> the class its conf/<group>/<option>.yaml instantiates.
@@ -76,6 +77,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
     },
     "detokenizer": {"default": StreamingDetokenizer},
     "guided": {"llguidance": LLGuidanceDecoding, "none": NoGuidedDecoding},
+    "speculative": {"none": NoSpeculation, "ngram": NgramSpeculation},
 }
 
 
@@ -137,6 +139,7 @@ class ModelEntryConfig:
     executor: Any = None
     detokenizer: Any = None
     guided: Any = None
+    speculative: Any = None
 
 
 class Task(ConfigEnum):
@@ -174,6 +177,7 @@ class InferflowConfig:
     executor: Any = None
     detokenizer: Any = None
     guided: Any = None
+    speculative: Any = None
     pipeline: list[str] = field(default_factory=lambda: list(SLOTS))
     stages: dict[str, Any] = field(default_factory=dict)
     tracing: TracingConfig = field(default_factory=TracingConfig)

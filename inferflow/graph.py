@@ -35,6 +35,7 @@ from inferflow.config import (
     describe_omegaconf_error,
 )
 from inferflow.model_lookup import resolve_model
+from inferflow.pipeline_order import place_stages, splice_order
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
 from inferflow.stages.batching import BatchingStage, NoBatching
 from inferflow.stages.cache import CacheStage, NoPrefixCache
@@ -43,6 +44,7 @@ from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 from inferflow.stages.response import ResponseStage
+from inferflow.stages.speculative import NoSpeculation, SpeculativeStage
 from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
@@ -68,6 +70,7 @@ ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     "executor": ExecutorStage,
     "detokenizer": DetokenizerStage,
     "guided": GuidedDecodingStage,
+    "speculative": SpeculativeStage,
 }
 
 
@@ -96,6 +99,7 @@ class ServingGraph:
     config: DictConfig
     response_stages: list[ResponseStage] = field(default_factory=list)
     guided: GuidedDecodingStage = field(default_factory=NoGuidedDecoding)
+    speculative: SpeculativeStage = field(default_factory=NoSpeculation)
     present_slots: tuple[str, ...] = ENGINE_SLOTS
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -161,6 +165,7 @@ class ServingGraph:
             "executor": self.executor,
             "detokenizer": self.detokenizer,
             "guided": self.guided,
+            "speculative": self.speculative,
         }
         return {name: stages[name] for name in ENGINE_SLOTS if name in self.present_slots}
 
@@ -217,6 +222,12 @@ class ServingGraph:
             raise ConfigError(
                 f"batching.{exc}{_ADVICE.get(exc.field, '')}", f"batching.{exc.field}"
             ) from None
+        if self.speculative.enabled and not self.executor.verifies_drafts:
+            raise ConfigError(
+                f"speculative: the {self.executor.backend or type(self.executor).__name__} "
+                "executor does not verify drafts; use speculative=none (or executor=onnxruntime"
+                " / executor=torch)", "speculative"
+            )
         try:
             self.executor.check(layout)
         except ValueError as exc:
@@ -236,86 +247,11 @@ class ServingGraph:
         checkpoint = load_checkpoint(self.model_path)
         self.executor.limit_steps(scheduler_config.max_num_batched_tokens)
         self.executor.load(checkpoint, layout)
-        scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout))
+        scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout),
+                              proposer=self.speculative.proposer())
         return LLMEngine.from_components(
             checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided
         )
-
-
-# ---------------------------------------------------------------------- pipeline order
-
-
-def splice_order(pipeline: list[str], stages: Mapping[str, Any]) -> list[str]:
-    """Names in request order: the pipeline's slots with each extra stage placed ``after:`` or
-    ``before:`` its anchor (a slot or another extra stage); stages sharing an anchor keep their
-    declaration order."""
-    order = list(pipeline)
-    last_after: dict[str, str] = {}
-    pending = dict(stages)
-    while pending:
-        placed = []
-        for name, node in pending.items():
-            after, before = node.get("after"), node.get("before")
-            if (after is None) == (before is None):
-                raise ConfigError(
-                    f"stages.{name}: set exactly one of after: or before: (a slot or stage name)"
-                )
-            anchor = after if after is not None else before
-            if anchor not in order:
-                continue
-            if after is not None:
-                order.insert(order.index(last_after.get(anchor, anchor)) + 1, name)
-                last_after[anchor] = name
-            else:
-                order.insert(order.index(anchor), name)
-            placed.append(name)
-        if not placed:
-            name, node = next(iter(pending.items()))
-            anchor = node.get("after", node.get("before"))
-            raise ConfigError(
-                f"stages.{name}: anchor {anchor!r} is not in the pipeline; known: {', '.join(order)}",
-                f"stages.{name}",
-            )
-        for name in placed:
-            del pending[name]
-    return order
-
-
-# ---------------------------------------------------------------------- build
-
-
-def _place_stages(
-    order: list[str], built: Mapping[str, Any]
-) -> tuple[list[RequestStage], list[ResponseStage]]:
-    """Request stages (before the engine) and response stages (after it), in pipeline order.
-
-    The engine spans the engine-side slots; a request stage placed after the last of them, or a
-    response stage placed before it, would not run where its config says: both are errors.
-    """
-    engine_end = max(i for i, name in enumerate(order) if name in ENGINE_SLOTS)
-    request_stages: list[RequestStage] = []
-    response_stages: list[ResponseStage] = []
-    for i, name in enumerate(order):
-        item = built.get(name)
-        if isinstance(item, EngineStage):
-            request_stages.extend(item.request_stages())
-        elif isinstance(item, ResponseStage):
-            if i < engine_end:
-                raise ConfigError(
-                    f"stages.{name}: a ResponseStage runs on the engine's output; place it "
-                    f"after: {order[engine_end]} (or after another response stage)",
-                    f"stages.{name}",
-                )
-            response_stages.append(item)
-        elif isinstance(item, RequestStage):
-            if i > engine_end:
-                raise ConfigError(
-                    f"stages.{name}: a RequestStage runs before the engine; place it before: "
-                    f"{order[engine_end]} (or make it a ResponseStage to act on the output)",
-                    f"stages.{name}",
-                )
-            request_stages.append(item)
-    return request_stages, response_stages
 
 
 def _server_schema(node: Any) -> type:
@@ -374,11 +310,16 @@ def _build(cfg: DictConfig) -> ServingGraph:
         if cfg.get(name) is not None:
             kind = RequestStage if name in REQUEST_SLOTS else ENGINE_STAGE_KINDS[name]
             built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
+    if "speculative" not in pipeline and cfg.get("speculative") is not None:
+        # (a pipeline list written before the slot existed: the slot still applies)
+        built["speculative"] = instantiate_stage(
+            cfg.speculative, "speculative", SpeculativeStage, prefixes
+        )
     for name, node in extra.items():
         built[name] = instantiate_stage(
             node, f"stages.{name}", (RequestStage, ResponseStage), prefixes
         )
-    request_stages, response_stages = _place_stages(splice_order(pipeline, extra), built)
+    request_stages, response_stages = place_stages(splice_order(pipeline, extra), built)
 
     def engine_stage(name: str, default: type[EngineStage]) -> Any:
         return built[name] if name in built else default()
@@ -394,6 +335,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
         executor=built["executor"],
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
         guided=engine_stage("guided", NoGuidedDecoding),
+        speculative=engine_stage("speculative", NoSpeculation),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
         server=typed_config(_server_schema(cfg.get("server")), cfg.get("server"), "server"),
         tracing=typed_config(TracingConfig, cfg.get("tracing"), "tracing"),

@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
@@ -39,6 +39,10 @@ from inferflow.stages.detokenizer import (
 )
 from inferflow.stages.executor import ExecutorStage, executor_for
 from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
+from inferflow.stages.speculative import speculation_from_config
+
+if TYPE_CHECKING:
+    from inferflow.speculative.proposer import DraftProposer
 
 
 class RequestRejected(ValueError):
@@ -65,8 +69,10 @@ class _Pending:
 class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, engine_config: EngineConfig | None = None,
                  scheduler_config: SchedulerConfig | None = None,
-                 detokenizer_factory: DetokenizerFactory | None = None) -> None:
-        """The built-in components for ``engine_config`` (offline use and tests)."""
+                 detokenizer_factory: DetokenizerFactory | None = None,
+                 proposer: DraftProposer | None = None) -> None:
+        """The built-in components for ``engine_config`` (offline use and tests); ``proposer``
+        drafts tokens for speculative decoding."""
         engine_config = engine_config or EngineConfig()
         layout = KVLayout.plan(
             engine_config.max_slots,
@@ -77,7 +83,7 @@ class LLMEngine:
         budgets = scheduler_config or SchedulerConfig()
         scheduler = Scheduler(dataclasses.replace(
             budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
-            block_size=layout.block_size, num_blocks=layout.num_blocks))
+            block_size=layout.block_size, num_blocks=layout.num_blocks), proposer=proposer)
         self._init(checkpoint, executor, scheduler, StreamingDetokenizer(), detokenizer_factory,
                    LLGuidanceDecoding())
 
@@ -121,20 +127,25 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
-        """``backend="torch"`` builds the torch executor (paged KV; see ``torch_from_path``)."""
+        """``backend="torch"`` builds the torch executor (paged KV; see ``torch_from_path``);
+        ``speculative_config={"method": "ngram", "num_speculative_tokens": 4, ...}`` (vLLM's
+        form; keys as in ``speculative=ngram``) turns speculative decoding on."""
         # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
         physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
+        proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
         if eng.pop("backend", None) == "torch":
-            return cls.torch_from_path(path, SchedulerConfig(**sched), **eng)
-        return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched))
+            return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer, **eng)
+        return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched),
+                   proposer=proposer)
 
     @classmethod
     def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
                         max_model_len: int | None = None, block_size: int = 16,
-                        num_blocks: int = 0, **executor_kwargs: Any) -> LLMEngine:
+                        num_blocks: int = 0, proposer: DraftProposer | None = None,
+                        **executor_kwargs: Any) -> LLMEngine:
         """The torch executor (``TorchExecutor`` fields: ``device``, ``dtype``, ``compile``,
         ``kv_cache_memory``, ...) over a paged pool of ``num_blocks`` blocks (0: what
         ``kv_cache_memory`` holds, as the server sizes it); ``budgets.max_num_seqs`` rows."""
@@ -154,7 +165,8 @@ class LLMEngine:
         executor.load(checkpoint, layout)
         scheduler = Scheduler(dataclasses.replace(
             budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
-            block_size=layout.block_size, num_blocks=layout.num_blocks, paged=True))
+            block_size=layout.block_size, num_blocks=layout.num_blocks, paged=True),
+            proposer=proposer)
         return cls.from_components(checkpoint, executor, scheduler, StreamingDetokenizer())
 
     @property
@@ -187,7 +199,16 @@ class LLMEngine:
             "detokenizer": {"class": type(self.detokenizer).__name__,
                             **self.detokenizer.settings()},
             "guided": {"class": type(self.guided).__name__, **self.guided.settings()},
+            "speculative": self._describe_speculation(),
         }
+
+    def _describe_speculation(self) -> dict[str, Any]:
+        drafts = self.scheduler.drafts
+        if drafts is None:
+            return {"enabled": False}
+        proposer = drafts.proposer
+        settings = {k: v for k, v in vars(proposer).items() if not k.startswith("_")}
+        return {"enabled": True, "proposer": type(proposer).__name__, **settings}
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt: str | None = None) -> None:
@@ -261,13 +282,31 @@ class LLMEngine:
             self._aborted.clear()
             return outputs
 
+    def _detokenize_each(self, request: Request, detok: RequestDetokenizer,
+                         new_ids: tuple[int, ...], final: bool) -> tuple[str, tuple[int, ...]]:
+        """Several tokens of one step (speculative decoding) against stop strings: one at a
+        time, so a stop string that matches ends the output at that token, as it would have
+        without speculation (the request ends and its later tokens are dropped)."""
+        delta = ""
+        for n, token in enumerate(new_ids, 1):
+            delta += detok.add((token,), final=final and n == len(new_ids))
+            if detok.stop_reason is not None and n < len(new_ids):
+                self.scheduler.finish_requests([request.request_id], RequestStatus.FINISHED_STOPPED)
+                request.truncate_output(request.num_output_tokens - (len(new_ids) - n))
+                return delta, new_ids[:n]
+        return delta, new_ids
+
     def _output(self, update: StepUpdate) -> RequestOutput | None:
         request = update.request
         rid = request.request_id
         detok = self._detok[rid]
         finish, stop_reason = update.finish_reason, update.stop_reason
         started = time.time()
-        delta = detok.add(update.new_token_ids, final=finish is not None)
+        new_ids = update.new_token_ids
+        if len(new_ids) > 1 and request.sampling_params.stop:
+            delta, new_ids = self._detokenize_each(request, detok, new_ids, finish is not None)
+        else:
+            delta = detok.add(new_ids, final=finish is not None)
         ended = time.time()
         if request.metrics.detokenize is None:
             request.metrics.detokenize = StageTime(started, ended, 1, ended - started)
@@ -281,7 +320,7 @@ class LLMEngine:
             finish, stop_reason = "stop", detok.stop_reason
         pending = self._pending[rid]
         pending.text += delta
-        pending.token_ids.extend(update.new_token_ids)
+        pending.token_ids.extend(new_ids)
         if finish is None and len(pending.token_ids) < self.detokenizer.stream_interval:
             return None  # held back: the next delta carries these tokens too
         self._pending[rid] = _Pending()

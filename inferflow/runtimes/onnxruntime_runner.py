@@ -25,6 +25,7 @@ from inferflow.runtimes.step_inputs import (
     EngineRow,
     StepArrays,
     build_step_arrays,
+    merge_call_logits,
     split_calls,
     split_padding,
 )
@@ -116,9 +117,11 @@ class OnnxRuntimeRunner:
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
-        """Compute the rows' KV in their slots; return (R, V) logits of rows with ``sample``."""
+        """Compute the rows' KV in their slots; return (R, V) logits: each row's ``logits_count``
+        rows, in row order."""
         for r in rows:
-            if not r.token_ids or r.start_pos + len(r.token_ids) > self.capacity or not 0 <= r.slot < self.num_slots:
+            if (not r.token_ids or r.start_pos + len(r.token_ids) > self.capacity
+                    or not 0 <= r.slot < self.num_slots or r.logits_count > len(r.token_ids)):
                 raise ValueError(f"row does not fit the engine: slot {r.slot}, start {r.start_pos}, "
                                  f"{len(r.token_ids)} tokens, capacity {self.capacity}")
         gqa = self.spec.form == "gqa"
@@ -128,15 +131,8 @@ class OnnxRuntimeRunner:
         results = []
         for call in calls:
             arrays = build_step_arrays([rows[i] for i in call], slot_range=gqa, window=gqa)
-            logits = self._run_gqa(arrays) if gqa else self._run_canonical(arrays)
-            results.append(([call[j] for j in arrays.sampled_rows], logits))
-        if len(results) == 1:  # one call over all rows: its logits are already in row order
-            return results[0][1]
-        out = np.empty((sum(r.sample for r in rows), self.model_config.vocab_size), np.float32)
-        sample_pos = {i: k for k, i in enumerate(i for i, r in enumerate(rows) if r.sample)}
-        for sampled, logits in results:
-            out[[sample_pos[i] for i in sampled]] = logits
-        return out
+            results.append(self._run_gqa(arrays) if gqa else self._run_canonical(arrays))
+        return merge_call_logits(rows, calls, results, self.model_config.vocab_size)
 
     def _binding(self, lo: int, batch: int) -> ort.IOBinding:
         """IOBinding for calls over slots [lo, lo + batch): KV views bound as past and present

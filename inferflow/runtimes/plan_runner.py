@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import numpy as np
+
 from inferflow.runtimes.step_inputs import EngineRow
+from inferflow.sampling.rejection import verify_drafts
 from inferflow.sampling.sampler import Sampler, SampleRow
-from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
+from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
 from inferflow.scheduling.plan import SampledToken as SampledToken
+
+
+def engine_rows(chunks: Sequence[ScheduledChunk]) -> list[EngineRow]:
+    """The engine's view of a plan's chunks (a row with drafts wants logits for each of them)."""
+    return [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table, c.num_logits)
+            for c in chunks]
+
+
+def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> ExecutorOutput:
+    """Sample every chunk with ``sample`` from ``logits`` (each chunk's ``num_logits`` rows, in
+    chunk order): plain rows in one batched call, rows with drafts through verification."""
+    masks = plan.token_bitmasks
+    sampling = [c for c in plan.chunks if c.sample]
+    rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
+                      masks.get(c.request_id)) for c in sampling]
+    if all(not c.draft_token_ids for c in sampling):  # no speculation: one logits row each
+        tokens = sampler.sample(logits, rows)
+        return ExecutorOutput({row.request_id: tok for row, tok in zip(rows, tokens, strict=True)})
+    starts = np.cumsum([0] + [c.num_logits for c in sampling])
+    plain = [i for i, c in enumerate(sampling) if not c.draft_token_ids]
+    sampled: dict[str, SampledToken] = {}
+    accepted: dict[str, tuple[SampledToken, ...]] = {}
+    if plain:
+        tokens = sampler.sample(logits[starts[plain]], [rows[i] for i in plain])
+        sampled = {rows[i].request_id: tok for i, tok in zip(plain, tokens, strict=True)}
+    for i, chunk in enumerate(sampling):
+        if chunk.draft_token_ids:
+            out = verify_drafts(sampler, logits[starts[i]:starts[i + 1]], rows[i],
+                                chunk.draft_token_ids)
+            sampled[chunk.request_id], accepted[chunk.request_id] = out[-1], tuple(out[:-1])
+    return ExecutorOutput(sampled, accepted)
 
 
 class PlanRunner:
@@ -25,17 +61,10 @@ class PlanRunner:
         self.sampler.forget(plan.finished_request_ids)
         if plan.kv_loads:
             engine.load_blocks(plan.kv_loads)  # type: ignore[attr-defined]
-        sampled: dict[str, SampledToken] = {}
+        output = ExecutorOutput()
         if plan.chunks:
-            rows = [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table)
-                    for c in plan.chunks]
-            logits = engine.forward(rows)  # type: ignore[attr-defined]  # (R, V)
-            masks = plan.token_bitmasks
-            sample_rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
-                                     masks.get(c.request_id))
-                           for c in plan.chunks if c.sample]
-            tokens = self.sampler.sample(logits, sample_rows)
-            sampled = {row.request_id: tok for row, tok in zip(sample_rows, tokens, strict=True)}
+            logits = engine.forward(engine_rows(plan.chunks))  # type: ignore[attr-defined]  # (R, V)
+            output = sample_plan(self.sampler, plan, logits)
         if plan.kv_saves:
             engine.save_blocks(plan.kv_saves)  # type: ignore[attr-defined]
-        return ExecutorOutput(sampled)
+        return output

@@ -18,8 +18,14 @@ class EngineRow:
     slot: int
     token_ids: tuple[int, ...]
     start_pos: int
-    sample: bool  # return logits of the row's last token
+    sample: bool  # return logits of the row's last token (its last num_logits tokens)
     block_table: tuple[int, ...] = ()  # paged engines: the row's KV blocks (ScheduledChunk's)
+    num_logits: int = 1  # with sample: trailing tokens whose logits come back (drafts + 1)
+
+    @property
+    def logits_count(self) -> int:
+        """Logits rows this row contributes to the engine's output (0 unless it samples)."""
+        return self.num_logits if self.sample else 0
 
 
 @dataclass
@@ -29,7 +35,7 @@ class StepArrays:
     input_ids: np.ndarray  # int64 (N,)
     pad_index: np.ndarray  # int64 (B, S); N marks padding
     unpad_index: np.ndarray  # int64 (N,)
-    logits_index: np.ndarray  # int64 (R,)
+    logits_index: np.ndarray  # int64 (R,) R = the rows' logits_count summed
     seqlens_k: np.ndarray  # int32 (B,) tokens after the step - 1 (0 for idle slots)
     query_seqlens: np.ndarray  # int32 (B,) valid tokens (0 for idle slots)
     position_ids: np.ndarray  # int64 (B, S) absolute positions (canonical form)
@@ -118,8 +124,26 @@ def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
         write_indices[b] = r.start_pos
         position_ids[b] = r.start_pos + np.arange(s_max)
         if r.sample:
-            logits_index.append(offset + length - 1)
+            end = offset + length
+            logits_index.extend(range(end - r.num_logits, end))  # num_logits <= length
             sampled_rows.append(i)
         offset += length
     return StepArrays(input_ids, pad_index, unpad_index, np.array(logits_index, dtype=np.int64),
                       seqlens_k, query_seqlens, position_ids, write_indices, slots, sampled_rows)
+
+
+def merge_call_logits(rows: Sequence[EngineRow], calls: Sequence[Sequence[int]],
+                      call_logits: Sequence[np.ndarray], vocab: int) -> np.ndarray:
+    """The logits of several calls (``call_logits[c]`` over rows ``calls[c]``, each sampled row's
+    ``logits_count`` rows in the call's row order) in the order of ``rows``."""
+    if len(calls) == 1:  # one call over all rows: already in row order
+        return call_logits[0]
+    starts = np.cumsum([0] + [r.logits_count for r in rows])
+    out = np.empty((int(starts[-1]), vocab), np.float32)
+    for call, logits in zip(calls, call_logits, strict=True):
+        at = 0
+        for i in call:
+            n = rows[i].logits_count
+            out[starts[i]:starts[i] + n] = logits[at:at + n]
+            at += n
+    return out

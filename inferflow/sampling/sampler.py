@@ -84,7 +84,7 @@ class Sampler:
         for rid in request_ids:
             self._rngs.pop(rid, None)
 
-    def _rng(self, row: SampleRow) -> np.random.Generator:
+    def rng(self, row: SampleRow) -> np.random.Generator:
         if row.params.seed is not None:
             # a seeded request's k-th token draws from a stream keyed by (seed, k): reproducible
             # across batches, and across preemption (which re-samples nothing but drops state)
@@ -140,7 +140,7 @@ class Sampler:
         cum = np.cumsum(blocks.sum(axis=-1, dtype=np.float64), axis=-1)  # (R, V / _BLOCK)
         tokens = []
         for k, row in enumerate(rows):
-            u = self._rng(row).random() * cum[k, -1]
+            u = self.rng(row).random() * cum[k, -1]
             # side="right": a block (or token) whose weight is 0 is never chosen
             b = min(int(np.searchsorted(cum[k], u, side="right")), cum.shape[1] - 1)
             within = np.cumsum(blocks[k, b], dtype=np.float64) + (cum[k, b - 1] if b else 0.0)
@@ -151,6 +151,17 @@ class Sampler:
         return tokens
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
+        params = row.params
+        masked = self.masked_logits(logits, row)
+        if params.greedy:
+            token = int(np.argmax(masked))
+        else:
+            token = self.draw(filtered_probs(masked, params), self.rng(row))
+        return with_logprobs(token, logits, params)
+
+    def masked_logits(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
+        """``logits`` with what the row may not sample at -inf: tokens outside its bitmask, and
+        EOS / stop tokens before ``min_tokens`` (unless nothing else is left)."""
         params = row.params
         masked = logits
         if row.token_bitmask is not None:
@@ -164,22 +175,31 @@ class Sampler:
             masked[blocked] = -np.inf
             if not np.isfinite(masked).any():  # the grammar allows only EOS: it wins
                 masked = unblocked
-        if params.greedy:
-            token = int(np.argmax(masked))
-        else:
-            p = filtered_probs(masked, params)
-            # inverse-CDF draw over the surviving tokens: one uniform per token keeps a seeded
-            # stream reproducible, and a filtered-out token can never be drawn
-            nz = np.flatnonzero(p)
-            cdf = np.cumsum(p[nz])
-            k = int(np.searchsorted(cdf, self._rng(row).random() * cdf[-1], side="right"))
-            token = int(nz[min(k, nz.size - 1)])
-        if params.logprobs is None:
-            return SampledToken(token)
-        lp = log_softmax(logits)
-        top: tuple[tuple[int, float], ...] = ()
-        if params.logprobs > 0:
-            idx = np.argpartition(-lp, params.logprobs - 1)[: params.logprobs]
-            idx = idx[np.argsort(-lp[idx], kind="stable")]
-            top = tuple((int(t), float(lp[t])) for t in idx)
-        return SampledToken(token, float(lp[token]), top)
+        return masked
+
+    def target_probs(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
+        """(V,) the distribution a random row samples from (masks, temperature, top-k, top-p)."""
+        return filtered_probs(self.masked_logits(logits, row), row.params)
+
+    def draw(self, p: np.ndarray, rng: np.random.Generator) -> int:
+        """One token from probabilities ``p`` (one ``rng`` uniform): an inverse-CDF draw over the
+        surviving tokens (one uniform per token keeps a seeded stream reproducible, and a
+        filtered-out token can never be drawn)."""
+        nz = np.flatnonzero(p)
+        cdf = np.cumsum(p[nz])
+        k = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+        return int(nz[min(k, nz.size - 1)])
+
+
+def with_logprobs(token: int, logits: np.ndarray, params: SamplingParams) -> SampledToken:
+    """``token`` with its log-probability and the top ``params.logprobs`` alternatives (of the
+    raw distribution) when the request asked for them."""
+    if params.logprobs is None:
+        return SampledToken(token)
+    lp = log_softmax(logits)
+    top: tuple[tuple[int, float], ...] = ()
+    if params.logprobs > 0:
+        idx = np.argpartition(-lp, params.logprobs - 1)[: params.logprobs]
+        idx = idx[np.argsort(-lp[idx], kind="stable")]
+        top = tuple((int(t), float(lp[t])) for t in idx)
+    return SampledToken(token, float(lp[token]), top)

@@ -154,6 +154,19 @@ class KVCacheManager:
             raise ValueError(f"request {request_id!r}: not enough free blocks (check can_grow)")
         seq.blocks += self.pool.allocate(self.num_blocks_for(num_tokens) - len(seq.blocks))
 
+    def shrink(self, request_id: str, num_tokens: int) -> None:
+        """Give back the trailing blocks beyond ``num_tokens`` KV positions (rejected drafts).
+
+        Only blocks past every full block are affected, so nothing cached or being saved is
+        freed."""
+        seq = self._seqs[request_id]
+        keep = self.num_blocks_for(num_tokens)
+        if keep < seq.num_saved:
+            raise ValueError(f"request {request_id!r}: cannot shrink below its saved blocks")
+        if keep < len(seq.blocks):
+            self.pool.free(reversed(seq.blocks[keep:]))
+            del seq.blocks[keep:]
+
     def take_saves(
         self, request_id: str, token_ids: Sequence[int], num_tokens: int, slot: int
     ) -> list[KVBlockCopy]:

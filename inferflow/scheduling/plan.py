@@ -19,6 +19,14 @@ Invariants the scheduler guarantees for a plan:
   len(token_ids))``, block ``i`` holding positions ``[i * block_size, (i + 1) * block_size)``.
   The chunk writes its new KV into those blocks; a block shared with another sequence (a prefix
   hit, refcount > 1) is full and only read.
+
+Speculative decoding: a decode chunk may end in ``draft_token_ids`` (``token_ids`` = the last
+sampled token + the drafts). The executor computes KV for all of them, verifies the drafts
+(``inferflow.sampling.rejection``) and reports the accepted ones in
+``ExecutorOutput.accepted_drafts``; the scheduler then moves the KV length back past the
+rejected ones (their KV is garbage that the next step overwrites). Positions and blocks cover
+the drafts too; ``kv_saves`` (and paged prefix-cache registration) only ever cover blocks that
+are full without them.
 """
 
 from __future__ import annotations
@@ -59,6 +67,14 @@ class ScheduledChunk:
     num_output_tokens: int = 0
     # paged layout only: the sequence's physical KV blocks, in position order (see module doc)
     block_table: tuple[int, ...] = ()
+    # speculative decoding: the proposer's guesses, the last len(draft_token_ids) of token_ids
+    # (a decode row: sample is True); the executor returns logits for 1 + len(drafts) positions
+    draft_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_logits(self) -> int:
+        """Positions whose next-token logits this row needs: its drafts + 1 when it samples."""
+        return 1 + len(self.draft_token_ids) if self.sample else 0
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,17 @@ class SampledToken:
 
 @dataclass(frozen=True)
 class ExecutorOutput:
-    """Result of one engine step: a sampled token per chunk that had ``sample=True``."""
+    """Result of one engine step: a sampled token per chunk that had ``sample=True``.
+
+    With drafts, a request's new tokens are ``accepted_drafts[rid] + (sampled[rid],)``: the
+    drafts the target accepted (a prefix of the chunk's ``draft_token_ids``), then its own token
+    (the replacement of the first rejected draft, or the one after the last accepted).
+    """
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
+    accepted_drafts: dict[str, tuple[SampledToken, ...]] = field(default_factory=dict)
+
+    def new_tokens(self, request_id: str) -> tuple[SampledToken, ...]:
+        """Every token ``request_id`` got this step, in order (empty if it sampled nothing)."""
+        last = self.sampled.get(request_id)
+        return () if last is None else (*self.accepted_drafts.get(request_id, ()), last)

@@ -6,10 +6,14 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inferflow.outputs import RequestMetrics, TokenLogprob
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.block_hash import ExtraKeys
+
+if TYPE_CHECKING:
+    from inferflow.scheduling.config import SchedulerConfig
 
 
 class RequestStatus(enum.IntEnum):
@@ -78,6 +82,15 @@ class Request:
         self._all_token_ids.append(token_id)
         if logprob is not None:
             self.logprobs.append(logprob)
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Keep the first ``num_output_tokens`` outputs of a finished request (a stop string
+        matched inside a step that emitted several tokens: the rest were never "generated")."""
+        if not self.is_finished:
+            raise ValueError(f"request {self.request_id!r}: only a finished request is truncated")
+        del self.output_token_ids[num_output_tokens:]
+        del self._all_token_ids[self.num_prompt_tokens + num_output_tokens:]
+        del self.logprobs[num_output_tokens:]
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -165,3 +178,19 @@ def check_stop(request: Request, max_model_len: int) -> StopDecision | None:
     ) or check_length(
         request.num_output_tokens, request.num_tokens, params.max_tokens, max_model_len
     )
+
+
+def check_fits(request: Request, cfg: SchedulerConfig) -> None:
+    """Raise ValueError if ``request`` could not finish even alone under ``cfg``."""
+    n = request.num_prompt_tokens
+    if n > cfg.max_model_len:
+        raise ValueError(
+            f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
+        )
+    need = -(
+        -max_kv_tokens(n, request.sampling_params.max_tokens, cfg.max_model_len) // cfg.block_size
+    )
+    if need > cfg.num_blocks:
+        raise ValueError(
+            f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
+        )

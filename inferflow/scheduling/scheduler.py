@@ -16,6 +16,10 @@ chunk carries its block table, a prefix hit shares the cached blocks (refcount, 
 block that became full is registered in the prefix cache once the step ran, with nothing copied.
 The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
 
+Speculative decoding (a ``proposer``; ``inferflow.scheduling.speculation``): decode rows carry
+the proposer's drafts, clipped to the budget and the free blocks (never preempting for them);
+``update`` moves the KV length back past the rejected ones and frees the blocks beyond.
+
 Preemption is by recompute: the victim frees its slot and blocks (its saved blocks stay cached),
 goes back to the front of the waiting queue with its output kept, and later re-prefills
 prompt + output, which yields the same continuation.
@@ -41,9 +45,11 @@ from inferflow.scheduling.plan import (
     SchedulerOutput,
 )
 from inferflow.scheduling.policy import SchedulingPolicy, SortKey, policy_named
-from inferflow.scheduling.request import Request, RequestStatus, check_stop, max_kv_tokens
+from inferflow.scheduling.request import Request, RequestStatus, check_fits, check_stop
 from inferflow.scheduling.slots import SlotAllocator
-from inferflow.scheduling.updates import SchedulerStats, StepUpdate
+from inferflow.scheduling.speculation import DraftPlanner
+from inferflow.scheduling.updates import SchedulerStats, SpecDecodeStats, StepUpdate
+from inferflow.speculative.proposer import DraftProposer
 
 
 @dataclass
@@ -56,28 +62,14 @@ class _Step:
     saves: list[KVBlockCopy] = field(default_factory=list)
     scheduled: set[str] = field(default_factory=set)
     preempted: bool = False
-
-
-def check_fits(request: Request, cfg: SchedulerConfig) -> None:
-    """Raise ValueError if ``request`` could not finish even alone under ``cfg``."""
-    n = request.num_prompt_tokens
-    if n > cfg.max_model_len:
-        raise ValueError(
-            f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
-        )
-    need = -(
-        -max_kv_tokens(n, request.sampling_params.max_tokens, cfg.max_model_len) // cfg.block_size
-    )
-    if need > cfg.num_blocks:
-        raise ValueError(
-            f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
-        )
+    drafts: dict[str, tuple[int, ...]] = field(default_factory=dict)  # proposed this step
 
 
 class Scheduler:
     """``policy`` orders admission and preemption (default: the one ``config.policy`` names);
     ``kv`` is the block accounting and prefix cache (default: a ``KVCacheManager`` sized by
-    ``config``, prefix caching per ``config.enable_prefix_caching``)."""
+    ``config``, prefix caching per ``config.enable_prefix_caching``); ``proposer`` drafts tokens
+    for speculative decoding (None: no speculation)."""
 
     def __init__(
         self,
@@ -85,8 +77,10 @@ class Scheduler:
         clock: Callable[[], float] = time.time,
         policy: SchedulingPolicy | None = None,
         kv: KVCacheManager | None = None,
+        proposer: DraftProposer | None = None,
     ) -> None:
         self.config = config
+        self.drafts = None if proposer is None else DraftPlanner(proposer, config.max_model_len)
         self.policy = policy or policy_named(config.policy)
         self.kv = kv or KVCacheManager(
             config.num_blocks, config.block_size, config.enable_prefix_caching
@@ -152,6 +146,8 @@ class Scheduler:
         self._num_steps += 1
         self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
         reported, self._to_report = frozenset(self._to_report), set()
+        if self.drafts is not None and reported:
+            self.drafts.forget(reported)
         preempted, self._preempted = frozenset(self._preempted & reported), set()
         if self.config.paged:  # nothing to copy: the blocks are registered after the step
             self._uncommitted = {self._num_steps: step.saves} if step.saves else {}
@@ -167,7 +163,10 @@ class Scheduler:
 
     def _schedule_running(self, step: _Step) -> None:
         order = sorted(self.running, key=self._key)
-        for request in [r for r in order if r.num_tokens_to_compute == 1]:
+        decodes = [r for r in order if r.num_tokens_to_compute == 1]
+        if self.drafts is not None:
+            step.drafts = self.drafts.propose(decodes)
+        for request in decodes:
             if request.status == RequestStatus.RUNNING and step.budget > 0:
                 self._schedule_decode(request, step)
         for request in [r for r in order if r.num_tokens_to_compute > 1]:
@@ -181,7 +180,11 @@ class Scheduler:
             self._preempt(victim, step)
             if victim is request:
                 return
-        self._emit_chunk(request, 1, step)
+        drafts = step.drafts.get(request.request_id, ())
+        if drafts:  # as many as the budget and the free blocks allow, never by preempting
+            room = self.kv.max_tokens_fitting(request.request_id) - request.num_computed_tokens - 1
+            drafts = DraftPlanner.clip(drafts, step.budget, room)
+        self._emit_chunk(request, 1, step, drafts)
 
     def _schedule_prefill(self, request: Request, step: _Step) -> None:
         n = self._chunk_size(request.num_tokens_to_compute, step.budget)
@@ -247,28 +250,33 @@ class Scheduler:
             n = min(n, cfg.long_prefill_token_threshold)
         return n
 
-    def _emit_chunk(self, request: Request, n: int, step: _Step) -> None:
-        """Schedule ``all_token_ids[num_computed : num_computed + n]`` of a running request."""
+    def _emit_chunk(
+        self, request: Request, n: int, step: _Step, drafts: tuple[int, ...] = ()
+    ) -> None:
+        """Schedule ``all_token_ids[num_computed : num_computed + n]`` of a running request, then
+        ``drafts`` (a decode's guesses: KV positions and blocks for them too, until ``update``)."""
         start, end = request.num_computed_tokens, request.num_computed_tokens + n
-        assert request.slot is not None and 0 < n <= step.budget and end <= request.num_tokens
+        assert request.slot is not None and 0 < n + len(drafts) <= step.budget
+        assert end <= request.num_tokens
         rid = request.request_id
-        self.kv.grow(rid, end)
+        self.kv.grow(rid, end + len(drafts))
         table = tuple(self.kv.block_ids(rid)) if self.config.paged else ()
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
                 slot=request.slot,
-                token_ids=request.token_slice(start, end),
+                token_ids=request.token_slice(start, end) + drafts,
                 start_pos=start,
                 sample=end == request.num_tokens,
                 sampling_params=request.sampling_params,
                 num_output_tokens=request.num_output_tokens,
                 block_table=table,
+                draft_token_ids=drafts,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
-        request.num_computed_tokens = end
-        step.budget -= n
+        request.num_computed_tokens = end  # (+ the accepted drafts, in update)
+        step.budget -= n + len(drafts)
         step.scheduled.add(rid)
 
     # -- preemption ----------------------------------------------------------------------------
@@ -328,35 +336,46 @@ class Scheduler:
             request = self._requests.get(chunk.request_id)
             if not chunk.sample or request is None or request.status != RequestStatus.RUNNING:
                 continue  # a prefill chunk, or finished from outside since the plan was made
-            sampled = output.sampled.get(chunk.request_id)
-            if sampled is None:
+            tokens = output.new_tokens(chunk.request_id)
+            if not tokens:
                 raise ValueError(f"executor returned no token for request {chunk.request_id!r}")
-            updates.append(self._apply_sample(request, sampled))
+            if chunk.draft_token_ids and self.drafts is not None:
+                self.drafts.roll_back(request, chunk, tokens, self.kv)
+            updates.append(self._apply_sample(request, tokens))
         return updates
 
-    def _apply_sample(self, request: Request, sampled: SampledToken) -> StepUpdate:
-        logprob = None
-        if request.sampling_params.logprobs is not None and sampled.logprob is not None:
-            logprob = TokenLogprob(sampled.token_id, sampled.logprob, list(sampled.top_logprobs))
-        request.append_output(sampled.token_id, logprob)
-        now = self._clock()
+    def _apply_sample(self, request: Request, tokens: tuple[SampledToken, ...]) -> StepUpdate:
+        """Append a step's tokens in order, stopping at the first one that ends the request."""
+        now = self._clock()  # (one time for the step's tokens, before a finish stamps its own)
         if request.metrics.first_token_time is None:
             request.metrics.first_token_time = now
         request.metrics.last_token_time = now
-        decision = check_stop(request, self.config.max_model_len)
-        if decision is not None:
-            self._finish(request, decision.status, decision.stop_reason)
-        elif sampled.grammar_complete:  # structured output: nothing more may follow
-            self._finish(request, RequestStatus.FINISHED_STOPPED, None)
-        return StepUpdate(
-            request=request,
-            new_token_ids=(sampled.token_id,),
-            new_logprobs=() if logprob is None else (logprob,),
-            finish_reason=request.finish_reason,
-            stop_reason=request.stop_reason,
-        )
+        new_ids: list[int] = []
+        new_logprobs: list[TokenLogprob] = []
+        wants_logprobs = request.sampling_params.logprobs is not None
+        for sampled in tokens:
+            logprob = None
+            if wants_logprobs and sampled.logprob is not None:
+                logprob = TokenLogprob(sampled.token_id, sampled.logprob, list(sampled.top_logprobs))
+                new_logprobs.append(logprob)
+            request.append_output(sampled.token_id, logprob)
+            new_ids.append(sampled.token_id)
+            decision = check_stop(request, self.config.max_model_len)
+            if decision is not None:
+                self._finish(request, decision.status, decision.stop_reason)
+            elif sampled.grammar_complete:  # structured output: nothing more may follow
+                self._finish(request, RequestStatus.FINISHED_STOPPED, None)
+            if request.is_finished:
+                break
+        return StepUpdate(request, tuple(new_ids), tuple(new_logprobs), request.finish_reason,
+                          request.stop_reason)
 
     # -- introspection -------------------------------------------------------------------------
+    @property
+    def spec_stats(self) -> SpecDecodeStats:
+        """Speculative decoding since start (all zero without a proposer)."""
+        return self.drafts.stats if self.drafts is not None else SpecDecodeStats()
+
     @property
     def stats(self) -> SchedulerStats:
         pool = self.kv.pool
@@ -376,18 +395,6 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Raise AssertionError if scheduler, KV manager, pool or slots disagree."""
-        self.kv.check_integrity()
-        self.slots.check_integrity()
-        assert len(self.running) <= self.config.max_running
-        assert {r.slot for r in self.running} == set(self.slots.used), "slot bookkeeping"
-        for r in self.running:
-            assert r.status == RequestStatus.RUNNING and 0 < r.num_computed_tokens <= r.num_tokens
-            assert len(self.kv.block_ids(r.request_id)) == self.kv.num_blocks_for(
-                r.num_computed_tokens
-            )
-            assert r.num_computed_tokens <= self.config.max_model_len
-        for r in self.waiting:
-            assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), r.status
-            assert r.slot is None and r.num_computed_tokens == 0 and not self.kv.holds(r.request_id)
-        live = [r.request_id for r in itertools.chain(self.running, self.waiting)]
-        assert sorted(live) == sorted(self._requests) == sorted(self._keys), "a request got lost"
+        from inferflow.scheduling.integrity import check_scheduler
+
+        check_scheduler(self)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from inferflow.outputs import TokenLogprob
 from inferflow.scheduling.request import Request
@@ -56,3 +56,35 @@ class SchedulerStats:
         return (
             self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
         )
+
+
+@dataclass
+class SpecDecodeStats:
+    """Speculative decoding since start (vLLM's ``spec_decode`` counters): ``num_drafts`` decode
+    rows that carried drafts, ``num_draft_tokens`` drafts verified, ``num_accepted_tokens`` of
+    them accepted, ``accepted_per_position[i]`` rows whose draft ``i`` was accepted."""
+
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_draft_tokens:
+            self.accepted_per_position += [0] * (num_draft_tokens - len(self.accepted_per_position))
+        for i in range(num_accepted):
+            self.accepted_per_position[i] += 1
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted / proposed drafts (0 before any)."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens per speculative decode row: 1 + accepted drafts on average (vLLM's "mean
+        acceptance length"; 0 before any)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

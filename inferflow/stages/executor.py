@@ -63,10 +63,16 @@ class ExecutorStage(EngineStage):
     - ``pages_kv``: the executor keeps KV in the block pool itself (``KVLayout.paged``): it
       allocates ``layout.num_blocks`` blocks and no slots, and reads each chunk's KV through its
       ``block_table``; plans then carry no ``kv_loads``/``kv_saves``.
+    - ``verifies_drafts``: :meth:`execute` handles chunks with ``draft_token_ids`` (speculative
+      decoding): logits for each draft position, verified, accepted ones in
+      ``ExecutorOutput.accepted_drafts``. An executor without it (the default for plugins)
+      refuses ``speculative=...``; the built-in ones run plans through ``PlanRunner``, which
+      verifies.
     """
 
     kind: ClassVar[str] = "executor"
     pages_kv: ClassVar[bool] = False
+    verifies_drafts: ClassVar[bool] = False
     backend: ClassVar[str] = ""
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
@@ -131,6 +137,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
     backend: ClassVar[str] = "onnxruntime"
     runtime_package: ClassVar[str] = "onnxruntime"
+    verifies_drafts: ClassVar[bool] = True  # PlanRunner
     precision: Precision = Precision.fp32
     graph_form: GraphForm = GraphForm.gqa
     intra_op_threads: int = 0
@@ -233,6 +240,8 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
 
     backend: ClassVar[str] = "tensorrt"
     runtime_package: ClassVar[str] = "tensorrt"
+    # its optimization profiles return one logits row per sequence (logits_index <= max_slots)
+    verifies_drafts: ClassVar[bool] = False
     precision: Precision = Precision.fp16
     graph_form: GraphForm = GraphForm.canonical
     device_id: int = 0

@@ -62,6 +62,7 @@ class TorchExecutor(ExecutorStage):
     the GPU's memory such as ``0.8`` (weights and what else is in use come out of it)."""
 
     backend: ClassVar[str] = "torch"
+    verifies_drafts: ClassVar[bool] = True  # PlanRunner
     runtime_package: ClassVar[str] = "torch"
     pages_kv: ClassVar[bool] = True
     device: str = "cpu"

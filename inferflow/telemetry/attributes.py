@@ -73,6 +73,10 @@ STEP_NUM_PREFILL_REQUESTS = "inferflow.step.num_prefill_requests"
 STEP_NUM_DECODE_REQUESTS = "inferflow.step.num_decode_requests"
 STEP_GUIDED_ROWS = "inferflow.step.guided_rows"  # rows sampled under a structured-output mask
 STEP_GUIDED_MASK_MS = "inferflow.step.guided_mask_ms"  # time to fill those masks
+# speculative decoding, on engine-step spans of steps with drafts
+STEP_SPEC_NUM_DRAFTS = "inferflow.spec_decode.num_drafts"  # rows that carried drafts
+STEP_SPEC_NUM_DRAFT_TOKENS = "inferflow.spec_decode.num_draft_tokens"  # drafts verified
+STEP_SPEC_NUM_ACCEPTED_TOKENS = "inferflow.spec_decode.num_accepted_tokens"  # of them accepted
 GUIDED_COMPILE_MS = "inferflow.guided.compile_ms"  # compiling the request's grammar (0 if cached)
 GUIDED_CACHE_HIT = "inferflow.guided.cache_hit"  # the compiled grammar came from the cache
 GUIDED_KIND = "inferflow.guided.kind"  # json_schema | json_object | regex | choice | grammar

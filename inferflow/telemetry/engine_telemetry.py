@@ -30,6 +30,7 @@ from inferflow.telemetry.isolation import isolated, log_telemetry_error
 from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
 from inferflow.telemetry.request_trace import RequestTrace
 from inferflow.telemetry.spans import ParentLike, record_step_span
+from inferflow.telemetry.spec_decode import StepSpecDecode
 from inferflow.telemetry.timings import RequestTimings
 
 
@@ -74,9 +75,10 @@ class _StepTally:
 
 
 def is_decode_row(chunk: ScheduledChunk) -> bool:
-    """A decode row computes exactly one token of a request that already has output; anything
-    else (prompt chunks, recompute after preemption) is prefill work."""
-    return chunk.num_output_tokens > 0 and len(chunk.token_ids) == 1
+    """A decode row computes exactly one token of a request that already has output (plus its
+    drafts, with speculative decoding); anything else (prompt chunks, recompute after
+    preemption) is prefill work."""
+    return chunk.num_output_tokens > 0 and len(chunk.token_ids) - len(chunk.draft_token_ids) == 1
 
 
 class EngineTelemetry:
@@ -152,6 +154,7 @@ class EngineTelemetry:
         ``end_time``). Marks request timestamps, emits the ``engine step`` span, updates metrics."""
         with self._lock:
             tally = self._tally(plan, output, start_time, end_time)
+        spec = StepSpecDecode.of(plan, output)
         # a step span only when it served a traced (sampled) request: no orphan step traces
         if self.tracer is not None and any(sc.trace_flags.sampled for _, sc in tally.served):
             record_step_span(
@@ -165,10 +168,10 @@ class EngineTelemetry:
                 num_decode_tokens=tally.num_decode_tokens,
                 num_prefill_requests=tally.num_prefill_requests,
                 num_decode_requests=tally.num_decode_requests,
-                attributes=_guided_step_attributes(plan),
+                attributes={**_guided_step_attributes(plan), **spec.span_attributes()},
             )
         if self.metrics is not None:
-            self.metrics.on_step(self._step_stats(plan, output, tally, scheduler))
+            self.metrics.on_step(self._step_stats(plan, output, tally, scheduler, spec))
 
     def _tally(
         self, plan: SchedulerOutput, output: ExecutorOutput, start: float, end: float
@@ -177,7 +180,7 @@ class EngineTelemetry:
         for chunk in plan.chunks:
             decode = is_decode_row(chunk)
             if decode:
-                tally.num_decode_tokens += 1
+                tally.num_decode_tokens += len(chunk.token_ids)
                 tally.num_decode_requests += 1
             else:
                 tally.num_prefill_tokens += len(chunk.token_ids)
@@ -203,6 +206,7 @@ class EngineTelemetry:
         output: ExecutorOutput,
         tally: _StepTally,
         scheduler: SchedulerSnapshot | None,
+        spec: StepSpecDecode,
     ) -> StepStats:
         queries = hits = preemptions = 0
         if scheduler is not None:
@@ -220,7 +224,7 @@ class EngineTelemetry:
         return StepStats(
             batch_size=len(plan.chunks),
             num_prefill_tokens=tally.num_prefill_tokens,
-            num_generation_tokens=len(output.sampled),
+            num_generation_tokens=len(output.sampled) + spec.num_accepted_tokens,
             num_running=scheduler.num_running if scheduler is not None else len(plan.chunks),
             num_waiting=scheduler.num_waiting if scheduler is not None else 0,
             kv_blocks_used=scheduler.num_kv_blocks_used if scheduler is not None else 0,
@@ -232,6 +236,7 @@ class EngineTelemetry:
             inter_token_latencies=tally.gaps,
             guided_rows=len(plan.token_bitmasks),
             guided_mask_s=plan.guided_mask_s,
+            spec_decode=spec,
         )
 
     @isolated(None)
@@ -284,10 +289,10 @@ class EngineTelemetry:
             return len(self._requests)
 
 
-def _guided_step_attributes(plan: SchedulerOutput) -> dict[str, Any] | None:
-    """Structured-output rows of a step and the time their masks took (None without any)."""
+def _guided_step_attributes(plan: SchedulerOutput) -> dict[str, Any]:
+    """Structured-output rows of a step and the time their masks took (empty without any)."""
     if not plan.token_bitmasks:
-        return None
+        return {}
     return {
         A.STEP_GUIDED_ROWS: len(plan.token_bitmasks),
         A.STEP_GUIDED_MASK_MS: round(plan.guided_mask_s * 1000, 4),

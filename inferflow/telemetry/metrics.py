@@ -13,10 +13,11 @@ Without that directory (offline use, tests) the same object keeps values in memo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from inferflow.telemetry.spec_decode import SpecDecodeMetrics, StepSpecDecode
 from inferflow.telemetry.timings import RequestTimings
 
 # Buckets (seconds). vLLM's start at 0.3 s for request latencies; CPU-sized models need finer
@@ -66,6 +67,7 @@ class StepStats:
     inter_token_latencies: Sequence[float] = ()
     guided_rows: int = 0  # rows sampled under a structured-output mask
     guided_mask_s: float = 0.0  # time the guided stage took to fill their masks
+    spec_decode: StepSpecDecode = field(default_factory=StepSpecDecode)  # speculative rows
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,7 @@ class EngineMetrics:
         self._build_latency_metrics()
         self._build_gen_ai_metrics()
         self._build_guided_metrics()
+        self.spec_decode = SpecDecodeMetrics(self.registry, self._labels)
 
     # --- definitions --------------------------------------------------------------------------
     def _gauge(self, name: str, doc: str) -> Gauge:
@@ -293,6 +296,7 @@ class EngineMetrics:
         """Record one engine step (gauges set, counters incremented, histograms observed)."""
         if stats.guided_rows:
             self.guided_mask.observe(stats.guided_mask_s)
+        self.spec_decode.on_step(stats.spec_decode)
         self.set_state(
             stats.num_running, stats.num_waiting, stats.kv_blocks_used, stats.kv_blocks_total
         )

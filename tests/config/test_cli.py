@@ -23,10 +23,12 @@ def test_default_config_is_the_embedded_tiny_model(cli_env: dict[str, str], work
         "tokenizer",
         "cache",
         "batching",
+        "speculative",
         "guided",
         "executor",
         "detokenizer",
     ]
+    assert cfg["speculative"]["_target_"] == "inferflow.stages.speculative.NoSpeculation"
     assert cfg["guided"]["_target_"] == "inferflow.stages.guided.LLGuidanceDecoding"
     assert cfg["batching"]["_target_"] == "inferflow.stages.batching.ContinuousBatching"
     assert cfg["executor"]["precision"] == "fp32"

@@ -14,17 +14,23 @@ its tokens into the blocks of its ``block_table`` and the sampled token hashes w
 blocks hold for ``[0, start_pos + len)``. A block shared while another request writes into it, a
 table missing a block or a prefix hit on a block that was reused shows up as a changed output. ``reference_output``
 is the independent oracle: the same hash applied to the sequence itself, no scheduler involved.
+
+A chunk with drafts (speculative decoding) is verified as a real executor does it: the token at
+each of its last ``len(drafts) + 1`` positions is the hash of the KV up to there, drafts are
+accepted while they equal it, and the first mismatch (or the token after the last draft) is the
+sampled one. Rejected drafts' KV stays written, so a scheduler that forgets to roll the length
+back reads it and changes the output.
 """
 
 from __future__ import annotations
 
 import hashlib
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inferflow.sampling_params import SamplingParams
-from inferflow.scheduling.plan import ExecutorOutput, SampledToken, SchedulerOutput
+from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
 
 
 def next_token(kv_content: Sequence[int], vocab_size: int) -> int:
@@ -97,23 +103,38 @@ class FakeExecutor:
             self.slots[load.slot][load.block_index * bs : (load.block_index + 1) * bs] = list(
                 content
             )
-        sampled = {}
+        sampled, accepted = {}, {}
         for chunk in plan.chunks:
             kv = self.slots[chunk.slot]
             end = chunk.start_pos + len(chunk.token_ids)
             kv[chunk.start_pos : end] = list(chunk.token_ids)
             if chunk.sample:
-                content = kv[:end]
-                assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
-                tok = next_token(content, self.vocab_size)  # type: ignore[arg-type]
-                logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
-                sampled[chunk.request_id] = SampledToken(tok, logprob)
+                rid = chunk.request_id
+                sampled[rid], accepted[rid] = self._verify(chunk, lambda n, kv=kv: kv[:n])
         for save in plan.kv_saves:
             content = self.slots[save.slot][save.block_index * bs : (save.block_index + 1) * bs]
             assert None not in content, f"save of an incomplete block {save}"
             self.pool[save.block_id] = tuple(content)  # type: ignore[arg-type]
         self.history.append(self._record(plan))
-        return ExecutorOutput(sampled=sampled)
+        return ExecutorOutput(sampled, accepted)
+
+    def _verify(
+        self, chunk: ScheduledChunk, read: Callable[[int], list[int | None]]
+    ) -> tuple[SampledToken, tuple[SampledToken, ...]]:
+        """(the sampled token, the accepted drafts) of a sampling chunk; ``read(n)`` is the KV
+        content of positions ``[0, n)``."""
+        drafts = chunk.draft_token_ids
+        end = chunk.start_pos + len(chunk.token_ids)
+        logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
+        accepted = []
+        for j in range(len(drafts) + 1):
+            content = read(end - len(drafts) + j)
+            assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
+            token = SampledToken(next_token(content, self.vocab_size), logprob)  # type: ignore[arg-type]
+            if j == len(drafts) or token.token_id != drafts[j]:
+                return token, tuple(accepted)
+            accepted.append(token)
+        raise AssertionError("unreachable")
 
     def _execute_paged(self, plan: SchedulerOutput) -> ExecutorOutput:
         assert not plan.kv_loads and not plan.kv_saves, "a paged plan copies nothing"
@@ -127,16 +148,18 @@ class FakeExecutor:
             for offset, token in enumerate(chunk.token_ids):
                 pos = chunk.start_pos + offset
                 blocks[chunk.block_table[pos // bs]][pos % bs] = token
+        accepted = {}
         for chunk in plan.chunks:  # reads after every write of the step, as one forward pass
-            end = chunk.start_pos + len(chunk.token_ids)
             if chunk.sample:
-                content = [blocks[chunk.block_table[p // bs]][p % bs] for p in range(end)]
-                assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
-                tok = next_token(content, self.vocab_size)  # type: ignore[arg-type]
-                logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
-                sampled[chunk.request_id] = SampledToken(tok, logprob)
+                table = chunk.block_table
+
+                def read(n: int, table: tuple[int, ...] = table) -> list[int | None]:
+                    return [blocks[table[p // bs]][p % bs] for p in range(n)]
+
+                rid = chunk.request_id
+                sampled[rid], accepted[rid] = self._verify(chunk, read)
         self.history.append(self._record(plan))
-        return ExecutorOutput(sampled=sampled)
+        return ExecutorOutput(sampled, accepted)
 
     @property
     def paged_blocks(self) -> list[list[int | None]]:

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fake_executor import FakeExecutor, reference_output
+from fake_executor import FakeExecutor, next_token, reference_output
 
 from inferflow.engine.step import step
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling import Request, RequestStatus, Scheduler, SchedulerConfig
 from inferflow.scheduling.plan import SchedulerOutput
 from inferflow.scheduling.updates import StepUpdate
+from inferflow.speculative.proposer import DraftProposer, DraftRequest
 
 VOCAB = 64
 EOS = 0
@@ -76,6 +77,7 @@ class Harness:
     """A scheduler and a fake executor driven by ``engine_loop.step``; integrity checked every step."""
 
     config: SchedulerConfig
+    proposer: DraftProposer | None = None  # speculative decoding
     scheduler: Scheduler = field(init=False)
     executor: FakeExecutor = field(init=False)
     finished: dict[str, Request] = field(default_factory=dict)
@@ -83,7 +85,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.scheduler = Scheduler(cfg, clock=FakeClock())
+        self.scheduler = Scheduler(cfg, clock=FakeClock(), proposer=self.proposer)
         self.executor = FakeExecutor(
             cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged
         )
@@ -144,3 +146,30 @@ __all__ = [
     "make_config",
     "make_request",
 ]
+
+
+class OracleProposer:
+    """Drafts the fake executor's true continuation, each draft wrong with probability
+    ``error_rate`` and the run cut after it, drafts of 1..k tokens: every acceptance length
+    occurs. Deterministic (a hash of the sequence decides), so a failing example replays."""
+
+    def __init__(self, num_speculative_tokens: int = 3, error_rate: float = 0.3) -> None:
+        self.num_speculative_tokens = num_speculative_tokens
+        self.error_rate = error_rate
+        self.forgotten: set[str] = set()
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[tuple[int, ...]]:
+        out = []
+        for r in requests:
+            tokens, drafts = list(r.token_ids), []
+            n = 1 + next_token([*tokens, -1], r.max_draft_tokens)  # 1..max_draft_tokens
+            for j in range(n):
+                true = next_token(tokens, VOCAB)
+                wrong = next_token([*tokens, -2 - j], 1000) < self.error_rate * 1000
+                drafts.append((true + 1) % VOCAB if wrong else true)
+                tokens.append(drafts[-1])
+            out.append(tuple(drafts))
+        return out
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        self.forgotten.update(request_ids)

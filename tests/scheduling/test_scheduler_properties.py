@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sched_factories import EOS, Harness, expected, make_config, make_request
+from sched_factories import EOS, Harness, OracleProposer, expected, make_config, make_request
 
 from inferflow.scheduling import Request, RequestStatus, SchedulerConfig
 
@@ -121,8 +121,28 @@ def test_paged_tight_memory_workloads_preempt_and_still_match(
     run_workload(dataclasses.replace(cfg, paged=True), plan)
 
 
-def run_workload(cfg: SchedulerConfig, plan: list[Arrival]) -> None:
-    h = Harness(cfg)
+@SETTINGS
+@given(cfg=configs(), plan=arrivals(), paged=st.booleans())
+def test_speculative_workloads_match_the_reference(
+    cfg: SchedulerConfig, plan: list[Arrival], paged: bool
+) -> None:
+    """With drafts (some right, some wrong) in decode rows, outputs are still the reference's:
+    rejected drafts are rolled back in slots and paged blocks alike."""
+    run_workload(dataclasses.replace(cfg, paged=paged), plan, OracleProposer())
+
+
+@SETTINGS
+@given(cfg=tight_configs(), plan=arrivals(min_requests=4), paged=st.booleans())
+def test_speculative_tight_memory_workloads_still_match(
+    cfg: SchedulerConfig, plan: list[Arrival], paged: bool
+) -> None:
+    run_workload(dataclasses.replace(cfg, paged=paged), plan, OracleProposer(4, 0.2))
+
+
+def run_workload(
+    cfg: SchedulerConfig, plan: list[Arrival], proposer: OracleProposer | None = None
+) -> None:
+    h = Harness(cfg, proposer)
     accepted: list[Arrival] = []
     cancelled: set[str] = set()
     last_arrival = max(a.step for a in plan)
@@ -142,6 +162,10 @@ def run_workload(cfg: SchedulerConfig, plan: list[Arrival]) -> None:
     event(f"preempted: {stats.num_preemptions > 0}")
     event(f"prefix hits: {stats.prefix_cache_hits > 0}")
     event(f"cancelled: {bool(cancelled)}")
+    if proposer is not None:
+        spec = h.scheduler.spec_stats
+        event(f"drafts accepted: {spec.num_accepted_tokens > 0}, "
+              f"rejected: {spec.num_accepted_tokens < spec.num_draft_tokens}")
     event(f"refused: {len(plan) - len(accepted)}")
     assert stats.num_kv_blocks_used == 0 and stats.num_kv_blocks_free == cfg.num_blocks
     assert (

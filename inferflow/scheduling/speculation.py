@@ -1,0 +1,59 @@
+"""The scheduler's side of speculative decoding: which decodes get drafts, how many, and the KV
+rollback once they were verified (the proposer drafts; the executor verifies)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from inferflow.scheduling.kv_cache_manager import KVCacheManager
+from inferflow.scheduling.plan import SampledToken, ScheduledChunk
+from inferflow.scheduling.request import Request
+from inferflow.scheduling.updates import SpecDecodeStats
+from inferflow.speculative.proposer import DraftProposer, DraftRequest
+
+
+class DraftPlanner:
+    """Asks ``proposer`` for drafts once per step and keeps the ``SpecDecodeStats``."""
+
+    def __init__(self, proposer: DraftProposer, max_model_len: int) -> None:
+        self.proposer = proposer
+        self.max_model_len = max_model_len
+        self.stats = SpecDecodeStats()
+
+    def propose(self, decodes: Iterable[Request]) -> dict[str, tuple[int, ...]]:
+        """Drafts for the decoding requests that may speculate (one proposer call): each at most
+        ``num_speculative_tokens``, and few enough that the drafts plus the token after them fit
+        ``max_tokens`` and the context. Constrained (structured-output) requests decode one
+        token a step: their grammar gives the mask of one position only."""
+        asks = []
+        for r in decodes:
+            room = min(r.sampling_params.max_tokens - r.num_output_tokens,
+                       self.max_model_len - r.num_tokens) - 1
+            if room > 0 and r.sampling_params.guided is None:
+                asks.append(DraftRequest(r.request_id, r.all_token_ids,
+                                         min(room, self.proposer.num_speculative_tokens)))
+        if not asks:
+            return {}
+        drafts = self.proposer.propose(asks)
+        return {a.request_id: tuple(d[:a.max_draft_tokens])
+                for a, d in zip(asks, drafts, strict=True) if d}
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        self.proposer.forget(request_ids)
+
+    @staticmethod
+    def clip(drafts: tuple[int, ...], budget: int, room: int) -> tuple[int, ...]:
+        """As many drafts as the step's remaining token ``budget`` (one goes to the decode token
+        itself) and ``room`` (KV positions the free blocks cover beyond it) allow."""
+        return drafts[:max(0, min(budget - 1, room))]
+
+    def roll_back(self, request: Request, chunk: ScheduledChunk,
+                  tokens: tuple[SampledToken, ...], kv: KVCacheManager) -> None:
+        """After the step: keep the KV of the accepted drafts (``tokens[:-1]``), give back the
+        blocks past them (the rejected drafts' KV is overwritten by later steps)."""
+        accepted = len(tokens) - 1
+        if tuple(t.token_id for t in tokens[:-1]) != chunk.draft_token_ids[:accepted]:
+            raise ValueError(f"executor accepted tokens that are not {chunk.request_id!r}'s drafts")
+        request.num_computed_tokens += accepted
+        kv.shrink(request.request_id, request.num_computed_tokens)
+        self.stats.record(len(chunk.draft_token_ids), accepted)
