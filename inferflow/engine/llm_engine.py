@@ -79,6 +79,9 @@ class LLMEngine:
             min(engine_config.max_model_len, checkpoint.config.max_position_embeddings),
             engine_config.block_size, engine_config.num_blocks)
         executor = executor_for(engine_config)
+        if proposer is not None and not executor.verifies_drafts:
+            raise ValueError(f"speculative_config: the {executor.backend} executor does not "
+                             "verify drafts")
         executor.load(checkpoint, layout)
         budgets = scheduler_config or SchedulerConfig()
         scheduler = Scheduler(dataclasses.replace(
@@ -136,7 +139,8 @@ class LLMEngine:
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
         proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
-        if eng.pop("backend", None) == "torch":
+        if eng.get("backend") == "torch":  # (other backends are EngineConfig's: tensorrt)
+            del eng["backend"]
             return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer, **eng)
         return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched),
                    proposer=proposer)

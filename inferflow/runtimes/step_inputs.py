@@ -67,8 +67,8 @@ PAD_RATIO = 4  # a call is split when its padded (B, S) grid is this many times 
 
 
 def split_padding(rows: Sequence[EngineRow], call: list[int]) -> list[list[int]]:
-    """Split one call whose padded grid is mostly padding: its decode rows (one token each)
-    stay together, every multi-token row runs alone.
+    """Split one call whose padded grid is mostly padding: its decode rows (one token each, or
+    a token and its drafts) stay together, every prefill chunk runs alone.
 
     The in-place form pads a call to (B, S): B the slots from its lowest to its highest, S its
     longest chunk, so one prefill chunk beside many decodes costs B x S positions in the
@@ -80,8 +80,9 @@ def split_padding(rows: Sequence[EngineRow], call: list[int]) -> list[list[int]]
     grid = (max(slots) - min(slots) + 1) * max(lengths)
     if grid <= PAD_RATIO * sum(lengths):
         return [call]
-    decodes = [i for i, n in zip(call, lengths, strict=True) if n == 1]
-    return ([decodes] if decodes else []) + [[i] for i, n in zip(call, lengths, strict=True) if n > 1]
+    # decode rows: every token samples (one token, or one plus its drafts: speculative decoding)
+    decodes = [i for i in call if rows[i].logits_count == len(rows[i].token_ids)]
+    return ([decodes] if decodes else []) + [[i] for i in call if i not in decodes]
 
 
 def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,

@@ -4,7 +4,8 @@ A row with ``k`` drafts comes back with ``k + 1`` logits rows: row ``j`` is the 
 next-token distribution after the sequence plus ``drafts[:j]`` (row 0 predicts ``drafts[0]``,
 row ``k`` the token after the last draft). Drafts are accepted left to right; at the first
 rejection the target's own token takes its place and verification ends; when all ``k`` are
-accepted, row ``k`` gives one more token (the "bonus"). So a step yields 1 to ``k + 1`` tokens.
+accepted, row ``k`` gives one more token (the "bonus"). So a step yields 1 to ``k + 1`` tokens;
+an accepted draft that ends the request (EOS, a stop token) is its last.
 
 - greedy: a draft is accepted iff it is the target's argmax, so the output is token for token
   the non-speculative greedy output;
@@ -41,18 +42,29 @@ def verify_drafts(sampler: Sampler, logits: np.ndarray, row: SampleRow,
     params = row.params
     if params.greedy and params.logprobs is None and row.num_output_tokens >= params.min_tokens:
         best = np.argmax(logits, axis=-1).tolist()  # the plain greedy row: one argmax
-        n = next((j for j, d in enumerate(drafts) if best[j] != d), len(drafts))
+        n = next((j for j, d in enumerate(drafts) if best[j] != d or _ends(sampler, row, d, j)),
+                 len(drafts))
         return [SampledToken(t) for t in best[:n + 1]]
     out: list[SampledToken] = []
     for j, draft in enumerate(drafts):
         at = dataclasses.replace(row, num_output_tokens=row.num_output_tokens + j)
         token = _verify_one(sampler, logits[j], at, draft)
         out.append(with_logprobs(token, logits[j], params))
-        if token != draft:
+        if token != draft or _ends(sampler, row, draft, j):
             return out
     bonus = dataclasses.replace(row, num_output_tokens=row.num_output_tokens + len(drafts))
     out.append(sampler.sample(logits[-1:], [bonus])[0])
     return out
+
+
+def _ends(sampler: Sampler, row: SampleRow, token: int, j: int) -> bool:
+    """Whether accepted draft ``token`` at position ``j`` ends the request (EOS unless
+    ``ignore_eos``, a stop token id; from ``min_tokens`` on): nothing after it is emitted, so
+    what the executor reports is what the request gets (stop strings are the detokenizer's)."""
+    params = row.params
+    if row.num_output_tokens + j + 1 < params.min_tokens:
+        return False
+    return (not params.ignore_eos and token in sampler.eos_token_ids) or token in params.stop_token_ids
 
 
 def _verify_one(sampler: Sampler, logits: np.ndarray, row: SampleRow, draft: int) -> int:

@@ -112,9 +112,11 @@ class KVCacheManager:
         need = self.num_blocks_for(num_tokens) - len(self._seqs[request_id].blocks)
         return need <= self.pool.num_free_blocks
 
-    def max_tokens_fitting(self, request_id: str) -> int:
-        """Most tokens ``request_id`` can cover (KV positions) with its blocks plus all free ones."""
-        return (len(self._seqs[request_id].blocks) + self.pool.num_free_blocks) * self.block_size
+    def max_tokens_fitting(self, request_id: str, reserved: int = 0) -> int:
+        """Most tokens ``request_id`` can cover (KV positions) with its blocks plus the free ones
+        but ``reserved`` (kept for others)."""
+        free = max(0, self.pool.num_free_blocks - reserved)
+        return (len(self._seqs[request_id].blocks) + free) * self.block_size
 
     # -- transitions ---------------------------------------------------------------------------
     def admit(

@@ -16,9 +16,8 @@ chunk carries its block table, a prefix hit shares the cached blocks (refcount, 
 block that became full is registered in the prefix cache once the step ran, with nothing copied.
 The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
 
-Speculative decoding (a ``proposer``; ``inferflow.scheduling.speculation``): decode rows carry
-the proposer's drafts, clipped to the budget and the free blocks (never preempting for them);
-``update`` moves the KV length back past the rejected ones and frees the blocks beyond.
+Speculative decoding (``proposer``; ``scheduling/speculation.py``): decode rows carry drafts
+within what the budget and free blocks leave every decode; ``update`` rolls rejected ones back.
 
 Preemption is by recompute: the victim frees its slot and blocks (its saved blocks stay cached),
 goes back to the front of the waiting queue with its output kept, and later re-prefills
@@ -82,9 +81,8 @@ class Scheduler:
         self.config = config
         self.drafts = None if proposer is None else DraftPlanner(proposer, config.max_model_len)
         self.policy = policy or policy_named(config.policy)
-        self.kv = kv or KVCacheManager(
-            config.num_blocks, config.block_size, config.enable_prefix_caching
-        )
+        self.kv = kv or KVCacheManager(config.num_blocks, config.block_size,
+                                       config.enable_prefix_caching)
         if (self.kv.pool.num_blocks, self.kv.block_size) != (config.num_blocks, config.block_size):
             raise ValueError("kv: its pool does not match config.num_blocks / block_size")
         self.slots = SlotAllocator(config.max_slots)
@@ -146,8 +144,6 @@ class Scheduler:
         self._num_steps += 1
         self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
         reported, self._to_report = frozenset(self._to_report), set()
-        if self.drafts is not None and reported:
-            self.drafts.forget(reported)
         preempted, self._preempted = frozenset(self._preempted & reported), set()
         if self.config.paged:  # nothing to copy: the blocks are registered after the step
             self._uncommitted = {self._num_steps: step.saves} if step.saves else {}
@@ -166,14 +162,15 @@ class Scheduler:
         decodes = [r for r in order if r.num_tokens_to_compute == 1]
         if self.drafts is not None:
             step.drafts = self.drafts.propose(decodes)
-        for request in decodes:
+        for i, request in enumerate(decodes):
             if request.status == RequestStatus.RUNNING and step.budget > 0:
-                self._schedule_decode(request, step)
+                self._schedule_decode(request, step, later=len(decodes) - i - 1)
         for request in [r for r in order if r.num_tokens_to_compute > 1]:
             if request.status == RequestStatus.RUNNING and step.budget > 0:
                 self._schedule_prefill(request, step)
 
-    def _schedule_decode(self, request: Request, step: _Step) -> None:
+    def _schedule_decode(self, request: Request, step: _Step, later: int = 0) -> None:
+        """``later`` decodes follow: drafts leave each a token of budget and a block (no starving)."""
         while not self.kv.can_grow(request.request_id, request.num_computed_tokens + 1):
             victim = self._pick_victim(step, behind=None)
             assert victim is not None  # `request` itself is always a candidate
@@ -182,8 +179,9 @@ class Scheduler:
                 return
         drafts = step.drafts.get(request.request_id, ())
         if drafts:  # as many as the budget and the free blocks allow, never by preempting
-            room = self.kv.max_tokens_fitting(request.request_id) - request.num_computed_tokens - 1
-            drafts = DraftPlanner.clip(drafts, step.budget, room)
+            fit = self.kv.max_tokens_fitting(request.request_id, reserved=later)
+            drafts = DraftPlanner.clip(drafts, step.budget - later,
+                                       fit - request.num_computed_tokens - 1)
         self._emit_chunk(request, 1, step, drafts)
 
     def _schedule_prefill(self, request: Request, step: _Step) -> None:
@@ -256,8 +254,8 @@ class Scheduler:
         """Schedule ``all_token_ids[num_computed : num_computed + n]`` of a running request, then
         ``drafts`` (a decode's guesses: KV positions and blocks for them too, until ``update``)."""
         start, end = request.num_computed_tokens, request.num_computed_tokens + n
-        assert request.slot is not None and 0 < n + len(drafts) <= step.budget
-        assert end <= request.num_tokens
+        assert request.slot is not None and end <= request.num_tokens
+        assert 0 < n + len(drafts) <= step.budget
         rid = request.request_id
         self.kv.grow(rid, end + len(drafts))
         table = tuple(self.kv.block_ids(rid)) if self.config.paged else ()
@@ -305,7 +303,9 @@ class Scheduler:
         step.preempted = True
 
     def _release(self, request: Request) -> None:
-        """Give back the slot and blocks of a running request."""
+        """Give back the slot and blocks of a running request (the proposer forgets it too)."""
+        if self.drafts is not None:
+            self.drafts.forget([request.request_id])
         self.running.remove(request)
         self.kv.free(request.request_id)
         assert request.slot is not None

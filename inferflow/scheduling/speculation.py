@@ -24,12 +24,14 @@ class DraftPlanner:
         """Drafts for the decoding requests that may speculate (one proposer call): each at most
         ``num_speculative_tokens``, and few enough that the drafts plus the token after them fit
         ``max_tokens`` and the context. Constrained (structured-output) requests decode one
-        token a step: their grammar gives the mask of one position only."""
+        token a step: their grammar gives the mask of one position only. Prompts are not
+        drafted into: a request speculates from its second output token on."""
         asks = []
         for r in decodes:
             room = min(r.sampling_params.max_tokens - r.num_output_tokens,
                        self.max_model_len - r.num_tokens) - 1
-            if room > 0 and r.sampling_params.guided is None:
+            # (a prompt's last token is prefill work: its row samples the first output token)
+            if room > 0 and r.num_output_tokens and r.sampling_params.guided is None:
                 asks.append(DraftRequest(r.request_id, r.all_token_ids,
                                          min(room, self.proposer.num_speculative_tokens)))
         if not asks:

@@ -193,7 +193,7 @@ class EngineTelemetry:
             rt.mark_step(prefill=not decode)
             tally.served.append((chunk.request_id, rt.span_context))
             if chunk.request_id in output.sampled:
-                gap = rt.mark_token(end)
+                gap = rt.mark_token(end, len(output.new_tokens(chunk.request_id)))
                 if gap is None:
                     tally.ttfts.append(end - rt.arrival_time)
                 else:

@@ -113,3 +113,11 @@ def test_engine_without_a_proposer_sends_no_drafts(tmp_path: Path) -> None:
     llm.generate(REPETITIVE[2], greedy(16))
     assert llm.engine.scheduler.drafts is None
     assert llm.engine.scheduler.spec_stats.num_drafts == 0
+
+
+def test_an_offline_engine_refuses_drafts_its_executor_cannot_verify() -> None:
+    with pytest.raises(ValueError, match="tensorrt executor does not verify drafts"):
+        LLM(tiny_llama_path(), backend="tensorrt", graph_form="canonical", precision="fp16",
+            speculative_config=NGRAM)
+    with pytest.raises(ValueError, match="speculative_config.method"):
+        LLM(tiny_llama_path(), speculative_config={"method": "eagle"})
