@@ -46,7 +46,7 @@ class NgramProposer:
     ``[prompt_lookup_min, prompt_lookup_max]`` that occurs, and propose the tokens that followed
     its most recent earlier occurrence. Stateless; costs O(length) numpy work per request."""
 
-    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 1,
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 2,
                  prompt_lookup_max: int = 4) -> None:
         if num_speculative_tokens < 1:
             raise ValueError(f"num_speculative_tokens: must be >= 1, got {num_speculative_tokens}")
@@ -67,13 +67,22 @@ class NgramProposer:
     def propose_one(self, token_ids: Sequence[int], k: int) -> tuple[int, ...]:
         """Up to ``k`` tokens following the most recent earlier match of the longest suffix."""
         tokens = np.asarray(token_ids, dtype=np.int64)
-        length = len(tokens)
-        for n in range(min(self.prompt_lookup_max, length - 1), self.prompt_lookup_min - 1, -1):
-            # windows starting at 0 .. length - n - 1: every earlier occurrence of the suffix
-            # that has at least one token after it (the suffix itself is excluded)
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return tuple(tokens[start:start + k].tolist())
-        return ()
+        last = len(tokens) - 1
+        # candidate ends: earlier positions holding the last token (each has a token after it)
+        ends = np.flatnonzero(tokens[:last] == tokens[last])
+        if ends.size == 0:
+            return ()
+        # grow every candidate's match backwards, one position at a time, up to the max n
+        matched = np.ones(ends.size, dtype=np.int64)
+        for d in range(1, min(self.prompt_lookup_max, last)):
+            alive = (matched == d) & (ends >= d)
+            if not alive.any():
+                break
+            hit = alive.copy()
+            hit[alive] = tokens[ends[alive] - d] == tokens[last - d]
+            matched += hit
+        best = int(matched.max())
+        if best < self.prompt_lookup_min:
+            return ()
+        start = int(ends[np.flatnonzero(matched == best)[-1]]) + 1  # the latest longest match
+        return tuple(tokens[start:start + k].tolist())

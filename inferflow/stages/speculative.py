@@ -60,7 +60,7 @@ class NgramSpeculation(SpeculativeStage):
     model; pays off where output repeats its context (code edits, extraction, quoting)."""
 
     num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 1
+    prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
