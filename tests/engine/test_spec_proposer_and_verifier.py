@@ -73,3 +73,22 @@ def test_rejection_sampling_emits_the_target_distribution(params: dict[str, floa
             second[out[1].token_id] += 1
     assert np.abs(first / n - target[0]).max() < 0.01
     assert np.abs(second / second.sum() - target[1]).max() < 0.015
+
+
+def _lookup_by_brute_force(tokens: list[int], k: int, lo: int, hi: int) -> tuple[int, ...]:
+    for n in range(min(hi, len(tokens) - 1), lo - 1, -1):
+        suffix = tokens[len(tokens) - n:]
+        for start in range(len(tokens) - n - 1, -1, -1):  # latest occurrence first
+            if tokens[start:start + n] == suffix:
+                return tuple(tokens[start + n:start + n + k])
+    return ()
+
+
+def test_ngram_lookup_equals_the_brute_force_search() -> None:
+    rng = np.random.default_rng(5)
+    for _ in range(3000):
+        tokens = rng.integers(0, int(rng.integers(1, 6)), int(rng.integers(1, 30))).tolist()
+        lo = int(rng.integers(1, 4))
+        hi, k = int(rng.integers(lo, 6)), int(rng.integers(1, 6))
+        got = NgramProposer(k, lo, hi).propose_one(tokens, k)
+        assert got == _lookup_by_brute_force(tokens, k, lo, hi), (tokens, k, lo, hi)

@@ -120,5 +120,5 @@ def test_an_offline_engine_refuses_drafts_its_executor_cannot_verify() -> None:
     with pytest.raises(ValueError, match="tensorrt executor does not verify drafts"):
         LLM(tiny_llama_path(), backend="tensorrt", graph_form="canonical", precision="fp16",
             speculative_config=NGRAM)
-    with pytest.raises(ValueError, match="speculative_config.method"):
+    with pytest.raises(ValueError, match=r"speculative_config\.method"):
         LLM(tiny_llama_path(), speculative_config={"method": "eagle"})
