@@ -25,12 +25,13 @@ from opentelemetry.trace import SpanContext
 
 from inferflow.outputs import RequestMetrics
 from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
+from inferflow.scheduling.updates import SpecDecodeStats
 from inferflow.telemetry import attributes as A
 from inferflow.telemetry.isolation import isolated, log_telemetry_error
 from inferflow.telemetry.metrics import EngineMetrics, FinishedRequestStats, StepStats
 from inferflow.telemetry.request_trace import RequestTrace
 from inferflow.telemetry.spans import ParentLike, record_step_span
-from inferflow.telemetry.spec_decode import StepSpecDecode
+from inferflow.telemetry.spec_decode import span_attributes, step_spec_decode
 from inferflow.telemetry.timings import RequestTimings
 
 
@@ -154,7 +155,7 @@ class EngineTelemetry:
         ``end_time``). Marks request timestamps, emits the ``engine step`` span, updates metrics."""
         with self._lock:
             tally = self._tally(plan, output, start_time, end_time)
-        spec = StepSpecDecode.of(plan, output)
+        spec = step_spec_decode(plan, output)
         # a step span only when it served a traced (sampled) request: no orphan step traces
         if self.tracer is not None and any(sc.trace_flags.sampled for _, sc in tally.served):
             record_step_span(
@@ -168,7 +169,7 @@ class EngineTelemetry:
                 num_decode_tokens=tally.num_decode_tokens,
                 num_prefill_requests=tally.num_prefill_requests,
                 num_decode_requests=tally.num_decode_requests,
-                attributes={**_guided_step_attributes(plan), **spec.span_attributes()},
+                attributes={**_guided_step_attributes(plan), **span_attributes(spec)},
             )
         if self.metrics is not None:
             self.metrics.on_step(self._step_stats(plan, output, tally, scheduler, spec))
@@ -206,7 +207,7 @@ class EngineTelemetry:
         output: ExecutorOutput,
         tally: _StepTally,
         scheduler: SchedulerSnapshot | None,
-        spec: StepSpecDecode,
+        spec: SpecDecodeStats,
     ) -> StepStats:
         queries = hits = preemptions = 0
         if scheduler is not None:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from inferflow.telemetry.spec_decode import SpecDecodeMetrics, StepSpecDecode
+from inferflow.scheduling.updates import SpecDecodeStats
+from inferflow.telemetry.spec_decode import SpecDecodeMetrics
 from inferflow.telemetry.timings import RequestTimings
 
 # Buckets (seconds). vLLM's start at 0.3 s for request latencies; CPU-sized models need finer
@@ -67,7 +68,7 @@ class StepStats:
     inter_token_latencies: Sequence[float] = ()
     guided_rows: int = 0  # rows sampled under a structured-output mask
     guided_mask_s: float = 0.0  # time the guided stage took to fill their masks
-    spec_decode: StepSpecDecode = field(default_factory=StepSpecDecode)  # speculative rows
+    spec_decode: SpecDecodeStats = field(default_factory=SpecDecodeStats)  # this step's drafts
 
 
 @dataclass(frozen=True)

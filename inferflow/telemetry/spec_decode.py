@@ -9,43 +9,32 @@ position, and tokens emitted by those rows; two gauges since start: the acceptan
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
+from inferflow.scheduling.updates import SpecDecodeStats
 from inferflow.telemetry import attributes as A
 
 
-@dataclass(frozen=True)
-class StepSpecDecode:
-    """One step's speculative rows (all zero for a step without drafts)."""
+def step_spec_decode(plan: SchedulerOutput, output: ExecutorOutput) -> SpecDecodeStats:
+    """One step's speculative rows, counted as the scheduler counts them (all zero without)."""
+    stats = SpecDecodeStats()
+    for chunk in plan.chunks:
+        if chunk.draft_token_ids and chunk.request_id in output.sampled:
+            stats.record(len(chunk.draft_token_ids),
+                         len(output.accepted_drafts.get(chunk.request_id, ())))
+    return stats
 
-    num_drafts: int = 0  # rows with drafts
-    num_draft_tokens: int = 0
-    num_accepted_tokens: int = 0
-    accepted_per_position: tuple[int, ...] = ()  # rows whose i-th draft was accepted
 
-    @classmethod
-    def of(cls, plan: SchedulerOutput, output: ExecutorOutput) -> StepSpecDecode:
-        rows = [(len(c.draft_token_ids), len(output.accepted_drafts.get(c.request_id, ())))
-                for c in plan.chunks if c.draft_token_ids and c.request_id in output.sampled]
-        if not rows:
-            return cls()
-        per_pos = [0] * max(k for k, _ in rows)
-        for _, accepted in rows:
-            for i in range(accepted):
-                per_pos[i] += 1
-        return cls(len(rows), sum(k for k, _ in rows), sum(a for _, a in rows), tuple(per_pos))
-
-    def span_attributes(self) -> dict[str, Any]:
-        """The engine-step span's ``inferflow.spec_decode.*`` attributes (empty without drafts)."""
-        if not self.num_drafts:
-            return {}
-        return {A.STEP_SPEC_NUM_DRAFTS: self.num_drafts,
-                A.STEP_SPEC_NUM_DRAFT_TOKENS: self.num_draft_tokens,
-                A.STEP_SPEC_NUM_ACCEPTED_TOKENS: self.num_accepted_tokens}
+def span_attributes(step: SpecDecodeStats) -> dict[str, Any]:
+    """The engine-step span's ``inferflow.spec_decode.*`` attributes (empty without drafts)."""
+    if not step.num_drafts:
+        return {}
+    return {A.STEP_SPEC_NUM_DRAFTS: step.num_drafts,
+            A.STEP_SPEC_NUM_DRAFT_TOKENS: step.num_draft_tokens,
+            A.STEP_SPEC_NUM_ACCEPTED_TOKENS: step.num_accepted_tokens}
 
 
 class SpecDecodeMetrics:
@@ -77,7 +66,7 @@ class SpecDecodeMetrics:
             "Tokens per speculative decode row and step since start (1 + accepted / drafts).")
         self._totals = [0, 0, 0]  # drafts, draft tokens, accepted (this process)
 
-    def on_step(self, step: StepSpecDecode) -> None:
+    def on_step(self, step: SpecDecodeStats) -> None:
         if not step.num_drafts:
             return
         self.drafts.inc(step.num_drafts)
