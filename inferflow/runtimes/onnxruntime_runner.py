@@ -94,26 +94,43 @@ class OnnxRuntimeRunner:
         return int(sum(meta["size"] for name, meta in files.items() if name.endswith(".data")))
 
     # --- prefix-cache block copies -------------------------------------------------------------
-    def _block_views(self, c: KVBlockCopy, layer: int, kind: int) -> tuple[np.ndarray, np.ndarray]:
+    # A step's copies move in one indexing operation per layer and kind, not one per block, layer
+    # and kind (a burst of prefills saves hundreds of blocks at once): the slot buffer is viewed
+    # as blocks, (slots, Hkv, C // bs, bs, D), so indexing it by (slot, block index) pairs gives
+    # (n, Hkv, bs, D), the pool's own layout, copied in contiguous (bs, D) pieces.
+
+    def _slot_blocks(self, buf: np.ndarray) -> np.ndarray:
+        """``buf`` (slots, Hkv, C, D) as a view (slots, Hkv, C // bs, bs, D)."""
+        slots, heads, capacity, dim = buf.shape
         bs = self.config.block_size
-        lo = c.block_index * bs
-        return self.kv[layer][kind][c.slot, :, lo:lo + bs], self.pool[layer][kind][c.block_id]
+        whole = capacity // bs * bs  # a block always lies inside the capacity
+        return buf[:, :, :whole].reshape(slots, heads, whole // bs, bs, dim)
+
+    @staticmethod
+    def _block_index(copies: Sequence[KVBlockCopy]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slots, block indices, pool block ids) of ``copies``, each (n,)."""
+        n = len(copies)
+        return (np.fromiter((c.slot for c in copies), np.intp, n),
+                np.fromiter((c.block_index for c in copies), np.intp, n),
+                np.fromiter((c.block_id for c in copies), np.intp, n))
 
     def load_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         """Pool block -> slot positions (prefix-cache hit)."""
-        for c in copies:
-            for layer in range(len(self.kv)):
-                for kind in (0, 1):
-                    slot_view, block = self._block_views(c, layer, kind)
-                    slot_view[...] = block
+        if not copies:
+            return
+        slots, index, ids = self._block_index(copies)
+        for layer, pool in zip(self.kv, self.pool, strict=True):
+            for buf, blocks in zip(layer, pool, strict=True):
+                self._slot_blocks(buf)[slots, :, index] = blocks[ids]
 
     def save_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         """Slot positions -> pool block (a block became full)."""
-        for c in copies:
-            for layer in range(len(self.kv)):
-                for kind in (0, 1):
-                    slot_view, block = self._block_views(c, layer, kind)
-                    block[...] = slot_view
+        if not copies:
+            return
+        slots, index, ids = self._block_index(copies)
+        for layer, pool in zip(self.kv, self.pool, strict=True):
+            for buf, blocks in zip(layer, pool, strict=True):
+                blocks[ids] = self._slot_blocks(buf)[slots, :, index]
 
     # --- forward ---------------------------------------------------------------------------------
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:

@@ -130,3 +130,32 @@ def test_rows_that_do_not_fit_are_refused(ckpt: Path) -> None:
     engine = make_engine(ckpt, max_model_len=32)
     with pytest.raises(ValueError, match="does not fit"):
         engine.forward([EngineRow(0, tuple(range(5, 10)), 30, True)])
+
+
+def test_block_copies_move_exactly_their_positions(ckpt: Path) -> None:
+    """save_blocks/load_blocks (one indexing operation per layer and kind) copy each block's
+    positions and nothing else, also in a slot whose capacity is not a multiple of the block."""
+    from inferflow.scheduling.plan import KVBlockCopy
+
+    engine = make_engine(ckpt, max_model_len=250, block_size=16, max_slots=3, num_blocks=8)
+    rng = np.random.default_rng(0)
+    for layer in (*engine.kv, *engine.pool):
+        for buf in layer:
+            buf[...] = rng.random(buf.shape, dtype=np.float32)
+    kv = [tuple(b.copy() for b in layer) for layer in engine.kv]
+    pool = [tuple(b.copy() for b in layer) for layer in engine.pool]
+    saves = [KVBlockCopy(0, 0, 5), KVBlockCopy(2, 14, 1), KVBlockCopy(1, 3, 7)]  # 14: 224..239
+    engine.save_blocks(saves)
+    for c in saves:
+        for layer, ref in zip(kv, pool, strict=True):
+            for kind in (0, 1):
+                ref[kind][c.block_id] = layer[kind][c.slot, :, c.block_index * 16:][:, :16]
+    loads = [KVBlockCopy(1, 14, 5), KVBlockCopy(0, 2, 1)]
+    engine.load_blocks(loads)
+    for c in loads:
+        for layer, ref in zip(kv, pool, strict=True):
+            for kind in (0, 1):
+                layer[kind][c.slot, :, c.block_index * 16:c.block_index * 16 + 16] = ref[kind][c.block_id]
+    for got, want in ((engine.pool, pool), (engine.kv, kv)):
+        for g, w in zip(got, want, strict=True):
+            assert np.array_equal(g[0], w[0]) and np.array_equal(g[1], w[1])
