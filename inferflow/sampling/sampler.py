@@ -138,17 +138,18 @@ class Sampler:
         w[:, vocab:] = 0.0  # padding weighs 0: never drawn
         blocks = w.reshape(len(rows), -1, _BLOCK)
         cum = np.cumsum(blocks.sum(axis=-1, dtype=np.float64), axis=-1)  # (R, V / _BLOCK)
-        tokens = []
-        for k, row in enumerate(rows):
-            u = self.rng(row).random() * cum[k, -1]
-            # side="right": a block (or token) whose weight is 0 is never chosen
-            b = min(int(np.searchsorted(cum[k], u, side="right")), cum.shape[1] - 1)
-            within = np.cumsum(blocks[k, b], dtype=np.float64) + (cum[k, b - 1] if b else 0.0)
-            j = int(np.searchsorted(within, u, side="right"))
-            if j >= _BLOCK:  # rounding put u past the block's last weight: take that token
-                j = int(np.flatnonzero(blocks[k, b])[-1])
-            tokens.append(b * _BLOCK + j)
-        return tokens
+        u = np.fromiter((self.rng(row).random() for row in rows), np.float64, len(rows))
+        u *= cum[:, -1]
+        # searchsorted(side="right") row by row, as counts: a block (or token) whose weight is 0
+        # is never chosen
+        b = np.minimum((cum <= u[:, None]).sum(axis=1), cum.shape[1] - 1)
+        at = np.arange(len(rows))
+        below = np.where(b > 0, cum[at, b - 1], 0.0)  # the weight of the blocks before b
+        within = np.cumsum(blocks[at, b], axis=1, dtype=np.float64) + below[:, None]
+        j = (within <= u[:, None]).sum(axis=1)
+        for k in np.flatnonzero(j >= _BLOCK):  # rounding put u past the block's last weight
+            j[k] = np.flatnonzero(blocks[k, b[k]])[-1]
+        return (b * _BLOCK + j).tolist()
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
         params = row.params
