@@ -1,9 +1,10 @@
 """ONNX Runtime engine: the compiled graph plus slot KV buffers, updated in place.
 
 Memory, per layer: K and V slot buffers (max_slots, Hkv, C, D) where C = max_model_len, and a
-block pool (num_blocks, Hkv, block_size, D) backing the prefix cache. The in-place (gqa) form
-binds the first B slots of each buffer as both past and present through IOBinding, so a step
-writes only its new K/V; the canonical form (the reference) gathers and scatters slots.
+block pool (num_blocks, Hkv, block_size, D) backing the prefix cache, all made resident when the
+engine loads (``kv_memory.py``). The in-place (gqa) form binds the first B slots of each buffer
+as both past and present through IOBinding, so a step writes only its new K/V; the canonical
+form (the reference) gathers and scatters slots.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from inferflow.models.errors import CheckpointError
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
 from inferflow.runtimes.config import EngineConfig
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
+from inferflow.runtimes.kv_memory import kv_buffer, populate
 from inferflow.runtimes.llama_build import build_llama_engine
 from inferflow.runtimes.step_inputs import (
     EngineRow,
@@ -56,9 +58,10 @@ class OnnxRuntimeRunner:
         dtype = self.spec.act_dtype
         shape = (config.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
         pool = (config.resolved_num_blocks, cfg.num_kv_heads, config.block_size, cfg.head_dim)
-        # kv[layer][0] is K, kv[layer][1] is V.
-        self.kv = [(np.zeros(shape, dtype), np.zeros(shape, dtype)) for _ in range(cfg.num_layers)]
-        self.pool = [(np.zeros(pool, dtype), np.zeros(pool, dtype)) for _ in range(cfg.num_layers)]
+        # kv[layer][0] is K, kv[layer][1] is V; resident before the first step (kv_memory.py)
+        self.kv = [(kv_buffer(shape, dtype), kv_buffer(shape, dtype)) for _ in range(cfg.num_layers)]
+        self.pool = [(kv_buffer(pool, dtype), kv_buffer(pool, dtype)) for _ in range(cfg.num_layers)]
+        populate(buf for layer in (*self.kv, *self.pool) for buf in layer)
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
         self._total_seq_len = np.array(self.capacity, np.int32)
 
