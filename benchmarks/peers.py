@@ -6,11 +6,15 @@
     python benchmarks/peers.py --models 100m --concurrency 32 --servers inferflow,llama-server
 
 For each model (seeded Llama checkpoints in Hugging Face layout, f32; llama-server gets the same
-weights converted to an f32 GGUF by llama.cpp's own converter), the servers are started one after
-the other on this machine and each is driven by ``inferflow bench`` with the same requests:
-``--num-prompts`` distinct random prompts of ``--input-len`` tokens (the checkpoint's tokenizer,
-so every server sees the same token counts), ``--output-len`` output tokens with ``ignore_eos``,
-all released at once under each concurrency cap, 2 warm-up requests. Servers:
+weights converted to an f32 GGUF by llama.cpp's own converter), every server is started and left
+running (an idle server uses no CPU), then the servers take turns: for each concurrency level,
+``--rounds`` rounds in which each server is driven once by ``inferflow bench`` with the same
+requests: ``--num-prompts`` distinct random prompts of ``--input-len`` tokens (the checkpoint's
+tokenizer, so every server sees the same token counts; new prompts each round, so no prompt
+cache helps), ``--output-len`` output tokens with ``ignore_eos``, all released at once under the
+concurrency cap, 2 warm-up requests. The order of the servers alternates between rounds (A B C,
+then C B A): this VM's speed drifts by up to 2x within minutes, and a drift then falls on every
+server alike instead of on whoever ran last. Servers:
 
 - ``inferflow``: ``python -m inferflow +model=local model.path=DIR`` and nothing else (defaults);
 - ``llama-server``: ``-c <64 x 512> -np 64 -cb -t <cores> -tb <cores>`` (64 slots of 512 tokens);
@@ -18,14 +22,16 @@ all released at once under each concurrency cap, 2 warm-up requests. Servers:
   ``VLLM_CPU_KVCACHE_SPACE=4`` (GiB).
 
 A server that is not installed is skipped with a note. Writes
-``benchmarks/results/peers/<model>-<server>-c<N>.json`` per point and ``peers.md`` (a table of
-output tok/s, TTFT and TPOT mean and p99, and inferflow's ratios to each peer; a Q8_0 peer is
-compared with ``inferflow-int8``).
+``benchmarks/results/peers/<model>-<server>-c<N>-r<round>.json`` per run, ``<model>-<server>-c<N>.json``
+(each figure the mean over the rounds) and ``peers.md`` (a table of output tok/s, TTFT and TPOT
+mean and p99, and inferflow's ratios to each peer, with each round's throughput ratio; a Q8_0
+peer is compared with ``inferflow-int8``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
@@ -105,11 +111,13 @@ def q8_gguf(hf_dir: Path, peers_dir: Path) -> Path:
     return out
 
 
-def servers(names: Sequence[str], hf_dir: Path, port: int, peers_dir: Path,
+def servers(names: Sequence[str], hf_dir: Path, peers_dir: Path,
             notes: list[str]) -> list[Server]:
+    """The servers of ``names`` that are installed, each on a port of its own."""
     cores = str(os.cpu_count() or 1)
     found = []
     for name in names:
+        port = free_port()
         if name in ("inferflow", "inferflow-int8"):
             int8 = ["executor.precision=int8"] if name == "inferflow-int8" else []
             found.append(Server(name, port, [sys.executable, "-m", "inferflow", "+model=local",
@@ -145,17 +153,32 @@ def servers(names: Sequence[str], hf_dir: Path, port: int, peers_dir: Path,
     return found
 
 
-def point(results: Path, model: str, server: str, c: int) -> dict | None:
-    f = results / f"{model}-{server}-c{c}.json"
+def point(results: Path, model: str, server: str, c: int, rnd: int | None = None) -> dict | None:
+    """One run's figures (``rnd``) or their mean over the rounds (``rnd=None``)."""
+    suffix = "" if rnd is None else f"-r{rnd}"
+    f = results / f"{model}-{server}-c{c}{suffix}.json"
     return json.loads(f.read_text()) if f.exists() else None
 
 
+def mean_of_rounds(runs: Sequence[dict]) -> dict:
+    """One result with each numeric figure the mean over ``runs`` (other fields: the first's)."""
+    out = dict(runs[0], rounds=len(runs))
+    for key, value in runs[0].items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+            if len(values) == len(runs):
+                out[key] = sum(values) / len(values)
+    return out
+
+
 def table(results: Path, models: Sequence[str], names: Sequence[str],
-          levels: Sequence[int], precisions: dict[str, str]) -> str:
-    """Markdown: one row per (model, concurrency, server); inferflow's ratios to each peer."""
+          levels: Sequence[int], precisions: dict[str, str], rounds: int = 1) -> str:
+    """Markdown: one row per (model, concurrency, server), figures the mean over the rounds;
+    inferflow's ratios to each peer, and its throughput ratio in each round."""
     lines = ["| model | conc. | server | precision | out tok/s | TTFT mean ms | TTFT p99 ms | "
-             "TPOT mean ms | TPOT p99 ms | inferflow tok/s ratio | inferflow p99 TTFT ratio |",
-             "|---" * 11 + "|"]
+             "TPOT mean ms | TPOT p99 ms | inferflow tok/s ratio | inferflow p99 TTFT ratio | "
+             "tok/s ratio by round |",
+             "|---" * 12 + "|"]
     for model in models:
         for c in levels:
             for name in names:
@@ -163,17 +186,21 @@ def table(results: Path, models: Sequence[str], names: Sequence[str],
                 if r is None:
                     continue
                 # a Q8_0 peer is compared with inferflow's int8, every other peer with its f32
-                ours = point(results, model, "inferflow-int8" if name.endswith("q8_0")
-                             else "inferflow", c)
-                ratio = ttft = "—"
+                ours_name = "inferflow-int8" if name.endswith("q8_0") else "inferflow"
+                ours = point(results, model, ours_name, c)
+                ratio = ttft = by_round = "—"
                 if ours is not None and not name.startswith("inferflow") and r["output_throughput"]:
                     ratio = f"{ours['output_throughput'] / r['output_throughput']:.2f}x"
                     ttft = f"{ours['p99_ttft_ms'] / r['p99_ttft_ms']:.2f}x"
+                    pairs = [(point(results, model, ours_name, c, k),
+                              point(results, model, name, c, k)) for k in range(1, rounds + 1)]
+                    by_round = " ".join(f"{a['output_throughput'] / b['output_throughput']:.2f}"
+                                        for a, b in pairs if a and b and b["output_throughput"])
                 lines.append(
                     f"| {model} | {c} | {name} | {precisions.get(name, '')} | "
                     f"{r['output_throughput']:.1f} | {r['mean_ttft_ms']:.0f} | "
                     f"{r['p99_ttft_ms']:.0f} | {r['mean_tpot_ms']:.1f} | {r['p99_tpot_ms']:.1f} | "
-                    f"{ratio} | {ttft} |")
+                    f"{ratio} | {ttft} | {by_round or '—'} |")
     return "\n".join(lines)
 
 
@@ -190,6 +217,8 @@ def main() -> int:
                    help="prompts at concurrency 1 (one at a time: fewer keep the run short)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--rounds", type=int, default=2,
+                   help="runs of each server per level, in alternating order (drift cancels)")
     add_path_args(p, REPO / "benchmarks" / "results" / "peers")
     args = p.parse_args()
     models, names = args.models.split(","), args.servers.split(",")
@@ -199,30 +228,44 @@ def main() -> int:
     precisions: dict[str, str] = {}
     for model in models:
         hf_dir = checkpoint(model, args.models_dir)
-        for server in servers(names, hf_dir, free_port(), args.peers_dir, notes):
-            precisions[server.name] = server.precision
-            log = args.results_dir / "logs" / f"{model}-{server.name}.log"
-            label = f"{model}-{server.name}"
-            try:
-                with managed_server(server.argv, server.port, log, timeout=900, env=server.env,
-                                    ready_path=server.ready_path) as url:
-                    for c in levels:
-                        n = args.c1_prompts if c == 1 else args.num_prompts
+        with contextlib.ExitStack() as running:
+            urls: dict[str, str] = {}
+            for server in servers(names, hf_dir, args.peers_dir, notes):
+                precisions[server.name] = server.precision
+                log = args.results_dir / "logs" / f"{model}-{server.name}.log"
+                try:
+                    urls[server.name] = running.enter_context(managed_server(
+                        server.argv, server.port, log, timeout=900, env=server.env,
+                        ready_path=server.ready_path))
+                except ServerStartError as exc:
+                    notes.append(f"{model}-{server.name}: {exc}")
+            for c in levels:
+                n = args.c1_prompts if c == 1 else args.num_prompts
+                for rnd in range(1, args.rounds + 1):
+                    order = list(urls) if rnd % 2 else list(reversed(urls))
+                    for name in order:  # the same requests for every server in a round
+                        label = f"{model}-{name}"
                         workload = ["--model", hf_dir.name, "--dataset-name", "random",
                                     "--tokenizer", str(hf_dir / "tokenizer.json"),
                                     "--input-len", str(args.input_len), "--output-len",
                                     str(args.output_len), "--num-prompts", str(n),
-                                    "--num-warmups", "2", "--ignore-eos", "--seed", str(c)]
-                        notes += [f"{label}: {n_}" for n_ in
-                                  run_points(url, label, [c], workload, args.results_dir,
-                                             [server.precision])]
-            except ServerStartError as exc:
-                notes.append(f"{label}: {exc}")
-    md = table(args.results_dir, models, names, levels, precisions)
+                                    "--num-warmups", "2", "--ignore-eos",
+                                    "--seed", str(1000 * c + rnd)]
+                        notes += [f"{label} round {rnd}: {n_}" for n_ in
+                                  run_points(urls[name], label, [c], workload, args.results_dir,
+                                             [precisions[name]], suffix=f"-r{rnd}")]
+                for name in urls:
+                    runs = [r for k in range(1, args.rounds + 1)
+                            if (r := point(args.results_dir, model, name, c, k)) is not None]
+                    if runs:
+                        (args.results_dir / f"{model}-{name}-c{c}.json").write_text(
+                            json.dumps(mean_of_rounds(runs)))
+    md = table(args.results_dir, models, names, levels, precisions, args.rounds)
     text = (f"# inferflow and its peers, one run\n\n{args.num_prompts} prompts per point "
             f"({args.c1_prompts} at c1) of {args.input_len} random tokens -> "
             f"{args.output_len} output tokens (ignore_eos), all released at once; "
-            f"{os.cpu_count()} cores.\n\n{md}\n")
+            f"{os.cpu_count()} cores. Each figure is the mean of {args.rounds} rounds; in each "
+            f"round every server ran the same requests, in alternating order.\n\n{md}\n")
     write_report(args.results_dir / args.table, text, notes)
     return 1 if any("generator exit" in n for n in notes) else 0
 

@@ -116,8 +116,9 @@ def run_points(
     workload: Sequence[str],
     results: Path,
     overrides: Sequence[str] = (),
+    suffix: str = "",
 ) -> list[str]:
-    """One generator run per concurrency level, each saved as ``{results}/{label}-c{N}.json``.
+    """One generator run per concurrency level, each saved as ``{results}/{label}-c{N}{suffix}.json``.
 
     ``workload`` is generator arguments shared by every point (dataset, lengths, rate, ...).
     Returns failure notes, empty when every point completed requests."""
@@ -127,8 +128,8 @@ def run_points(
         argv = [
             "--base-url", url, "--max-concurrency", str(concurrency), "--label", label,
             "--save-result", "--result-dir", str(results),
-            "--result-filename", f"{label}-c{concurrency}.json",
-            "--request-id-prefix", f"{label}-c{concurrency}-", "--disable-tqdm",
+            "--result-filename", f"{label}-c{concurrency}{suffix}.json",
+            "--request-id-prefix", f"{label}-c{concurrency}{suffix}-", "--disable-tqdm",
             *workload,
             "--metadata", f"suite_config={label}", f"overrides={' '.join(overrides)}",
         ]  # fmt: skip
