@@ -38,7 +38,7 @@ class EngineConfig:
     num_blocks: int = 0
     intra_op_threads: int = 0  # 0 = onnxruntime's default (one per core)
     inter_op_threads: int = 1
-    allow_spinning: bool = False  # ORT worker threads spin between calls: lower latency, idle CPU
+    allow_spinning: bool = True  # ORT's pool threads spin between the ops of a call, not after it
     cache_dir: str | None = None  # None = default_engine_dir()
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4: 0 = float activations, 4 = int8 activations (faster)

