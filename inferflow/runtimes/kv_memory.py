@@ -6,7 +6,7 @@ a serving engine that first write happens inside a step: a prefix-cache save to 
 pool never used, a new slot's first prefill. Measured on a 2-vCPU VM: ~2.3 us per 4 KiB page
 (128 fresh blocks of the 4.5M model: ~3.5 ms in one step) and up to 75 ms for one huge page
 the kernel had to compact memory for. llama.cpp (it clears its KV buffer) and vLLM (torch.zeros)
-pay this once, at start; so does inferflow now (0.1-2 s per GiB on that VM: 2 s when the
+pay this once, at start; so does inferflow now (0.1-2.9 s per GiB on that VM: the most when the
 kernel first has to assemble huge pages, ~0.1 s after):
 
 - the buffers are private anonymous mappings that ask for transparent huge pages, as numpy does
@@ -21,41 +21,24 @@ an engine that cannot have it fails at load, not in the middle of a request.
 
 from __future__ import annotations
 
-import logging
 import mmap
-import time
-from collections.abc import Iterable
 
 import numpy as np
-
-log = logging.getLogger(__name__)
 
 MADV_POPULATE_WRITE = 23  # linux/mman.h; Python's mmap module names it only from 3.13
 
 
 def kv_buffer(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A zeroed, C-contiguous array in its own anonymous private mapping (not yet populated)."""
-    nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    region = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    """A zeroed, C-contiguous array in its own anonymous private mapping, every page resident."""
+    count = int(np.prod(shape))
+    region = mmap.mmap(-1, max(count * np.dtype(dtype).itemsize, 1),
+                       flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     if hasattr(mmap, "MADV_HUGEPAGE"):  # as numpy asks for its own large arrays
         region.madvise(mmap.MADV_HUGEPAGE)
     # the array keeps the mapping alive (buffer protocol); the mapping is unmapped with it
-    return np.frombuffer(region, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-
-def populate(buffers: Iterable[np.ndarray]) -> None:
-    """Fault every page of ``buffers`` (fresh arrays from :func:`kv_buffer`, still zero) in now."""
-    started, total = time.perf_counter(), 0
-    for buf in buffers:
-        total += buf.nbytes
-        region = buf.base
-        while region is not None and not isinstance(region, mmap.mmap):
-            region = getattr(region, "base", None)
-        try:
-            if region is None:
-                raise OSError("not a kv_buffer")
-            region.madvise(MADV_POPULATE_WRITE)
-        except (OSError, ValueError, AttributeError):  # no MADV_POPULATE_WRITE: write the zeros
-            buf.fill(0)
-    log.info("KV buffers: %.0f MiB made resident in %.2f s", total / 2**20,
-             time.perf_counter() - started)
+    buf = np.frombuffer(region, dtype=dtype, count=count).reshape(shape)
+    try:
+        region.madvise(MADV_POPULATE_WRITE)
+    except OSError:  # a kernel without MADV_POPULATE_WRITE: write the zeros
+        buf.fill(0)
+    return buf
