@@ -78,6 +78,16 @@ class ErrorInfo:
         return f"data: {json.dumps(payload)}\n\n"
 
 
+# the queue (Manager) process died: in-flight requests fail with it (the API processes, and the
+# worker once its request queue is gone), and the server exits for a supervisor to restart it
+QUEUE_LOST = ErrorInfo(
+    503,
+    "The server lost its internal request queue (the queue process died) and is shutting "
+    "down; retry once it is back.",
+    code="queue_lost",
+)
+
+
 class OpenAIError(Exception):
     """Raised anywhere in the frontend; rendered as ``info.body()`` with ``info.status_code``."""
 

@@ -21,18 +21,12 @@ from types import FrameType
 
 import uvicorn
 
-from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.http.errors import QUEUE_LOST, ErrorInfo
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.process.process_utils import die_with_parent, name_process
 
 logger = logging.getLogger(__name__)
 
-QUEUE_LOST = ErrorInfo(
-    503,
-    "The server lost its internal request queue (the queue process died) and is shutting "
-    "down; retry once it is back.",
-    code="queue_lost",
-)
 FAIL_FLUSH_S = 5.0  # after failing in-flight requests, how long their error responses may take
 
 

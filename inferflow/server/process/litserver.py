@@ -4,7 +4,7 @@ On LitServe's public surface: the FastAPI app and route registration (the OpenAI
 operational routes are spec endpoints, ``OpenAICompatibleSpec``), middleware
 (``LitServer(middlewares=...)``: the payload limit and the per-process startup
 ``ApiProcessStartup``), the ``authorize``/``health`` hooks of ``EngineAPI``, the custom loop
-(``LitAPI(loop=EngineLoop())``, a ``LitLoop``), the Manager-backed queues and the spawning of
+(``LitAPI(loop=EngineLoop())``, a ``LitLoop``), the Manager-backed request queues and the spawning of
 the inference worker (``launch_inference_worker`` -> ``inference_worker`` -> ``EngineAPI.setup``
 -> ``EngineLoop``). LitServe's own ``/health`` and ``/info`` move to ``/_litserve/...``.
 
@@ -49,7 +49,6 @@ import litserve as ls
 import uvicorn
 from fastapi import FastAPI
 from litserve.specs.base import LitSpec
-from litserve.transport.factory import create_transport_from_config
 from litserve.utils import configure_logging
 
 from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
@@ -59,6 +58,7 @@ from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddlewa
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
+from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
 from inferflow.server.process.process_utils import init_queue_process
 from inferflow.server.process.startup import ApiProcessStartup
@@ -166,13 +166,12 @@ class InferflowServer(ls.LitServer):
         manager = SyncManager(ctx=mp.get_context("fork"))
         manager.start(init_queue_process, (signal.SIGKILL,))  # named inferflow-queue
         self._manager = manager
-        self.transport_config.manager = manager
-        self.transport_config.num_consumers = num_api_servers
         self.workers_setup_status = manager.dict()
         self._shutdown_event = manager.Event()
         for lit_api in self.litapi_connector:
             self.litapi_request_queues[lit_api.api_path] = manager.Queue()
-        self._transport = create_transport_from_config(self.transport_config)
+        # updates go from the workers to the API processes directly, not through the Manager
+        self._transport = DirectTransport(num_api_servers)
         return manager
 
     def run(

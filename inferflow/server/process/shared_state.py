@@ -7,8 +7,8 @@ the API processes are forked (they inherit the shared memory).
 - ``ready``: the worker loaded its engine and ran a warm-up step; cleared when it dies.
 - ``heartbeat``: when the engine thread last went round its loop (at least once a second).
 - ``draining``: the supervisor received SIGTERM/SIGINT; new requests get 503.
-- ``queue_lost``: the queue (Manager) process died; nothing more can reach the worker or come
-  back from it, so in-flight requests fail at once instead of draining.
+- ``queue_lost``: the queue (Manager) process died; no request or cancellation can reach the
+  worker any more, so in-flight requests fail at once instead of draining.
 - ``in_flight``: admitted requests across all API processes (the waiting-queue bound).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
   KV blocks, counters) — what ``GET /admin/stats`` shows.

@@ -16,9 +16,10 @@ written by the signal handler, so it uses no CPU while nothing happens and react
   (load failed): the model is reported failed; when no model is left to serve, the server
   shuts down with exit code 1.
 - An API process died on its own: the server shuts down with exit code 1.
-- The queue (Manager) process died: every request and response queue went with it, so nothing
-  can reach the worker or come back. The API processes fail their in-flight requests at once
-  (``queue_lost``, an SSE error event for streams) and the server shuts down with exit code 1
+- The queue (Manager) process died: the request queues went with it, so nothing can reach a
+  worker any more (no request, cancellation or stop). The API processes fail their in-flight
+  requests at once (``queue_lost``, an SSE error event for streams; a worker that notices first
+  fails them with the same error over the direct transport) and the server shuts down with exit code 1
   and one log line saying why, for the process supervisor (systemd, Kubernetes) to restart it.
 """
 
@@ -208,8 +209,8 @@ class Supervisor:
         if self.stopping:
             return
         logger.error(
-            "the queue process (pid %s) exited unexpectedly (exit code %s): the request and "
-            "response queues are gone, so in-flight requests fail and the server shuts down "
+            "the queue process (pid %s) exited unexpectedly (exit code %s): the request queues "
+            "are gone, so in-flight requests fail and the server shuts down "
             "(exit code 1) to be restarted",
             process.pid,
             process.exitcode,

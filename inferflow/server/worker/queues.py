@@ -21,7 +21,7 @@ from typing import Any
 
 from litserve.transport.base import MessageTransport
 
-from inferflow.server.http.errors import ErrorInfo
+from inferflow.server.http.errors import QUEUE_LOST, ErrorInfo
 from inferflow.server.messages import RequestUpdate, StopWorker, UpdateBatch, WorkerInbound
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,8 @@ def pump_requests(request_queue: Any, inbox: Inbox) -> None:
             item = request_queue.get()
         except (EOFError, OSError) as exc:  # the Manager is gone: the server is going down
             logger.info("request queue closed (%s); stopping the engine loop", exc)
-            item = None
+            # the updates still reach the API processes (DirectTransport): say why they end
+            item = StopWorker(QUEUE_LOST)
         if item is None or isinstance(item, tuple):
             item = StopWorker(ErrorInfo(503, "the server is shutting down", code="shutting_down"))
         inbox.put(item)
