@@ -10,7 +10,6 @@ form (the reference) gathers and scatters slots.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,7 +21,7 @@ from inferflow.models.errors import CheckpointError
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
 from inferflow.runtimes.config import EngineConfig
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
-from inferflow.runtimes.kv_memory import kv_buffer
+from inferflow.runtimes.kv_memory import check_fits, kv_buffer, make_resident
 from inferflow.runtimes.llama_build import build_llama_engine
 from inferflow.runtimes.step_inputs import (
     EngineRow,
@@ -59,13 +58,12 @@ class OnnxRuntimeRunner:
         dtype = self.spec.act_dtype
         shape = (config.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
         pool = (config.resolved_num_blocks, cfg.num_kv_heads, config.block_size, cfg.head_dim)
-        # kv[layer][0] is K, kv[layer][1] is V; resident before the first step (kv_memory.py)
-        started = time.perf_counter()
+        # kv[layer][0] is K, kv[layer][1] is V; checked against the machine's memory now, made
+        # resident by a background thread, slot buffers first (kv_memory.py)
+        check_fits(2 * cfg.num_layers * (int(np.prod(shape)) + int(np.prod(pool))) * dtype.itemsize)
         self.kv = [(kv_buffer(shape, dtype), kv_buffer(shape, dtype)) for _ in range(cfg.num_layers)]
         self.pool = [(kv_buffer(pool, dtype), kv_buffer(pool, dtype)) for _ in range(cfg.num_layers)]
-        kv_bytes = sum(buf.nbytes for layer in (*self.kv, *self.pool) for buf in layer)
-        log.info("KV buffers: %.0f MiB made resident in %.2f s", kv_bytes / 2**20,
-                 time.perf_counter() - started)
+        self.kv_resident = make_resident([buf for layer in (*self.kv, *self.pool) for buf in layer])
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
         self._total_seq_len = np.array(self.capacity, np.int32)
 
