@@ -61,16 +61,31 @@ def log_excerpt(path: Path, lines: int = 20) -> str:
 
 def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path,
                ready_path: str = "/ready") -> None:
-    """Poll ``GET {url}{ready_path}`` until it answers 200; fail early when the process exits."""
+    """Poll ``GET {url}{ready_path}`` until it answers 200; fail early when the process exits.
+
+    An inferflow server (``/ready``) is then also given the time to finish its start-up work
+    (its KV memory is made resident in the background, ``engine.executor.kv_resident`` in
+    ``/admin/stats``), as the peers clear their KV before they answer: a benchmark's first
+    requests do not share the CPU with page zeroing."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}{ready_path}", timeout=5.0).status_code == 200:
+            ready = httpx.get(f"{url}{ready_path}", timeout=5.0).status_code == 200
+            if ready and (ready_path != "/ready" or _kv_resident(url)):
                 return
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)  # doubles as the poll interval
             raise ServerStartError(f"server exited with code {code}:\n{log_excerpt(log)}")
     raise ServerStartError(f"server not ready after {timeout:.0f} s:\n{log_excerpt(log)}")
+
+
+def _kv_resident(url: str) -> bool:
+    """False while an inferflow server still makes its KV resident (True when it does not say)."""
+    stats = httpx.get(f"{url}/admin/stats", timeout=5.0)
+    if stats.status_code != 200:
+        return True
+    executor = (stats.json().get("engine") or {}).get("executor") or {}
+    return bool(executor.get("kv_resident", 1))
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:

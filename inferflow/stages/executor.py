@@ -218,6 +218,14 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
         return str(onnxruntime.__version__)
 
+    def stats(self) -> dict[str, float]:
+        """``kv_resident``: 1 once the runner's KV memory is resident (populated in the
+        background after load, ``runtimes/kv_memory.py``), 0 before."""
+        populating = getattr(self.runner, "kv_resident", None) if self._executor else None
+        if populating is None:
+            return {}
+        return {"kv_resident": 0.0 if populating.is_alive() else 1.0}
+
     def describe(self) -> dict[str, Any]:
         if self._executor is None:
             return super().describe()

@@ -130,12 +130,23 @@ class ServerProcess:
                     f"server exited with {self.proc.returncode}:\n{self.log()[-4000:]}"
                 )
             try:
-                if self.get("/ready").status_code == 200:
+                if self.get("/ready").status_code == 200 and self._kv_resident():
                     return
             except httpx.TransportError:
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"server not ready after {timeout} s:\n{self.log()[-4000:]}")
+
+    def _kv_resident(self) -> bool:
+        """Whether the worker finished making its KV memory resident (a background thread
+        after start; tests with tight timeouts should not share the CPU with it). True when
+        ``/admin/stats`` does not say (no LLM, Ray, API keys)."""
+        key = getattr(self, "admin_key", None)
+        response = self.get("/admin/stats", headers={"Authorization": f"Bearer {key}"} if key else {})
+        if response.status_code != 200:
+            return True
+        executor = (response.json().get("engine") or {}).get("executor") or {}
+        return bool(executor.get("kv_resident", 1))
 
     def wait_until(self, predicate, timeout: float = 30.0, what: str = "condition") -> dict:
         """Poll ``/admin/stats`` until ``predicate(stats)`` holds (bounded)."""

@@ -75,3 +75,15 @@ def test_gauges_return_to_idle_after_load_cancels_timeouts_and_a_restart(
         assert time.monotonic() < deadline, seen
         time.sleep(0.2)
     assert srv.stats()["engine"]["running"] == 0 and srv.stats()["engine"]["waiting"] == 0
+
+
+def test_the_kv_memory_is_reported_resident_once_the_background_thread_is_done(
+    timeout_server: ServerProcess,
+) -> None:
+    """The worker serves while its KV memory is made resident; /admin/stats says when it is."""
+    stats = timeout_server.wait_until(
+        lambda s: s["engine"]["executor"].get("kv_resident") == 1.0,
+        timeout=120,
+        what="the KV memory made resident",
+    )
+    assert set(stats["engine"]["executor"]) == {"kv_resident"}
