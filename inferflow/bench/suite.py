@@ -71,7 +71,7 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Pat
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             ready = httpx.get(f"{url}{ready_path}", timeout=5.0).status_code == 200
-            if ready and (ready_path != "/ready" or _kv_resident(url)):
+            if ready and (ready_path != "/ready" or kv_resident(url)):
                 return
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)  # doubles as the poll interval
@@ -79,9 +79,11 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Pat
     raise ServerStartError(f"server not ready after {timeout:.0f} s:\n{log_excerpt(log)}")
 
 
-def _kv_resident(url: str) -> bool:
-    """False while an inferflow server still makes its KV resident (True when it does not say)."""
-    stats = httpx.get(f"{url}/admin/stats", timeout=5.0)
+def kv_resident(url: str, api_key: str | None = None) -> bool:
+    """False while an inferflow server still makes its KV resident (True when it does not say:
+    no LLM, another host, ``/admin/stats`` refused)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    stats = httpx.get(f"{url}/admin/stats", headers=headers, timeout=5.0)
     if stats.status_code != 200:
         return True
     executor = (stats.json().get("engine") or {}).get("executor") or {}

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import mmap
 import threading
@@ -94,7 +95,7 @@ def populate(buffers: Sequence[np.ndarray]) -> bool:
     for buf in buffers:
         if madvise(buf.ctypes.data, buf.nbytes, MADV_POPULATE_WRITE) != 0:
             err = ctypes.get_errno()
-            if err == 22:  # EINVAL: an older kernel; the steps fault the pages in
+            if err == errno.EINVAL:  # an older kernel: the steps fault the pages in
                 return False
             raise OSError(err, f"madvise(MADV_POPULATE_WRITE) of {buf.nbytes} bytes failed")
     return True

@@ -20,6 +20,7 @@ import httpx
 import openai
 
 import inferflow
+from inferflow.bench.suite import kv_resident
 from inferflow.server.process.process_utils import descendants
 
 STARTUP_TIMEOUT_S = 180.0
@@ -139,14 +140,8 @@ class ServerProcess:
 
     def _kv_resident(self) -> bool:
         """Whether the worker finished making its KV memory resident (a background thread
-        after start; tests with tight timeouts should not share the CPU with it). True when
-        ``/admin/stats`` does not say (no LLM, Ray, API keys)."""
-        key = getattr(self, "admin_key", None)
-        response = self.get("/admin/stats", headers={"Authorization": f"Bearer {key}"} if key else {})
-        if response.status_code != 200:
-            return True
-        executor = (response.json().get("engine") or {}).get("executor") or {}
-        return bool(executor.get("kv_resident", 1))
+        after start; tests with tight timeouts should not share the CPU with it)."""
+        return kv_resident(self.base_url, getattr(self, "admin_key", None))
 
     def wait_until(self, predicate, timeout: float = 30.0, what: str = "condition") -> dict:
         """Poll ``/admin/stats`` until ``predicate(stats)`` holds (bounded)."""
