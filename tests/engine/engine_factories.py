@@ -25,6 +25,8 @@ CHECKPOINTS: dict[str, dict[str, object]] = {
     "plain_rope": {"llama3_rope_scaling": False, "rope_theta": 10000.0, "num_kv_heads": 8},
     "qwen2_bias": {"architecture": "Qwen2ForCausalLM", "attention_bias": True},
     "mistral": {"architecture": "MistralForCausalLM", "num_kv_heads": 4},
+    # a 4 KiB fp32 intermediate row: the CPU form pads the MLP to 1,056 columns (llama_graph)
+    "ffn1024": {"intermediate_size": 1024},
 }
 
 

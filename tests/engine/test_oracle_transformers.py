@@ -47,7 +47,8 @@ def _reference(path: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
 
 
 @pytest.mark.parametrize("form", ["gqa", "canonical"])
-@pytest.mark.parametrize("name", ["gqa8x2", "tied", "bf16", "fp16_sharded", "plain_rope", "qwen2_bias", "mistral"])
+@pytest.mark.parametrize("name", ["gqa8x2", "tied", "bf16", "fp16_sharded", "plain_rope", "qwen2_bias", "mistral",
+                                  "ffn1024"])
 def test_greedy_tokens_and_logits_match_transformers(ckpt_root: Path, reference, name: str, form: str) -> None:
     path = make_named_checkpoint(ckpt_root, name)
     engine = make_engine(path, graph_form=form)
