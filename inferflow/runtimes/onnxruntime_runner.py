@@ -63,7 +63,7 @@ class OnnxRuntimeRunner:
         check_fits(2 * cfg.num_layers * (int(np.prod(shape)) + int(np.prod(pool))) * dtype.itemsize)
         self.kv = [(kv_buffer(shape, dtype), kv_buffer(shape, dtype)) for _ in range(cfg.num_layers)]
         self.pool = [(kv_buffer(pool, dtype), kv_buffer(pool, dtype)) for _ in range(cfg.num_layers)]
-        self.kv_resident = make_resident([buf for layer in (*self.kv, *self.pool) for buf in layer])
+        self._kv_populating = make_resident([buf for layer in (*self.kv, *self.pool) for buf in layer])
         self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
         self._total_seq_len = np.array(self.capacity, np.int32)
 
@@ -91,6 +91,11 @@ class OnnxRuntimeRunner:
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(self.spec.quant_accuracy_level))
         so.log_severity_level = 3
         return so
+
+    @property
+    def kv_resident(self) -> bool:
+        """True once every KV page is resident (the background population is done)."""
+        return not self._kv_populating.is_alive()
 
     @property
     def num_slots(self) -> int:

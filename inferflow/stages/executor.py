@@ -221,10 +221,10 @@ class OnnxRuntimeExecutor(ExecutorStage):
     def stats(self) -> dict[str, float]:
         """``kv_resident``: 1 once the runner's KV memory is resident (populated in the
         background after load, ``runtimes/kv_memory.py``), 0 before."""
-        populating = getattr(self.runner, "kv_resident", None) if self._executor else None
-        if populating is None:
+        resident = getattr(self.runner, "kv_resident", None) if self._executor else None
+        if resident is None:  # a runner without background population (TensorRT)
             return {}
-        return {"kv_resident": 0.0 if populating.is_alive() else 1.0}
+        return {"kv_resident": float(resident)}
 
     def describe(self) -> dict[str, Any]:
         if self._executor is None:
