@@ -7,6 +7,7 @@ padded chunk must fit its slot: ``start_pos + S <= capacity`` (S = longest chunk
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -94,42 +95,44 @@ def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
     that window of its slot buffers); slots without a row are idle (query_seqlens 0).
     ``False`` (canonical form): entry b is rows[b].
     """
+    # whole-array operations, no per-row numpy calls: a decode step of 32 rows is built in
+    # ~20 numpy calls (the per-row loop took ~0.3-0.4 ms there)
+    count = len(rows)
+    slot_of = np.fromiter((r.slot for r in rows), np.int64, count)
+    lengths = np.fromiter((len(r.token_ids) for r in rows), np.int64, count)
+    starts = np.fromiter((r.start_pos for r in rows), np.int64, count)
     if slot_range:
-        lo = min(r.slot for r in rows) if window else 0
-        batch = max(r.slot for r in rows) + 1 - lo
-        entry_of = {r.slot: r.slot - lo for r in rows}
+        lo = int(slot_of.min()) if window else 0
+        batch = int(slot_of.max()) + 1 - lo
+        entry = slot_of - lo  # (count,) the batch entry of each row
         slots = np.arange(lo, lo + batch, dtype=np.int64)
     else:
-        batch = len(rows)
-        entry_of = {r.slot: b for b, r in enumerate(rows)}
-        slots = np.array([r.slot for r in rows], dtype=np.int64)
-    s_max = max(len(r.token_ids) for r in rows)
-    n = sum(len(r.token_ids) for r in rows)
+        batch = count
+        entry = np.arange(count, dtype=np.int64)
+        slots = slot_of
+    s_max, n = int(lengths.max()), int(lengths.sum())
+    ends = np.cumsum(lengths)  # (count,) packed end of each row's chunk
+    token_entry = np.repeat(entry, lengths)  # (n,) batch entry of each packed token
+    within = np.arange(n) - np.repeat(ends - lengths, lengths)  # (n,) index in its chunk
+    input_ids = np.fromiter(itertools.chain.from_iterable(r.token_ids for r in rows), np.int64, n)
     pad_index = np.full((batch, s_max), n, dtype=np.int64)
-    unpad_index = np.empty(n, dtype=np.int64)
+    pad_index[token_entry, within] = np.arange(n)
+    unpad_index = token_entry * s_max + within
     seqlens_k = np.zeros(batch, dtype=np.int32)
+    seqlens_k[entry] = starts + lengths - 1
     query_seqlens = np.zeros(batch, dtype=np.int32)
+    query_seqlens[entry] = lengths
     write_indices = np.zeros(batch, dtype=np.int64)
+    write_indices[entry] = starts
     position_ids = np.zeros((batch, s_max), dtype=np.int64)
-    input_ids = np.empty(n, dtype=np.int64)
-    logits_index: list[int] = []
-    sampled_rows: list[int] = []
-    offset = 0
-    for i, r in enumerate(rows):
-        b, length = entry_of[r.slot], len(r.token_ids)
-        input_ids[offset:offset + length] = r.token_ids
-        pad_index[b, :length] = np.arange(offset, offset + length)
-        unpad_index[offset:offset + length] = b * s_max + np.arange(length)
-        seqlens_k[b] = r.start_pos + length - 1
-        query_seqlens[b] = length
-        write_indices[b] = r.start_pos
-        position_ids[b] = r.start_pos + np.arange(s_max)
-        if r.sample:
-            end = offset + length
-            logits_index.extend(range(end - r.num_logits, end))  # num_logits <= length
-            sampled_rows.append(i)
-        offset += length
-    return StepArrays(input_ids, pad_index, unpad_index, np.array(logits_index, dtype=np.int64),
+    position_ids[entry] = starts[:, None] + np.arange(s_max)
+    # each sampling row returns the logits of its last num_logits tokens (num_logits <= length)
+    sampled_rows = [i for i, r in enumerate(rows) if r.sample]
+    counts = np.fromiter((rows[i].num_logits for i in sampled_rows), np.int64, len(sampled_rows))
+    firsts = ends[sampled_rows] - counts
+    logits_index = np.repeat(firsts, counts) + np.arange(int(counts.sum())) \
+        - np.repeat(np.cumsum(counts) - counts, counts)
+    return StepArrays(input_ids, pad_index, unpad_index, logits_index.astype(np.int64),
                       seqlens_k, query_seqlens, position_ids, write_indices, slots, sampled_rows)
 
 

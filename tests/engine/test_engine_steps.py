@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +32,53 @@ def test_step_arrays_pack_and_pad_rows() -> None:
     assert canon.slots.tolist() == [2, 0]
     assert canon.position_ids.tolist() == [[0, 1, 2], [10, 11, 12]]
     assert canon.write_indices.tolist() == [0, 10]
+
+
+def _reference_arrays(rows: list[EngineRow], slot_range: bool, window: bool) -> dict[str, list]:
+    """build_step_arrays by its definition, one row at a time (what the vectorised code computes)."""
+    lo = min(r.slot for r in rows) if (slot_range and window) else 0
+    batch = max(r.slot for r in rows) + 1 - lo if slot_range else len(rows)
+    entry = {r.slot: (r.slot - lo if slot_range else b) for b, r in enumerate(rows)}
+    s_max, n = max(len(r.token_ids) for r in rows), sum(len(r.token_ids) for r in rows)
+    out: dict[str, list] = {"pad_index": [[n] * s_max for _ in range(batch)], "unpad_index": [],
+                            "input_ids": [], "seqlens_k": [0] * batch, "query_seqlens": [0] * batch,
+                            "write_indices": [0] * batch, "position_ids": [[0] * s_max for _ in range(batch)],
+                            "logits_index": [], "sampled_rows": []}
+    offset = 0
+    for i, r in enumerate(rows):
+        b, length = entry[r.slot], len(r.token_ids)
+        out["input_ids"] += list(r.token_ids)
+        for k in range(length):
+            out["pad_index"][b][k] = offset + k
+            out["unpad_index"].append(b * s_max + k)
+        out["seqlens_k"][b], out["query_seqlens"][b] = r.start_pos + length - 1, length
+        out["write_indices"][b] = r.start_pos
+        out["position_ids"][b] = [r.start_pos + k for k in range(s_max)]
+        if r.sample:
+            out["logits_index"] += list(range(offset + length - r.num_logits, offset + length))
+            out["sampled_rows"].append(i)
+        offset += length
+    out["slots"] = list(range(lo, lo + batch)) if slot_range else [r.slot for r in rows]
+    return out
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_step_arrays_match_their_row_by_row_definition(seed: int) -> None:
+    rng = random.Random(seed)
+    rows = []
+    for slot in rng.sample(range(40), rng.randint(1, 12)):
+        length = rng.choice([1, 1, rng.randint(1, 20)])  # decodes, and prefill chunks
+        sample = rng.random() < 0.7
+        rows.append(EngineRow(slot, tuple(rng.randrange(1000) for _ in range(length)),
+                              rng.randrange(100), sample, num_logits=rng.randint(1, length) if sample else 1))
+    for slot_range, window in ((True, False), (True, True), (False, False)):
+        arrays = build_step_arrays(rows, slot_range, window)
+        for name, expected in _reference_arrays(rows, slot_range, window).items():
+            got = getattr(arrays, name)
+            assert (got if name == "sampled_rows" else got.tolist()) == expected, name
+        assert arrays.seqlens_k.dtype == arrays.query_seqlens.dtype == np.int32
+        assert all(getattr(arrays, name).dtype == np.int64 for name in
+                   ("input_ids", "pad_index", "unpad_index", "logits_index", "position_ids", "write_indices", "slots"))
 
 
 def test_split_calls_keeps_padded_chunks_inside_slots() -> None:
