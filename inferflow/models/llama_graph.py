@@ -121,7 +121,7 @@ def _ffn_padding(spec: GraphSpec, inter: int) -> int:
     4 KiB long (an intermediate size of 2,048 in fp32, 14,336 in Llama-3-8B), those rows map to the
     same L1 cache sets and evict each other (4K aliasing). On the ~100M seeded model's down
     projection (2,048 -> 768, 2 Zen 4 cores) that ran at ~135 GFLOP/s against ~200 with 2,080
-    columns, at 2,048 rows (prefill) and 161 against 130 at 32 (decode). 32 keeps the width a
+    columns at 2,048 rows (prefill), and at ~130 against ~161 at 32 rows (decode). 32 keeps the width a
     multiple of the int8/int4 block size; those forms quantize the activations to their own
     buffer, so only float precisions are padded, and only the CPU form.
     """

