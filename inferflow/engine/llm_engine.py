@@ -130,20 +130,34 @@ class LLMEngine:
 
     @classmethod
     def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
-        """``backend="torch"`` builds the torch executor (paged KV; see ``torch_from_path``);
-        ``speculative_config={"method": "ngram", "num_speculative_tokens": 4, ...}`` (vLLM's
-        form; keys as in ``speculative=ngram``) turns speculative decoding on."""
+        """The engine the server runs by default, offline (``EngineConfig`` and
+        ``SchedulerConfig`` fields as keywords override it): ``max_num_seqs`` (64) sequences in
+        as many slots, steps of up to ``max_num_batched_tokens`` (2,048) tokens
+        (``batching=continuous``), and the checkpoint's context, lowered when the slots and the
+        prefix pool would not fit the automatic KV budget (``executor.kv_cache_memory=auto``:
+        half of the memory after the weights). ``backend="torch"`` builds the torch executor
+        (paged KV; see ``torch_from_path``); ``speculative_config={"method": "ngram",
+        "num_speculative_tokens": 4, ...}`` (vLLM's form; keys as in ``speculative=ngram``)
+        turns speculative decoding on."""
+        from inferflow.stages.batching import ContinuousBatching
+
         # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
         physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
+        server = ContinuousBatching()  # the server's default budgets
+        sched.setdefault("max_num_seqs", server.max_num_seqs)
+        sched.setdefault("max_num_batched_tokens", server.max_num_batched_tokens)
         proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
         if eng.get("backend") == "torch":  # (other backends are EngineConfig's: tensorrt)
             del eng["backend"]
             return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer, **eng)
-        return cls(load_checkpoint(path), EngineConfig(**eng), SchedulerConfig(**sched),
-                   proposer=proposer)
+        checkpoint = load_checkpoint(path)
+        eng.setdefault("max_slots", sched["max_num_seqs"])  # as executor.max_slots: null does
+        if "max_model_len" not in eng:
+            eng["max_model_len"] = _budgeted_context(checkpoint, EngineConfig(**eng))
+        return cls(checkpoint, EngineConfig(**eng), SchedulerConfig(**sched), proposer=proposer)
 
     @classmethod
     def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
@@ -342,3 +356,22 @@ class LLMEngine:
             prompt = self._prompts.get(rid)
         return RequestOutput(rid, prompt, list(request.prompt_token_ids), [completion],
                              finished=finish is not None, metrics=request.metrics)
+
+
+def _budgeted_context(checkpoint: Checkpoint, config: EngineConfig) -> int:
+    """The checkpoint's context, lowered so that ``config.max_slots`` slots of it and the
+    prefix pool fit the automatic KV budget, as the server sizes them (``ServingGraph``'s
+    ``served_context``; ``scheduling/kv_budget.py``)."""
+    from inferflow.scheduling.kv_budget import (
+        KVBudget,
+        kv_bytes_per_token,
+        served_context,
+        weights_bytes,
+    )
+
+    arch = checkpoint.config
+    itemsize = 2 if config.precision == "fp16" else 4  # the activations' (and KV's) dtype
+    budget = KVBudget.resolve(None, kv_bytes_per_token(arch, itemsize),
+                              weights_bytes(checkpoint.shards))
+    return served_context(arch.max_position_embeddings, config.max_slots, config.block_size,
+                          config.num_blocks, budget).served

@@ -87,3 +87,38 @@ def test_the_torch_backend_generates_what_onnx_runtime_does(
     assert layout.paged and layout.num_blocks * layout.block_size * 1024 <= 2 * 1024**2
     got = [o.outputs[0].token_ids for o in paged.generate(PROMPTS, greedy(20))]
     assert got == [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy(20))]
+
+
+def test_defaults_are_the_servers(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Without settings the offline engine runs what ``python -m inferflow`` runs: the continuous
+    batching stage's budgets, as many slots as sequences, the checkpoint's whole context."""
+    from inferflow.stages.batching import ContinuousBatching
+
+    path = make_named_checkpoint(tmp_path_factory.mktemp("defaults"), "gqa8x2")
+    engine = LLM(path).engine
+    server = ContinuousBatching()
+    config = engine.scheduler_config
+    assert (config.max_num_seqs, config.max_num_batched_tokens) == (
+        server.max_num_seqs, server.max_num_batched_tokens)
+    assert engine.layout.max_slots == server.max_num_seqs
+    assert engine.max_model_len == engine.model_config.max_position_embeddings
+    given = LLM(path, max_num_seqs=3, max_num_batched_tokens=96, max_model_len=128).engine
+    assert (given.scheduler_config.max_num_seqs, given.scheduler_config.max_num_batched_tokens,
+            given.layout.max_slots, given.max_model_len) == (3, 96, 3, 128)
+
+
+def test_a_small_memory_lowers_the_default_context(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The automatic KV budget sizes the offline engine as it sizes the server: slots and their
+    prefix pool share half of the memory left after the weights (at least 256 MiB)."""
+    from inferflow.scheduling import kv_budget
+
+    monkeypatch.setattr(kv_budget, "physical_memory_bytes", lambda: 0)  # the 256 MiB floor
+    path = make_named_checkpoint(tmp_path_factory.mktemp("small"), "gqa8x2")
+    engine = LLM(path, max_num_seqs=256).engine
+    arch = engine.model_config
+    per_token = kv_budget.kv_bytes_per_token(arch, 4)
+    fit = kv_budget.MIN_AUTO_BYTES // per_token // (2 * 256) // 16 * 16  # slots + an equal pool
+    assert engine.max_model_len == min(fit, arch.max_position_embeddings)
+    assert engine.max_model_len < arch.max_position_embeddings  # the budget decided it
