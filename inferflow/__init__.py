@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from inferflow.sampling_params import SamplingParams
+from inferflow.sampling_params import RequestOutputKind, SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = ["LLM", "RequestOutputKind", "SamplingParams", "__version__"]
 
 if TYPE_CHECKING:
     from inferflow.llm import LLM

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.outputs import RequestOutput
-from inferflow.sampling_params import SamplingParams
+from inferflow.sampling_params import RequestOutputKind, SamplingParams
 
 
 class LLM:
@@ -47,7 +48,9 @@ class LLM:
         params = sampling_params or SamplingParams()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         order = []
-        for prompt, p in zip(batch, per_prompt, strict=True):
+        for prompt, given in zip(batch, per_prompt, strict=True):
+            # only the final outputs are returned: none is built while a request runs
+            p = dataclasses.replace(given, output_kind=RequestOutputKind.FINAL_ONLY)
             rid = str(next(self._ids))
             if isinstance(prompt, str):
                 self.engine.add_request(rid, self.tokenizer.encode(prompt), p, prompt=prompt)

@@ -49,8 +49,9 @@ class RequestMetrics:
 
 @dataclass
 class CompletionOutput:
-    """One generated sequence. ``text``/``token_ids`` are cumulative; ``delta_*`` are what this
-    step added (what a streaming frontend sends)."""
+    """One generated sequence. ``text``/``token_ids``/``logprobs`` are cumulative (or, for a
+    request with ``output_kind=RequestOutputKind.DELTA``, what is new since its previous
+    output); ``delta_*`` are what this output added (what a streaming frontend sends)."""
 
     index: int
     text: str
@@ -68,6 +69,9 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
+    """One request's output of a step. ``prompt_token_ids``: the prompt's ids (for a DELTA
+    request, in its first output only; empty in the later ones)."""
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from enum import Enum
 
 from inferflow.guided.constraint import GuidedConstraint
 
@@ -16,6 +17,22 @@ class SamplingParamsError(ValueError):
         self.field = field_name
 
 
+class RequestOutputKind(Enum):
+    """What ``LLMEngine.step`` reports of a request (vLLM's names).
+
+    - ``CUMULATIVE``: every output holds the whole text, token ids and logprobs so far, and the
+      step's ``delta_*``; each one copies what came before (O(n) per output).
+    - ``DELTA``: ``text``, ``token_ids`` and ``logprobs`` hold only what is new since the
+      request's previous output (what a streaming server sends): no copies of the past.
+    - ``FINAL_ONLY``: one output, when the request finishes, cumulative (what ``LLM.generate``
+      returns): nothing is built while it runs.
+    """
+
+    CUMULATIVE = 0
+    DELTA = 1
+    FINAL_ONLY = 2
+
+
 @dataclass
 class SamplingParams:
     """How one request samples and when it stops.
@@ -26,7 +43,8 @@ class SamplingParams:
     ``stop_token_ids`` (and EOS unless ``ignore_eos``) end generation at the token level.
     ``logprobs=n`` returns the sampled token's logprob plus the top-n alternatives.
     ``guided`` constrains the output (structured output: a JSON schema, regex, choice or grammar;
-    the engine's ``guided`` stage compiles it).
+    the engine's ``guided`` stage compiles it). ``output_kind`` says what the engine's outputs
+    hold (:class:`RequestOutputKind`).
     """
 
     max_tokens: int = 16
@@ -40,6 +58,7 @@ class SamplingParams:
     logprobs: int | None = None
     min_tokens: int = 0
     guided: GuidedConstraint | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -74,3 +93,5 @@ class SamplingParams:
             raise SamplingParamsError("min_tokens", "must be in [0, max_tokens]")
         if self.guided is not None and not isinstance(self.guided, GuidedConstraint):
             raise SamplingParamsError("guided", "must be a GuidedConstraint")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise SamplingParamsError("output_kind", "must be a RequestOutputKind")

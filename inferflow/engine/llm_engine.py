@@ -26,7 +26,7 @@ from inferflow.engine.step import step as engine_step
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint
 from inferflow.outputs import CompletionOutput, RequestOutput, StageTime
 from inferflow.runtimes.config import EngineConfig
-from inferflow.sampling_params import SamplingParams
+from inferflow.sampling_params import RequestOutputKind, SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
 from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.request import Request, RequestStatus
@@ -60,10 +60,15 @@ ExecutorWrapper = Callable[[Executor, Callable[[], SchedulerStats]], Executor]
 
 @dataclasses.dataclass
 class _Pending:
-    """Output held back by ``stream_interval``: tokens since the request's last emitted delta."""
+    """Output held back by ``stream_interval``: tokens since the request's last emitted delta.
+    ``logprobs_from``: the request's logprobs before this index were in an earlier output;
+    ``emitted``: the request has had an output already (a DELTA output carries the prompt's
+    ids in its first one only)."""
 
     text: str = ""
     token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs_from: int = 0
+    emitted: bool = False
 
 
 class LLMEngine:
@@ -339,14 +344,26 @@ class LLMEngine:
         pending = self._pending[rid]
         pending.text += delta
         pending.token_ids.extend(new_ids)
-        if finish is None and len(pending.token_ids) < self.detokenizer.stream_interval:
+        kind = request.sampling_params.output_kind
+        if finish is None and (kind is RequestOutputKind.FINAL_ONLY
+                               or len(pending.token_ids) < self.detokenizer.stream_interval):
             return None  # held back: the next delta carries these tokens too
-        self._pending[rid] = _Pending()
-        completion = CompletionOutput(
-            index=0, text=detok.output_text, token_ids=list(request.output_token_ids),
-            finish_reason=finish, stop_reason=stop_reason,
-            logprobs=list(request.logprobs) if request.sampling_params.logprobs is not None else None,
-            delta_text=pending.text, delta_token_ids=pending.token_ids)
+        self._pending[rid] = _Pending(logprobs_from=request.num_output_tokens, emitted=True)
+        wants_logprobs = request.sampling_params.logprobs is not None
+        if kind is RequestOutputKind.DELTA:  # what is new only: nothing of the past is copied
+            completion = CompletionOutput(
+                index=0, text=pending.text, token_ids=pending.token_ids,
+                finish_reason=finish, stop_reason=stop_reason,
+                logprobs=request.logprobs[pending.logprobs_from:] if wants_logprobs else None,
+                delta_text=pending.text, delta_token_ids=pending.token_ids)
+            prompt_ids = [] if pending.emitted else list(request.prompt_token_ids)
+        else:
+            completion = CompletionOutput(
+                index=0, text=detok.output_text, token_ids=list(request.output_token_ids),
+                finish_reason=finish, stop_reason=stop_reason,
+                logprobs=list(request.logprobs) if wants_logprobs else None,
+                delta_text=pending.text, delta_token_ids=pending.token_ids)
+            prompt_ids = list(request.prompt_token_ids)
         if finish is not None:
             request.metrics.finished_time = request.metrics.finished_time or time.time()
             self._detok.pop(rid, None)
@@ -354,7 +371,7 @@ class LLMEngine:
             prompt = self._prompts.pop(rid, None)
         else:
             prompt = self._prompts.get(rid)
-        return RequestOutput(rid, prompt, list(request.prompt_token_ids), [completion],
+        return RequestOutput(rid, prompt, prompt_ids, [completion],
                              finished=finish is not None, metrics=request.metrics)
 
 

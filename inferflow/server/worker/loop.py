@@ -31,6 +31,7 @@ from litserve.specs.base import LitSpec
 from litserve.transport.base import MessageTransport
 
 from inferflow.outputs import RequestOutput
+from inferflow.sampling_params import RequestOutputKind
 from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
@@ -52,12 +53,14 @@ HEARTBEAT_S = 1.0  # how often an idle engine thread proves it is alive
 
 @dataclass
 class _Active:
-    """Bookkeeping for one request the engine is running."""
+    """Bookkeeping for one request the engine is running (its outputs are DELTAs: the counts
+    are summed here)."""
 
     consumer_id: int
     deadline: float | None
     timeout_s: float | None
-    logprobs_sent: int = 0  # CompletionOutput.logprobs is cumulative; we send the new tail
+    prompt_tokens: int
+    completion_tokens: int = 0
 
 
 class EngineLoop(LitLoop):
@@ -172,7 +175,8 @@ class EngineLoop(LitLoop):
             engine.add_request(
                 uid,
                 request.prompt_token_ids,
-                request.params,
+                # only what is new in each output: no copy of the past tokens per step
+                replace(request.params, output_kind=RequestOutputKind.DELTA),
                 arrival_time=now,
                 priority=request.priority,
             )
@@ -183,7 +187,9 @@ class EngineLoop(LitLoop):
             )
             return
         timeout = None if request.deadline is None else request.deadline - request.arrival_time
-        self._active[uid] = _Active(request.consumer_id, request.deadline, timeout)
+        self._active[uid] = _Active(
+            request.consumer_id, request.deadline, timeout, len(request.prompt_token_ids)
+        )
         api.request_added(request, accepted_time=now)
 
     def _cancel(self, api: EngineAPI, uid: str) -> None:
@@ -264,12 +270,11 @@ def _error_update(uid: str, error: ErrorInfo) -> RequestUpdate:
 def _update_from(
     output: RequestOutput, record: _Active, token_text: Callable[[int], str]
 ) -> RequestUpdate:
-    """The delta of one ``RequestOutput`` as a ``RequestUpdate`` for the frontend."""
+    """One DELTA ``RequestOutput`` as a ``RequestUpdate`` for the frontend."""
     completion = output.outputs[0]
+    record.completion_tokens += len(completion.token_ids)
     logprobs = None
     if completion.logprobs is not None:
-        new = completion.logprobs[record.logprobs_sent :]
-        record.logprobs_sent = len(completion.logprobs)
         logprobs = tuple(
             LogprobEntry(
                 token_text(lp.token_id),
@@ -277,7 +282,7 @@ def _update_from(
                 lp.logprob,
                 tuple((token_text(t), t, p) for t, p in lp.top),
             )
-            for lp in new
+            for lp in completion.logprobs
         )
     error = None
     if completion.finish_reason == "abort":  # aborted by the engine itself, not by us
@@ -289,8 +294,8 @@ def _update_from(
         logprobs=logprobs,
         finish_reason=None if error else completion.finish_reason,
         stop_reason=completion.stop_reason,
-        prompt_tokens=len(output.prompt_token_ids),
-        completion_tokens=len(completion.token_ids),
+        prompt_tokens=record.prompt_tokens,
+        completion_tokens=record.completion_tokens,
         cached_tokens=cached,
         error=error,
     )
