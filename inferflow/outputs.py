@@ -69,8 +69,8 @@ class CompletionOutput:
 
 @dataclass
 class RequestOutput:
-    """One request's output of a step. ``prompt_token_ids``: the prompt's ids (for a DELTA
-    request, in its first output only; empty in the later ones)."""
+    """One request's output of a step. ``prompt``/``prompt_token_ids``: the prompt (for a
+    DELTA request, in its first output only; None and empty in the later ones)."""
 
     request_id: str
     prompt: str | None

@@ -25,7 +25,9 @@ class RequestOutputKind(Enum):
     - ``DELTA``: ``text``, ``token_ids`` and ``logprobs`` hold only what is new since the
       request's previous output (what a streaming server sends): no copies of the past.
     - ``FINAL_ONLY``: one output, when the request finishes, cumulative (what ``LLM.generate``
-      returns): nothing is built while it runs.
+      returns; its ``delta_*`` are then the whole completion): nothing is built while it runs.
+
+    A DELTA request's ``prompt`` and ``prompt_token_ids`` are in its first output only.
     """
 
     CUMULATIVE = 0

@@ -15,6 +15,7 @@ components.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +44,9 @@ from inferflow.stages.speculative import speculation_from_config
 
 if TYPE_CHECKING:
     from inferflow.speculative.proposer import DraftProposer
+    from inferflow.stages.batching import BatchingStage
+
+logger = logging.getLogger(__name__)
 
 
 class RequestRejected(ValueError):
@@ -136,33 +140,35 @@ class LLMEngine:
     @classmethod
     def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
         """The engine the server runs by default, offline (``EngineConfig`` and
-        ``SchedulerConfig`` fields as keywords override it): ``max_num_seqs`` (64) sequences in
-        as many slots, steps of up to ``max_num_batched_tokens`` (2,048) tokens
-        (``batching=continuous``), and the checkpoint's context, lowered when the slots and the
-        prefix pool would not fit the automatic KV budget (``executor.kv_cache_memory=auto``:
-        half of the memory after the weights). ``backend="torch"`` builds the torch executor
-        (paged KV; see ``torch_from_path``); ``speculative_config={"method": "ngram",
+        ``SchedulerConfig`` fields as keywords override it): the server's budgets for the
+        batching ``mode`` (continuous: ``max_num_seqs`` 64 in as many slots, steps of up to
+        ``max_num_batched_tokens`` 2,048 tokens), and the checkpoint's context (or
+        ``max_model_len``), lowered with a warning when the slots and the prefix pool would not
+        fit the KV budget: ``kv_cache_memory`` as ``executor.kv_cache_memory`` takes it
+        (``"8GiB"``; the default ``"auto"`` is half of the memory after the weights, ``"auto/2"``
+        a quarter). ``backend="torch"`` builds the torch executor (paged KV; see
+        ``torch_from_path``); ``speculative_config={"method": "ngram",
         "num_speculative_tokens": 4, ...}`` (vLLM's form; keys as in ``speculative=ngram``)
         turns speculative decoding on."""
-        from inferflow.stages.batching import ContinuousBatching
-
         # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
         physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
-        server = ContinuousBatching()  # the server's default budgets
+        server = _server_batching(sched.get("mode", "continuous"))  # its default budgets
         sched.setdefault("max_num_seqs", server.max_num_seqs)
         sched.setdefault("max_num_batched_tokens", server.max_num_batched_tokens)
         proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
         if eng.get("backend") == "torch":  # (other backends are EngineConfig's: tensorrt)
             del eng["backend"]
             return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer, **eng)
+        kv_cache_memory = eng.pop("kv_cache_memory", None)
         checkpoint = load_checkpoint(path)
         eng.setdefault("max_slots", sched["max_num_seqs"])  # as executor.max_slots: null does
-        if "max_model_len" not in eng:
-            eng["max_model_len"] = _budgeted_context(checkpoint, EngineConfig(**eng))
-        return cls(checkpoint, EngineConfig(**eng), SchedulerConfig(**sched), proposer=proposer)
+        config = EngineConfig(**eng)
+        context = _budgeted_context(checkpoint, config, eng.get("max_model_len"), kv_cache_memory)
+        return cls(checkpoint, dataclasses.replace(config, max_model_len=context),
+                   SchedulerConfig(**sched), proposer=proposer)
 
     @classmethod
     def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
@@ -293,8 +299,8 @@ class LLMEngine:
             return self.scheduler.stats
 
     def step(self) -> list[RequestOutput]:
-        """One engine step; a delta for every request that finished or, every
-        ``stream_interval`` tokens, progressed."""
+        """One engine step; an output for every request that finished or, every
+        ``stream_interval`` tokens, progressed (unless its ``output_kind`` is FINAL_ONLY)."""
         with self._lock:
             updates = engine_step(self.scheduler, self.executor, self.guided)
             outputs = [out for u in updates if (out := self._output(u)) is not None]
@@ -355,8 +361,9 @@ class LLMEngine:
                 index=0, text=pending.text, token_ids=pending.token_ids,
                 finish_reason=finish, stop_reason=stop_reason,
                 logprobs=request.logprobs[pending.logprobs_from:] if wants_logprobs else None,
-                delta_text=pending.text, delta_token_ids=pending.token_ids)
+                delta_text=pending.text, delta_token_ids=list(pending.token_ids))
             prompt_ids = [] if pending.emitted else list(request.prompt_token_ids)
+            first = not pending.emitted
         else:
             completion = CompletionOutput(
                 index=0, text=detok.output_text, token_ids=list(request.output_token_ids),
@@ -364,6 +371,7 @@ class LLMEngine:
                 logprobs=list(request.logprobs) if wants_logprobs else None,
                 delta_text=pending.text, delta_token_ids=pending.token_ids)
             prompt_ids = list(request.prompt_token_ids)
+            first = True
         if finish is not None:
             request.metrics.finished_time = request.metrics.finished_time or time.time()
             self._detok.pop(rid, None)
@@ -371,24 +379,47 @@ class LLMEngine:
             prompt = self._prompts.pop(rid, None)
         else:
             prompt = self._prompts.get(rid)
+        prompt = prompt if first else None  # a DELTA request's prompt, like its ids, comes once
         return RequestOutput(rid, prompt, prompt_ids, [completion],
                              finished=finish is not None, metrics=request.metrics)
 
 
-def _budgeted_context(checkpoint: Checkpoint, config: EngineConfig) -> int:
-    """The checkpoint's context, lowered so that ``config.max_slots`` slots of it and the
-    prefix pool fit the automatic KV budget, as the server sizes them (``ServingGraph``'s
-    ``served_context``; ``scheduling/kv_budget.py``)."""
-    from inferflow.scheduling.kv_budget import (
-        KVBudget,
-        kv_bytes_per_token,
-        served_context,
-        weights_bytes,
-    )
+def _server_batching(mode: str) -> BatchingStage:
+    """The server's batching stage for ``mode``, with its default budgets."""
+    from inferflow.stages.batching import ContinuousBatching, NoBatching, StaticBatching
 
+    stages: dict[str, type[BatchingStage]] = {
+        "continuous": ContinuousBatching, "static": StaticBatching, "none": NoBatching}
+    if mode not in stages:
+        raise ValueError(f"mode: must be 'continuous', 'static' or 'none', got {mode!r}")
+    return stages[mode]()
+
+
+def _budgeted_context(checkpoint: Checkpoint, config: EngineConfig, wanted: int | None,
+                      kv_cache_memory: str | int | None) -> int:
+    """``wanted`` (default: the checkpoint's context), lowered so that ``config.max_slots``
+    slots of it and the prefix pool fit the executor's KV budget, as the server sizes them
+    (``ServingGraph.served_context``; ``scheduling/kv_budget.py``)."""
+    from inferflow.scheduling.kv_budget import served_context, weights_bytes
+
+    executor = executor_for(config)
+    if kv_cache_memory is not None:
+        executor = dataclasses.replace(executor, kv_cache_memory=str(kv_cache_memory))
     arch = checkpoint.config
-    itemsize = 2 if config.precision == "fp16" else 4  # the activations' (and KV's) dtype
-    budget = KVBudget.resolve(None, kv_bytes_per_token(arch, itemsize),
-                              weights_bytes(checkpoint.shards))
-    return served_context(arch.max_position_embeddings, config.max_slots, config.block_size,
-                          config.num_blocks, budget).served
+    limit = arch.max_position_embeddings
+    budget = executor.kv_budget(arch, weights_bytes(checkpoint.shards))
+    try:
+        context = served_context(min(limit, wanted or limit), config.max_slots, config.block_size,
+                                 config.num_blocks, budget)
+    except ValueError as exc:  # named as the keywords here, not as the server's config keys
+        message = str(exc).replace("executor.kv_cache_memory", "kv_cache_memory")
+        raise ValueError(message.replace("batching.max_num_seqs", "max_num_seqs").replace(
+            "cache.num_blocks", "num_blocks")) from None
+    if context.served < context.wanted:
+        assert budget is not None
+        logger.warning(
+            "max_model_len %d does not fit the KV budget, %s, with %d slots and the prefix pool: "
+            "running max_model_len=%d; pass kv_cache_memory= (e.g. '8GiB') or a smaller "
+            "max_num_seqs for longer contexts", context.wanted, budget.describe(),
+            config.max_slots, context.served)
+    return context.served

@@ -105,6 +105,8 @@ def test_defaults_are_the_servers(tmp_path_factory: pytest.TempPathFactory) -> N
     given = LLM(path, max_num_seqs=3, max_num_batched_tokens=96, max_model_len=128).engine
     assert (given.scheduler_config.max_num_seqs, given.scheduler_config.max_num_batched_tokens,
             given.layout.max_slots, given.max_model_len) == (3, 96, 3, 128)
+    one = LLM(path, mode="none", max_model_len=64).engine  # batching=none's budgets
+    assert (one.scheduler_config.max_num_seqs, one.layout.max_slots) == (1, 1)
 
 
 def test_a_small_memory_lowers_the_default_context(
@@ -122,3 +124,21 @@ def test_a_small_memory_lowers_the_default_context(
     fit = kv_budget.MIN_AUTO_BYTES // per_token // (2 * 256) // 16 * 16  # slots + an equal pool
     assert engine.max_model_len == min(fit, arch.max_position_embeddings)
     assert engine.max_model_len < arch.max_position_embeddings  # the budget decided it
+
+
+def test_kv_cache_memory_sizes_the_offline_engine_as_the_servers_key_does(
+    tmp_path_factory: pytest.TempPathFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``kv_cache_memory`` is ``executor.kv_cache_memory``: a context that does not fit is
+    lowered with a warning (an explicit ``max_model_len`` too), one that cannot be served at all
+    is an error naming the keyword."""
+    from inferflow.scheduling import kv_budget
+
+    path = make_named_checkpoint(tmp_path_factory.mktemp("budget"), "gqa8x2")
+    small = LLM(path, max_num_seqs=4, max_model_len=2048, kv_cache_memory="1MiB").engine
+    per_token = kv_budget.kv_bytes_per_token(small.model_config, 4)
+    assert small.max_model_len == 1024**2 // per_token // (2 * 4) // 16 * 16 < 2048
+    assert "max_model_len 2048 does not fit the KV budget" in caplog.text
+    assert "kv_cache_memory=1MiB" in caplog.text
+    with pytest.raises(ValueError, match=r"^kv_cache_memory: .*max_num_seqs"):
+        LLM(path, max_num_seqs=64, kv_cache_memory="64KiB")

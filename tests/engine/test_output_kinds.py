@@ -24,7 +24,8 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
 def run(engine: LLMEngine, params: list[SamplingParams]) -> dict[str, list[RequestOutput]]:
     """Every output of each request, in step order (request ids are the prompt's index)."""
     for i, p in enumerate(params):
-        engine.add_request(str(i), engine.tokenizer.encode(PROMPTS[i % len(PROMPTS)]), p)
+        text = PROMPTS[i % len(PROMPTS)]
+        engine.add_request(str(i), engine.tokenizer.encode(text), p, prompt=text)
     outputs: dict[str, list[RequestOutput]] = defaultdict(list)
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -69,6 +70,8 @@ def test_delta_outputs_add_up_to_the_cumulative_ones(engine: LLMEngine, stream_i
             same_logprobs([lp for c in pieces for lp in c.logprobs or []], final.logprobs)
         assert outs[0].prompt_token_ids == cumulative[rid][0].prompt_token_ids != []
         assert all(o.prompt_token_ids == [] for o in outs[1:])  # the prompt comes once
+        assert outs[0].prompt == cumulative[rid][-1].prompt == PROMPTS[int(rid) % len(PROMPTS)]
+        assert all(o.prompt is None for o in outs[1:])
         assert (pieces[-1].finish_reason, pieces[-1].stop_reason) == (
             final.finish_reason, final.stop_reason)
         assert [o.finished for o in outs] == [False] * (len(outs) - 1) + [True]
@@ -89,13 +92,25 @@ def test_final_only_reports_each_request_once_as_the_cumulative_output(engine: L
         same_logprobs(a.logprobs or [], b.logprobs or [])
 
 
-def test_generate_returns_final_outputs_and_leaves_the_params_alone(engine: LLMEngine) -> None:
+def test_generate_asks_for_final_outputs_only_and_leaves_the_params_alone(
+    engine: LLMEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
     llm = LLM.__new__(LLM)  # the offline API over this engine
     llm.engine, llm.tokenizer = engine, engine.tokenizer
     llm._ids = iter(range(100, 200))  # type: ignore[assignment]
+    reported: list[RequestOutput] = []
+    step = engine.step
+
+    def recorded_step() -> list[RequestOutput]:
+        outputs = step()
+        reported.extend(outputs)
+        return outputs
+
+    monkeypatch.setattr(engine, "step", recorded_step)
     params = SamplingParams(max_tokens=7, temperature=0.0)
     outs = llm.generate(PROMPTS[:2], params)
     assert params.output_kind is RequestOutputKind.CUMULATIVE
+    assert len(reported) == 2 and all(o.finished for o in reported)  # nothing built meanwhile
     assert [len(o.outputs[0].token_ids) for o in outs] == [7, 7]
     assert all(o.outputs[0].text == engine.tokenizer.decode(o.outputs[0].token_ids) for o in outs)
 
