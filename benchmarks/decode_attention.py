@@ -89,16 +89,24 @@ def measure(args: argparse.Namespace, dtype: np.dtype, scale: float | None, cont
     return statistics.median(times)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+SHAPE = ("rows", "layers", "q_heads", "kv_heads", "head_dim", "capacity")
+
+
+def add_shape_args(parser: argparse.ArgumentParser, contexts: str) -> None:
+    """The decode step's shape (the ~100M model's by default), contexts and repeats."""
     parser.add_argument("--rows", type=int, default=32)
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--q-heads", type=int, default=12)
     parser.add_argument("--kv-heads", type=int, default=4)
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--capacity", type=int, default=2048)
-    parser.add_argument("--contexts", default="16,128,335,1000")
+    parser.add_argument("--contexts", default=contexts)
     parser.add_argument("--repeats", type=int, default=15)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_args(parser, "16,128,335,1000")
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_attention.json")
     args = parser.parse_args()
     rows = []
@@ -113,7 +121,7 @@ def main() -> None:
             rows.append(row)
             print(f"| {context} | {row['kv_dtype']} | {row['scale']} | {row['ms']} | {row['kv_gb_per_s']} |",
                   flush=True)
-    shape = {k: getattr(args, k) for k in ("rows", "layers", "q_heads", "kv_heads", "head_dim", "capacity")}
+    shape = {k: getattr(args, k) for k in SHAPE}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"shape": shape, "onnxruntime": ort.__version__, "results": rows}, indent=2) + "\n")
     print(f"results written to {args.out}")

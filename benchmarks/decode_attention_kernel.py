@@ -36,7 +36,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))
 
-from benchmarks.decode_attention import RESULTS, measure  # noqa: E402
+from benchmarks.decode_attention import RESULTS, SHAPE, add_shape_args, measure  # noqa: E402
 
 SOURCE = HERE / "kernels" / "decode_attention.cpp"
 FLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-ffast-math", "-fopenmp",
@@ -104,14 +104,7 @@ class Kernel:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=32)
-    parser.add_argument("--layers", type=int, default=12)
-    parser.add_argument("--q-heads", type=int, default=12)
-    parser.add_argument("--kv-heads", type=int, default=4)
-    parser.add_argument("--head-dim", type=int, default=64)
-    parser.add_argument("--capacity", type=int, default=2048)
-    parser.add_argument("--contexts", default="128,335,1000")
-    parser.add_argument("--repeats", type=int, default=15)
+    add_shape_args(parser, "128,335,1000")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, default=RESULTS / "decode_attention_kernel.json")
     args = parser.parse_args()
@@ -144,7 +137,7 @@ def main() -> None:
               f"(median ratio {s['median_ratio']})")
     import onnxruntime as ort
 
-    shape = {k: getattr(args, k) for k in ("rows", "layers", "q_heads", "kv_heads", "head_dim", "capacity")}
+    shape = {k: getattr(args, k) for k in SHAPE}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(
         {"shape": shape, "onnxruntime": ort.__version__, "kernel_flags": FLAGS,

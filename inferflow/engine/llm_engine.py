@@ -15,13 +15,13 @@ components.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferflow.engine.offline_sizing import budgeted_context, server_batching
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint
@@ -44,9 +44,6 @@ from inferflow.stages.speculative import speculation_from_config
 
 if TYPE_CHECKING:
     from inferflow.speculative.proposer import DraftProposer
-    from inferflow.stages.batching import BatchingStage
-
-logger = logging.getLogger(__name__)
 
 
 class RequestRejected(ValueError):
@@ -155,7 +152,7 @@ class LLMEngine:
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
-        server = _server_batching(sched.get("mode", "continuous"))  # its default budgets
+        server = server_batching(sched.get("mode", "continuous"))  # its default budgets
         sched.setdefault("max_num_seqs", server.max_num_seqs)
         sched.setdefault("max_num_batched_tokens", server.max_num_batched_tokens)
         proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
@@ -166,7 +163,7 @@ class LLMEngine:
         checkpoint = load_checkpoint(path)
         eng.setdefault("max_slots", sched["max_num_seqs"])  # as executor.max_slots: null does
         config = EngineConfig(**eng)
-        context = _budgeted_context(checkpoint, config, eng.get("max_model_len"), kv_cache_memory)
+        context = budgeted_context(checkpoint, config, eng.get("max_model_len"), kv_cache_memory)
         return cls(checkpoint, dataclasses.replace(config, max_model_len=context),
                    SchedulerConfig(**sched), proposer=proposer)
 
@@ -356,22 +353,19 @@ class LLMEngine:
             return None  # held back: the next delta carries these tokens too
         self._pending[rid] = _Pending(logprobs_from=request.num_output_tokens, emitted=True)
         wants_logprobs = request.sampling_params.logprobs is not None
-        if kind is RequestOutputKind.DELTA:  # what is new only: nothing of the past is copied
-            completion = CompletionOutput(
-                index=0, text=pending.text, token_ids=pending.token_ids,
-                finish_reason=finish, stop_reason=stop_reason,
-                logprobs=request.logprobs[pending.logprobs_from:] if wants_logprobs else None,
-                delta_text=pending.text, delta_token_ids=list(pending.token_ids))
-            prompt_ids = [] if pending.emitted else list(request.prompt_token_ids)
-            first = not pending.emitted
+        delta_only = kind is RequestOutputKind.DELTA  # what is new only: no copy of the past
+        if delta_only:
+            text, token_ids = pending.text, list(pending.token_ids)
+            logprobs = request.logprobs[pending.logprobs_from:] if wants_logprobs else None
         else:
-            completion = CompletionOutput(
-                index=0, text=detok.output_text, token_ids=list(request.output_token_ids),
-                finish_reason=finish, stop_reason=stop_reason,
-                logprobs=list(request.logprobs) if wants_logprobs else None,
-                delta_text=pending.text, delta_token_ids=pending.token_ids)
-            prompt_ids = list(request.prompt_token_ids)
-            first = True
+            text, token_ids = detok.output_text, list(request.output_token_ids)
+            logprobs = list(request.logprobs) if wants_logprobs else None
+        completion = CompletionOutput(
+            index=0, text=text, token_ids=token_ids, finish_reason=finish,
+            stop_reason=stop_reason, logprobs=logprobs, delta_text=pending.text,
+            delta_token_ids=pending.token_ids)
+        first = not (delta_only and pending.emitted)  # a DELTA request's prompt comes once
+        prompt_ids = list(request.prompt_token_ids) if first else []
         if finish is not None:
             request.metrics.finished_time = request.metrics.finished_time or time.time()
             self._detok.pop(rid, None)
@@ -379,47 +373,6 @@ class LLMEngine:
             prompt = self._prompts.pop(rid, None)
         else:
             prompt = self._prompts.get(rid)
-        prompt = prompt if first else None  # a DELTA request's prompt, like its ids, comes once
+        prompt = prompt if first else None
         return RequestOutput(rid, prompt, prompt_ids, [completion],
                              finished=finish is not None, metrics=request.metrics)
-
-
-def _server_batching(mode: str) -> BatchingStage:
-    """The server's batching stage for ``mode``, with its default budgets."""
-    from inferflow.stages.batching import ContinuousBatching, NoBatching, StaticBatching
-
-    stages: dict[str, type[BatchingStage]] = {
-        "continuous": ContinuousBatching, "static": StaticBatching, "none": NoBatching}
-    if mode not in stages:
-        raise ValueError(f"mode: must be 'continuous', 'static' or 'none', got {mode!r}")
-    return stages[mode]()
-
-
-def _budgeted_context(checkpoint: Checkpoint, config: EngineConfig, wanted: int | None,
-                      kv_cache_memory: str | int | None) -> int:
-    """``wanted`` (default: the checkpoint's context), lowered so that ``config.max_slots``
-    slots of it and the prefix pool fit the executor's KV budget, as the server sizes them
-    (``ServingGraph.served_context``; ``scheduling/kv_budget.py``)."""
-    from inferflow.scheduling.kv_budget import served_context, weights_bytes
-
-    executor = executor_for(config)
-    if kv_cache_memory is not None:
-        executor = dataclasses.replace(executor, kv_cache_memory=str(kv_cache_memory))
-    arch = checkpoint.config
-    limit = arch.max_position_embeddings
-    budget = executor.kv_budget(arch, weights_bytes(checkpoint.shards))
-    try:
-        context = served_context(min(limit, wanted or limit), config.max_slots, config.block_size,
-                                 config.num_blocks, budget)
-    except ValueError as exc:  # named as the keywords here, not as the server's config keys
-        message = str(exc).replace("executor.kv_cache_memory", "kv_cache_memory")
-        raise ValueError(message.replace("batching.max_num_seqs", "max_num_seqs").replace(
-            "cache.num_blocks", "num_blocks")) from None
-    if context.served < context.wanted:
-        assert budget is not None
-        logger.warning(
-            "max_model_len %d does not fit the KV budget, %s, with %d slots and the prefix pool: "
-            "running max_model_len=%d; pass kv_cache_memory= (e.g. '8GiB') or a smaller "
-            "max_num_seqs for longer contexts", context.wanted, budget.describe(),
-            config.max_slots, context.served)
-    return context.served
