@@ -53,7 +53,7 @@ class OnnxRuntimeRunner:
         self.cache_entry: CacheEntry = get_or_build(
             config.engine_dir, self.cache_fields(checkpoint),
             lambda folder: build_llama_engine(checkpoint, self.spec, folder))
-        self.session = ort.InferenceSession(str(self.cache_entry.model_path), self._session_options(),
+        self.session = ort.InferenceSession(str(self.cache_entry.model_path), self.session_options(),
                                             providers=["CPUExecutionProvider"])
         dtype = self.spec.act_dtype
         shape = (config.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
@@ -75,7 +75,8 @@ class OnnxRuntimeRunner:
                 "quant_accuracy_level": self.spec.quant_accuracy_level,
                 "architecture": self.model_config.architecture}
 
-    def _session_options(self) -> ort.SessionOptions:
+    def session_options(self) -> ort.SessionOptions:
+        """The options every session of this engine runs with (threads, spinning, quantization)."""
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.config.intra_op_threads
