@@ -54,6 +54,8 @@ def build(folder: Path) -> ctypes.CDLL:
     pointer, integer = ctypes.c_void_p, ctypes.c_int
     lib.decode_attention.argtypes = [pointer] * 4 + [integer] * 5 + [pointer]
     lib.decode_attention.restype = None
+    lib.decode_layer.argtypes = [pointer] * 7 + [integer] * 5 + [pointer] * 2
+    lib.decode_layer.restype = None
     return lib
 
 

@@ -25,6 +25,7 @@ Outputs: logits float32 (R, V); present_key_{i}, present_value_{i} (B, Hkv, C, D
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -146,19 +147,28 @@ def _unpad(g: _Graph, y: str, width: int, unpad_index: str) -> str:
 class _Layers:
     """Emits the decoder; ``attention`` differs by form, everything else is shared."""
 
-    def __init__(self, g: _Graph, cfg: ModelArch) -> None:
+    def __init__(self, g: _Graph, cfg: ModelArch, attention: bool = True) -> None:
         self.g, self.cfg = g, cfg
-        cos, sin = cos_sin_cache(cfg, g.spec.max_model_len)
-        self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
+        if attention:  # the rotary tables the attention nodes read
+            cos, sin = cos_sin_cache(cfg, g.spec.max_model_len)
+            self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
         self.mask: str | None = None
 
     def layer(self, i: int, x: str, lw: LayerWeights) -> str:
+        x = self.g.op1("Add", [x, self.g.linear(self.attention(i, self.qkv(i, x, lw)), f"l{i}_o", lw.wo)])
+        return self.mlp(i, x, lw)
+
+    def qkv(self, i: int, x: str, lw: LayerWeights) -> str:
+        """The attention's input: (N, H) -> packed (N, (Hq + 2*Hkv) * D) [q | k | v] per token,
+        one fused projection of the normed residual."""
         g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-        # one fused projection: (N, H) @ (H, (Hq + 2*Hkv) * D) -> packed [q | k | v] per token
         bias = np.concatenate([lw.bq, lw.bk, lw.bv]) if cfg.attention_bias else None  # type: ignore[list-item]
-        qkv = g.linear(h, f"l{i}_qkv", np.concatenate([lw.wq, lw.wk, lw.wv], axis=1), bias)
-        x = g.op1("Add", [x, g.linear(self.attention(i, qkv), f"l{i}_o", lw.wo)])
+        return g.linear(h, f"l{i}_qkv", np.concatenate([lw.wq, lw.wk, lw.wv], axis=1), bias)
+
+    def mlp(self, i: int, x: str, lw: LayerWeights) -> str:
+        """x + MLP(norm(x)): the second half of layer ``i``."""
+        g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
         # (H, 2 * (I + pad)): [gate | 0 | up | 0]; SiLU(0) * 0 = 0, so the padding columns of the
         # activations are zero and meet zero rows of the down projection: the output is unchanged.
@@ -245,6 +255,15 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
     return inputs, outputs
 
 
+def _logits(g: _Graph, cfg: ModelArch, weights: ModelWeights, x: str) -> None:
+    """(N, H) -> the graph's float32 ``logits`` (R, V) of the rows ``logits_index`` picks."""
+    x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
+    x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
+    logits = g.linear(x, "lm_head", weights.lm_head) if g.spec.precision == "fp16" else \
+        g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])
+    g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
+
+
 def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
                       store: InitializerStore | None = None) -> onnx.ModelProto:
     """The whole decoder as one ONNX model (see the module docstring for the I/O contract).
@@ -258,11 +277,7 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
     x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)  # (N, H)
     for i, lw in enumerate(weights.layers):
         x = layers.layer(i, x, lw)
-    x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
-    x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
-    logits = g.linear(x, "lm_head", weights.lm_head) if spec.precision == "fp16" else \
-        g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])
-    g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
+    _logits(g, cfg, weights, x)
     inputs, outputs = _io(cfg, spec)
     graph = helper.make_graph(g.nodes, f"inferflow_{cfg.architecture}_{spec.form}", inputs, outputs, g.inits)
     opsets = [helper.make_opsetid("", 24 if spec.form == "canonical" else 21)]
@@ -270,3 +285,43 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
         opsets.append(helper.make_opsetid("com.microsoft", 1))
     return helper.make_model(graph, opset_imports=opsets, ir_version=11, producer_name="inferflow",
                              producer_version=GRAPH_BUILDER_VERSION)
+
+
+def build_llama_segments(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec) -> Iterator[onnx.ModelProto]:
+    """The decoder cut at every attention: ``num_layers + 1`` models, one at a time, whose
+    attention is computed outside ONNX Runtime, between them (``runtimes/split_decode.py``).
+    Each holds its weights in memory; a caller that keeps sessions, not models, holds one
+    segment's at a time.
+
+    - segment 0: ``input_ids`` (N,) -> ``x`` (N, H), ``qkv`` (N, (Hq + 2*Hkv) * D) of layer 0;
+    - segment i, 0 < i < L: ``x``, ``attn`` (N, Hq * D), layer i - 1's attention output -> the
+      rest of layer i - 1 (output projection, MLP), then ``x`` and ``qkv`` of layer i;
+    - segment L: ``x``, ``attn``, ``logits_index`` (R,) -> ``logits`` (R, V).
+    """
+    if spec.form != "gqa":
+        raise ValueError("segments are cut from the CPU (gqa) form")
+    act = helper.np_dtype_to_tensor_dtype(spec.act_dtype)
+    v = helper.make_tensor_value_info
+    h, qw = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+    for i in range(cfg.num_layers + 1):
+        g = _Graph(spec, InMemoryInitializers())
+        layers = _Layers(g, cfg, attention=False)
+        if i == 0:
+            inputs = [v("input_ids", TensorProto.INT64, ["N"])]
+            x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)
+        else:
+            inputs = [v("x", act, ["N", h]), v("attn", act, ["N", qw])]
+            lw = weights.layers[i - 1]
+            x = layers.mlp(i - 1, g.op1("Add", ["x", g.linear("attn", f"l{i - 1}_o", lw.wo)]), lw)
+        if i < cfg.num_layers:
+            qkv = layers.qkv(i, x, weights.layers[i])
+            g.nodes += [helper.make_node("Identity", [x], ["x_out"]), helper.make_node("Identity", [qkv], ["qkv"])]
+            width = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim
+            outputs = [v("x_out", act, ["N", h]), v("qkv", act, ["N", width])]
+        else:
+            inputs.append(v("logits_index", TensorProto.INT64, ["R"]))
+            _logits(g, cfg, weights, x)
+            outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
+        graph = helper.make_graph(g.nodes, f"inferflow_{cfg.architecture}_segment_{i}", inputs, outputs, g.inits)
+        yield helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=11,
+                                producer_name="inferflow", producer_version=GRAPH_BUILDER_VERSION)
