@@ -29,7 +29,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.decode_attention_kernel import build  # noqa: E402
+from benchmarks.engine_profile import wall_ms  # noqa: E402
 from benchmarks.peers import MODELS, add_path_args, checkpoint  # noqa: E402
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
 from inferflow.models.llama_graph import GraphSpec, build_llama_segments  # noqa: E402
@@ -163,20 +164,10 @@ def measure(runner: OnnxRuntimeRunner, split: SplitDecoder, rows: int, context: 
         split.forward(step())
 
     if split_first:
-        split_ms = median_ms(split_step, repeats)
-        return median_ms(engine_step, repeats), split_ms
-    engine_ms = median_ms(engine_step, repeats)
-    return engine_ms, median_ms(split_step, repeats)
-
-
-def median_ms(fn: Callable[[], None], repeats: int) -> float:
-    fn()  # warm
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+        split_ms = wall_ms(split_step, repeats)
+        return wall_ms(engine_step, repeats), split_ms
+    engine_ms = wall_ms(engine_step, repeats)
+    return engine_ms, wall_ms(split_step, repeats)
 
 
 if __name__ == "__main__":

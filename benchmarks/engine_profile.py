@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -61,7 +63,8 @@ def calls(args: argparse.Namespace, vocab: int) -> dict[str, list[EngineRow]]:
     return {"decode x1": decode[:1], f"decode x{args.rows}": decode, f"prefill {args.prompts}x256": prefill}
 
 
-def wall_ms(fn, repeats: int) -> float:
+def wall_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median ms of ``repeats`` calls of ``fn`` after one warm-up call."""
     fn()  # warm
     times = []
     for _ in range(repeats):
@@ -140,7 +143,7 @@ def floors(shapes: list[tuple[int, int]], args: argparse.Namespace) -> dict[str,
     gemm = matmul_session([(k, n)], args.threads)
     for m in (args.rows, 2048):
         x = np.random.default_rng(2).random((m, k), np.float32)
-        ms = wall_ms(lambda x=x: gemm.run(None, {"x": x}), max(3, args.repeats // 4))
+        ms = wall_ms(partial(gemm.run, None, {"x": x}), max(3, args.repeats // 4))
         out[f"gemm_M{m}_GFLOPs"] = 2 * m * k * n / ms / 1e6
     return out
 
@@ -167,7 +170,7 @@ def main() -> int:
     rows_of = calls(args, runner.model_config.vocab_size)
     for label, rows in rows_of.items():
         repeats = args.repeats if len(rows) * len(rows[0].token_ids) < 1024 else max(3, args.repeats // 5)
-        wall = wall_ms(lambda rows=rows: runner.forward(rows), repeats)
+        wall = wall_ms(partial(runner.forward, rows), repeats)
         ops = op_profile(runner, rows, repeats)
         timed[label] = {"wall_ms": wall, "tokens": sum(len(r.token_ids) for r in rows), "ops_ms": ops}
     result = {"model": name, "context": args.context, "threads": args.threads, "onnxruntime": ort.__version__,
