@@ -31,8 +31,8 @@ class LayerWeights:
     def _read(self, name: str, transpose: bool = False) -> np.ndarray:
         return self._w.read(self._prefix + name, transpose)
 
-    def _bias(self, name: str) -> np.ndarray | None:
-        return self._read(name) if self._w.config.attention_bias else None
+    def _bias(self, name: str, present: bool) -> np.ndarray | None:
+        return self._read(name) if present else None
 
     @property
     def input_norm(self) -> np.ndarray:  # (H,)
@@ -70,17 +70,34 @@ class LayerWeights:
     def w_down(self) -> np.ndarray:  # (I, H)
         return self._read("mlp.down_proj.weight", transpose=True)
 
+    # biases: None when config.json says the projection has none
     @property
     def bq(self) -> np.ndarray | None:  # (Hq*D,)
-        return self._bias("self_attn.q_proj.bias")
+        return self._bias("self_attn.q_proj.bias", self._w.config.attention_bias)
 
     @property
     def bk(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.k_proj.bias")
+        return self._bias("self_attn.k_proj.bias", self._w.config.attention_bias)
 
     @property
     def bv(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.v_proj.bias")
+        return self._bias("self_attn.v_proj.bias", self._w.config.attention_bias)
+
+    @property
+    def bo(self) -> np.ndarray | None:  # (H,)
+        return self._bias("self_attn.o_proj.bias", self._w.config.o_proj_bias)
+
+    @property
+    def b_gate(self) -> np.ndarray | None:  # (I,)
+        return self._bias("mlp.gate_proj.bias", self._w.config.mlp_bias)
+
+    @property
+    def b_up(self) -> np.ndarray | None:  # (I,)
+        return self._bias("mlp.up_proj.bias", self._w.config.mlp_bias)
+
+    @property
+    def b_down(self) -> np.ndarray | None:  # (H,)
+        return self._bias("mlp.down_proj.bias", self._w.config.mlp_bias)
 
 
 class ModelWeights:
@@ -107,7 +124,9 @@ class ModelWeights:
         self.layers = [LayerWeights(self, i) for i in range(config.num_layers)]
 
     def _locate(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, SafetensorsFile]:
-        """The file of every expected tensor, its shape checked against config.json."""
+        """The file of every expected tensor, its shape checked against config.json; a tensor
+        the model would not use is refused (a checkpoint with weights we would leave out is
+        not the model its files describe)."""
         where = {name: st for st in self._files for name in st.tensors}
         located: dict[str, SafetensorsFile] = {}
         for name, shape in shapes.items():
@@ -118,7 +137,24 @@ class ModelWeights:
                 raise CheckpointError(st.path, f"tensor {name!r} has shape "
                                       f"{st.tensors[name].shape}, config.json implies {shape}")
             located[name] = st
+        unused = sorted(n for n in set(where) - set(shapes) if not self._ignorable(n, where))
+        if unused:
+            more = f" and {len(unused) - 1} more" if len(unused) > 1 else ""
+            raise CheckpointError(where[unused[0]].path, f"tensor {unused[0]!r}{more} is not "
+                                  f"used by {self.config.architecture} as config.json describes "
+                                  "it; refusing rather than serving the model without it")
         return located
+
+    def _ignorable(self, name: str, where: dict[str, SafetensorsFile]) -> bool:
+        """Tensors transformers itself ignores when it loads these files: rotary tables some
+        older savers stored (computed from config.json instead), and an ``lm_head.weight``
+        equal to the embedding of a tied model (the head *is* the embedding)."""
+        if name.endswith("rotary_emb.inv_freq"):
+            return True
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            embed = "model.embed_tokens.weight"
+            return embed in where and bool(np.array_equal(where[name].read(name), where[embed].read(embed)))
+        return False
 
     def read(self, name: str, transpose: bool = False) -> np.ndarray:
         """Tensor ``name`` (a Hugging Face name), transposed to (in, out) when ``transpose``."""
@@ -182,6 +218,11 @@ def expected_shapes(cfg: ModelArch) -> dict[str, tuple[int, ...]]:
         if cfg.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
+        if cfg.o_proj_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+        if cfg.mlp_bias:
+            shapes.update({p + "mlp.gate_proj.bias": (inter,), p + "mlp.up_proj.bias": (inter,),
+                           p + "mlp.down_proj.bias": (h,)})
     shapes["model.norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)

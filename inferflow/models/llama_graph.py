@@ -39,7 +39,7 @@ from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.rope import cos_sin_cache
 
-GRAPH_BUILDER_VERSION = "4"  # 4: the MLP's intermediate width padded against 4K aliasing
+GRAPH_BUILDER_VERSION = "5"  # 5: rope types, activations and biases from transformers 5 configs
 GraphForm = Literal["gqa", "canonical"]
 
 
@@ -150,13 +150,16 @@ class _Layers:
     def __init__(self, g: _Graph, cfg: ModelArch, attention: bool = True) -> None:
         self.g, self.cfg = g, cfg
         if attention:  # the rotary tables the attention nodes read
-            cos, sin = cos_sin_cache(cfg, g.spec.max_model_len)
+            cos, sin = cos_sin_cache(cfg.rope, cfg.head_dim, g.spec.max_model_len)
             self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
         self.mask: str | None = None
 
     def layer(self, i: int, x: str, lw: LayerWeights) -> str:
-        x = self.g.op1("Add", [x, self.g.linear(self.attention(i, self.qkv(i, x, lw)), f"l{i}_o", lw.wo)])
-        return self.mlp(i, x, lw)
+        return self.mlp(i, self.attention_out(i, x, self.attention(i, self.qkv(i, x, lw)), lw), lw)
+
+    def attention_out(self, i: int, x: str, attn: str, lw: LayerWeights) -> str:
+        """x + the output projection of layer ``i``'s attention ``attn`` (N, Hq * D)."""
+        return self.g.op1("Add", [x, self.g.linear(attn, f"l{i}_o", lw.wo, lw.bo)])
 
     def qkv(self, i: int, x: str, lw: LayerWeights) -> str:
         """The attention's input: (N, H) -> packed (N, (Hq + 2*Hkv) * D) [q | k | v] per token,
@@ -170,19 +173,35 @@ class _Layers:
         """x + MLP(norm(x)): the second half of layer ``i``."""
         g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
-        # (H, 2 * (I + pad)): [gate | 0 | up | 0]; SiLU(0) * 0 = 0, so the padding columns of the
+        # (H, 2 * (I + pad)): [gate | 0 | up | 0]; act(0) * 0 = 0, so the padding columns of the
         # activations are zero and meet zero rows of the down projection: the output is unchanged.
         # (Each LayerWeights attribute reads its tensor: one access per weight.)
         inter, pad = cfg.intermediate_size, _ffn_padding(g.spec, cfg.intermediate_size)
         zeros = np.zeros((cfg.hidden_size, pad), g.spec.act_dtype)
-        gate_up = g.linear(h, f"l{i}_gate_up", np.concatenate([lw.w_gate, zeros, lw.w_up, zeros], axis=1))
+        gate_up = np.concatenate([lw.w_gate, zeros, lw.w_up, zeros], axis=1)
+        bias = None
+        if cfg.mlp_bias:  # [b_gate | 0 | b_up | 0]
+            b_gate, b_up, no_bias = lw.b_gate, lw.b_up, np.zeros(pad, g.spec.act_dtype)
+            bias = np.concatenate([b_gate, no_bias, b_up, no_bias])  # type: ignore[list-item]
         width = np.array([inter + pad, inter + pad], np.int64)
-        gate, up = g.op("Split", [gate_up, g.const("split", width)], 2, axis=-1)
-        act = g.op1("Mul", [gate, g.op1("Sigmoid", [gate])])  # SiLU
+        gate, up = g.op("Split", [g.linear(h, f"l{i}_gate_up", gate_up, bias), g.const("split", width)],
+                        2, axis=-1)
         w_down = lw.w_down
         if pad:
             w_down = np.concatenate([w_down, np.zeros((pad, cfg.hidden_size), w_down.dtype)])
-        return g.op1("Add", [x, g.linear(g.op1("Mul", [act, up]), f"l{i}_down", w_down)])
+        down = g.linear(g.op1("Mul", [self.activation(gate), up]), f"l{i}_down", w_down, lw.b_down)
+        return g.op1("Add", [x, down])
+
+    def activation(self, x: str) -> str:
+        """The MLP gate's activation (``ModelArch.hidden_act``), as transformers' ACT2FN."""
+        act, g = self.cfg.hidden_act, self.g
+        if act == "silu":
+            return g.op1("Mul", [x, g.op1("Sigmoid", [x])])
+        if act == "relu":
+            return g.op1("Relu", [x])
+        if act in ("gelu", "gelu_tanh"):  # ONNX Gelu (opset 20): erf, or its tanh approximation
+            return g.op1("Gelu", [x], approximate="tanh" if act == "gelu_tanh" else "none")
+        raise ValueError(f"hidden_act {act!r}: no ONNX form")
 
     def attention(self, i: int, qkv: str) -> str:
         """Packed (N, (Hq + 2*Hkv) * D) -> attention output (N, Hq * D)."""
@@ -312,7 +331,7 @@ def build_llama_segments(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec)
         else:
             inputs = [v("x", act, ["N", h]), v("attn", act, ["N", qw])]
             lw = weights.layers[i - 1]
-            x = layers.mlp(i - 1, g.op1("Add", ["x", g.linear("attn", f"l{i - 1}_o", lw.wo)]), lw)
+            x = layers.mlp(i - 1, layers.attention_out(i - 1, "x", "attn", lw), lw)
         if i < cfg.num_layers:
             qkv = layers.qkv(i, x, weights.layers[i])
             g.nodes += [helper.make_node("Identity", [x], ["x_out"]), helper.make_node("Identity", [qkv], ["qkv"])]

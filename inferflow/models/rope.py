@@ -1,35 +1,203 @@
-"""Rotary-embedding tables, computed as transformers computes them (float32)."""
+"""Rotary position embeddings: the settings read from ``config.json`` and the cos/sin tables,
+computed as transformers computes them (``modeling_rope_utils``, float32).
+
+``config.json`` carries the rotary settings in one of two spellings:
+
+- transformers >= 5 writes ``rope_parameters: {"rope_type": ..., "rope_theta": ..., ...}``;
+- older files write ``rope_theta`` at the top level and ``rope_scaling: {"rope_type" (or
+  "type"): ..., "factor": ..., ...}`` (``null`` for plain RoPE).
+
+Both are read; θ comes from the rope dict when it has one, else from the top-level key
+(transformers' order). A file with both dicts is served when they say the same (θ included)
+and refused when they disagree: transformers 5.25 then reads ``rope_scaling`` while the
+format it writes today is ``rope_parameters``, so either choice could be the wrong one.
+
+Types served, in both executors (the tables are the only place they differ): ``default``,
+``linear``, ``dynamic`` (NTK; equal to ``default`` up to ``max_position_embeddings``, which
+is as far as inferflow serves, so the served context never reaches transformers' per-step
+recomputation), ``yarn`` (with its attention factor folded into cos/sin) and ``llama3``.
+Anything else (``longrope``, ``proportional``, ``partial_rotary_factor`` < 1, ...) is refused
+in one line.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from inferflow.models.config import ModelArch
+from inferflow.models.errors import CheckpointError
+
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+
+# keys each rope type reads (besides rope_type / type / rope_theta); anything else in the dict
+# that changes the math is refused by name (see _check_keys)
+_KEYS: dict[str, frozenset[str]] = {
+    "default": frozenset(),
+    "linear": frozenset({"factor"}),
+    "dynamic": frozenset({"factor"}),
+    "yarn": frozenset({"factor", "original_max_position_embeddings", "attention_factor",
+                       "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
+    "llama3": frozenset({"factor", "original_max_position_embeddings", "low_freq_factor",
+                         "high_freq_factor"}),
+}
+# keys that never change the math of these types (partial_rotary_factor is checked on its own)
+_INERT_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
 
 
-def inv_freq(cfg: ModelArch) -> np.ndarray:
-    """(D/2,) float32 inverse frequencies, with ``llama3`` rope scaling when configured."""
-    d = cfg.head_dim
-    base = 1.0 / (cfg.rope_theta ** (np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / d))
-    base = base.astype(np.float32)
-    rs = cfg.rope_scaling
-    if rs is None:
+@dataclass(frozen=True)
+class RotarySettings:
+    """What the rotary tables depend on (transformers' ``rope_parameters``, standardized).
+
+    ``factor``: linear/dynamic/yarn/llama3 scaling factor (1 for default);
+    ``original_max_position_embeddings``: yarn/llama3 (the pre-training context);
+    ``attention_factor``: yarn's cos/sin multiplier, resolved (1.0 for every other type).
+    """
+
+    rope_type: str = "default"
+    theta: float = 10000.0
+    factor: float = 1.0
+    original_max_position_embeddings: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    truncate: bool = True  # yarn: floor/ceil the correction range
+    attention_factor: float = 1.0
+
+    def describe(self) -> str:
+        extra = f", factor {self.factor:g}" if self.rope_type != "default" else ""
+        return f"{self.rope_type} (theta {self.theta:g}{extra})"
+
+
+def read_rotary(path: Path, raw: Mapping[str, Any], max_position_embeddings: int) -> RotarySettings:
+    """The rotary settings of config.json ``raw`` (at ``path``, for errors)."""
+    legacy, current = raw.get("rope_scaling"), raw.get("rope_parameters")
+    for key, value in (("rope_scaling", legacy), ("rope_parameters", current)):
+        if value is not None and not isinstance(value, dict):
+            raise CheckpointError(path, f"{key} must be an object, got {value!r}")
+    top_theta = raw.get("rope_theta")
+    if legacy and current and _standard(legacy, top_theta) != _standard(current, top_theta):
+        raise CheckpointError(
+            path, f"rope_scaling {legacy} and rope_parameters {current} disagree (transformers "
+            "reads rope_scaling, today's files carry rope_parameters): keep one of them")
+    params: dict[str, Any] = dict(current or legacy or {})
+    theta = params.get("rope_theta") or top_theta or 10000.0
+    rope_type = str(params.get("rope_type") or params.get("type") or "default")
+    partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:
+        raise CheckpointError(path, f"partial_rotary_factor={partial} is not supported (the "
+                              "Llama family rotates the whole head)")
+    if rope_type not in ROPE_TYPES:
+        raise CheckpointError(path, f"rope type {rope_type!r} is not supported (supported: "
+                              f"{', '.join(ROPE_TYPES)})")
+    _check_keys(path, rope_type, params)
+    try:
+        return _settings(rope_type, float(theta), params, max_position_embeddings)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(path, f"rope settings {params} of type {rope_type!r} are "
+                              f"incomplete or malformed (missing or bad {exc})") from None
+
+
+def _standard(params: Mapping[str, Any], top_theta: Any) -> dict[str, Any]:
+    """A rope dict in one spelling (``type`` -> ``rope_type``, θ filled in), for comparing."""
+    out = {k: v for k, v in params.items() if k != "type"}
+    out["rope_type"] = params.get("rope_type") or params.get("type") or "default"
+    out["rope_theta"] = float(params.get("rope_theta") or top_theta or 10000.0)
+    return out
+
+
+def _check_keys(path: Path, rope_type: str, params: Mapping[str, Any]) -> None:
+    unknown = sorted(set(params) - _KEYS[rope_type] - _INERT_KEYS)
+    if unknown:
+        raise CheckpointError(path, f"rope setting {unknown[0]}={params[unknown[0]]!r} is not "
+                              f"supported for rope type {rope_type!r}")
+
+
+def _settings(rope_type: str, theta: float, p: Mapping[str, Any],
+              max_position_embeddings: int) -> RotarySettings:
+    if rope_type == "default":
+        return RotarySettings("default", theta)
+    factor = float(p["factor"]) if p.get("factor") is not None else None
+    original = p.get("original_max_position_embeddings")
+    original = int(original) if original is not None else max_position_embeddings
+    if rope_type in ("linear", "dynamic"):
+        return RotarySettings(rope_type, theta, float(p["factor"]))
+    if rope_type == "llama3":
+        return RotarySettings("llama3", theta, float(p["factor"]), original,
+                              float(p["low_freq_factor"]), float(p["high_freq_factor"]))
+    # yarn: a missing factor is the context ratio (DeepSeek-V3's convention, as transformers)
+    factor = factor if factor is not None else max_position_embeddings / original
+    attention = p.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+                     if mscale and mscale_all_dim else _yarn_mscale(factor))
+    return RotarySettings("yarn", theta, factor, original,
+                          beta_fast=float(p.get("beta_fast") or 32), beta_slow=float(p.get("beta_slow") or 1),
+                          truncate=bool(p.get("truncate", True)), attention_factor=float(attention))
+
+
+def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
+
+
+def inv_freq(rope: RotarySettings, head_dim: int) -> np.ndarray:
+    """(D/2,) float32 inverse frequencies of ``rope`` (transformers' ``ROPE_INIT_FUNCTIONS``)."""
+    d = head_dim
+    exponent = np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d)
+    base = (np.float32(1.0) / (np.float32(rope.theta) ** exponent)).astype(np.float32)
+    if rope.rope_type in ("default", "dynamic"):  # dynamic: unscaled up to max_position_embeddings
         return base
-    low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
-    high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+    if rope.rope_type == "linear":
+        return (base / np.float32(rope.factor)).astype(np.float32)
+    if rope.rope_type == "llama3":
+        return _llama3(rope, base)
+    return _yarn(rope, d)
+
+
+def _llama3(rope: RotarySettings, base: np.ndarray) -> np.ndarray:
+    assert rope.original_max_position_embeddings is not None
+    old = rope.original_max_position_embeddings
+    low_wavelen, high_wavelen = old / rope.low_freq_factor, old / rope.high_freq_factor
     wavelen = 2 * math.pi / base
-    scaled = np.where(wavelen > low_wavelen, base / rs.factor, base)
-    smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
-        rs.high_freq_factor - rs.low_freq_factor)
-    smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
+    scaled = np.where(wavelen > low_wavelen, base / rope.factor, base)
+    smooth = (old / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
     return np.where(is_medium, smoothed, scaled).astype(np.float32)
 
 
-def cos_sin_cache(cfg: ModelArch, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin tables, each (max_positions, D/2) float32; row p is position p."""
+def _yarn(rope: RotarySettings, d: int) -> np.ndarray:
+    """YaRN: interpolated frequencies below the correction range, extrapolated above it."""
+    assert rope.original_max_position_embeddings is not None
+    original = rope.original_max_position_embeddings
+
+    def correction_dim(rotations: float) -> float:
+        return (d * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001  # transformers: prevents a division by zero
+    pos_freqs = np.float32(rope.theta) ** (np.arange(0, d, 2).astype(np.float32) / np.float32(d))
+    extrapolation = np.float32(1.0) / pos_freqs
+    interpolation = np.float32(1.0) / (np.float32(rope.factor) * pos_freqs)
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1).astype(np.float32)
+    keep = 1 - ramp  # 1: extrapolate (high frequencies), 0: interpolate
+    return (interpolation * (1 - keep) + extrapolation * keep).astype(np.float32)
+
+
+def cos_sin_cache(rope: RotarySettings, head_dim: int, max_positions: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin tables, each (max_positions, D/2) float32; row p is position p, scaled by
+    the rope type's attention factor (yarn) as transformers scales its cos/sin."""
     pos = np.arange(max_positions, dtype=np.float32)
-    freqs = np.outer(pos, inv_freq(cfg)).astype(np.float32)  # (P, D/2)
-    return np.cos(freqs).astype(np.float32), np.sin(freqs).astype(np.float32)
+    freqs = np.outer(pos, inv_freq(rope, head_dim)).astype(np.float32)  # (P, D/2)
+    scale = np.float32(rope.attention_factor)
+    return (np.cos(freqs) * scale).astype(np.float32), (np.sin(freqs) * scale).astype(np.float32)

@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -140,16 +141,24 @@ def _random_weights(spec: TinySpec, head_dim: int, seed: int) -> dict[str, np.nd
         w[p + "mlp.gate_proj.weight"] = lin(i, h)
         w[p + "mlp.up_proj.weight"] = lin(i, h)
         w[p + "mlp.down_proj.weight"] = lin(h, i, 0.5)
-        if spec.attention_bias:
+        if spec.attention_bias or spec.architecture == "Qwen2ForCausalLM":  # Qwen2: always q/k/v
             for name, width in (("q", spec.num_heads), ("k", spec.num_kv_heads), ("v", spec.num_kv_heads)):
                 w[p + f"self_attn.{name}_proj.bias"] = (0.1 * rng.standard_normal(width * head_dim)).astype(np.float32)
+        if spec.attention_bias and spec.architecture == "LlamaForCausalLM":  # Llama: o too
+            w[p + "self_attn.o_proj.bias"] = (0.1 * rng.standard_normal(h)).astype(np.float32)
     w["model.norm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
     if not spec.tie_word_embeddings:
         w["lm_head.weight"] = lin(v, h, 4.0)
     return w
 
 
-def config_json(spec: TinySpec, head_dim: int, dtype: str) -> dict:
+ConfigFormat = Literal["v5", "legacy"]
+
+
+def config_json(spec: TinySpec, head_dim: int, dtype: str, config_format: ConfigFormat = "v5") -> dict:
+    """config.json of ``spec`` as transformers 5 writes it (``rope_parameters``, ``dtype``) or,
+    with ``config_format="legacy"``, as transformers 4 did (``rope_theta`` + ``rope_scaling``,
+    ``torch_dtype``)."""
     cfg = {
         "architectures": [spec.architecture],
         "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -159,28 +168,38 @@ def config_json(spec: TinySpec, head_dim: int, dtype: str) -> dict:
         "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,
         "head_dim": head_dim, "hidden_act": "silu",
         "max_position_embeddings": spec.max_position_embeddings, "rms_norm_eps": spec.rms_norm_eps,
-        "rope_theta": spec.rope_theta, "tie_word_embeddings": spec.tie_word_embeddings,
-        "attention_bias": spec.attention_bias, "torch_dtype": dtype,
+        "tie_word_embeddings": spec.tie_word_embeddings,
         "bos_token_id": 0, "eos_token_id": 4,  # ids of <|begin_of_text|> and <|eot_id|>
         "initializer_range": 0.02, "use_cache": True,
     }
+    if spec.architecture == "LlamaForCausalLM":
+        cfg.update(attention_bias=spec.attention_bias, mlp_bias=False)
     if spec.architecture == "MistralForCausalLM":
         cfg["sliding_window"] = None
     if spec.architecture == "Qwen2ForCausalLM":
         cfg["use_sliding_window"] = False
+    scaling = None
     if spec.llama3_rope_scaling:
-        cfg["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                               "high_freq_factor": 4.0,
-                               "original_max_position_embeddings": max(spec.max_position_embeddings // 4, 16)}
+        scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                   "original_max_position_embeddings": max(spec.max_position_embeddings // 4, 16)}
+    if config_format == "legacy":
+        cfg.update(rope_theta=spec.rope_theta, torch_dtype=dtype)
+        if scaling:
+            cfg["rope_scaling"] = scaling
+    else:
+        cfg.update(rope_parameters={"rope_theta": spec.rope_theta, **(scaling or {"rope_type": "default"})},
+                   dtype=dtype)
     return cfg
 
 
 def make_checkpoint(path: Path | str, spec: TinySpec | None = None, *, seed: int = 0,
-                    dtype: str = "float32", shards: int = 1, **overrides: object) -> Path:
+                    dtype: str = "float32", shards: int = 1, config_format: ConfigFormat = "v5",
+                    **overrides: object) -> Path:
     """Write a seeded random-weight checkpoint to ``path`` (created) and return it.
 
     ``dtype`` is the safetensors storage type (float32, float16, bfloat16); ``shards > 1`` writes
-    ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``.
+    ``model-0000k-of-0000n.safetensors`` + ``model.safetensors.index.json``; ``config_format``:
+    config.json as transformers 5 writes it (``"v5"``) or as transformers 4 did (``"legacy"``).
     """
     spec = spec or TinySpec()
     if overrides:
@@ -190,7 +209,8 @@ def make_checkpoint(path: Path | str, spec: TinySpec | None = None, *, seed: int
     out.mkdir(parents=True, exist_ok=True)
     train_tokenizer(spec.vocab_size, out)  # first: a vocabulary it cannot train is refused
     weights = _random_weights(spec, head_dim, seed)
-    (out / "config.json").write_text(json.dumps(config_json(spec, head_dim, dtype), indent=2))
+    config = config_json(spec, head_dim, dtype, config_format)
+    (out / "config.json").write_text(json.dumps(config, indent=2))
     _write_weights(weights, out, dtype, shards)
     (out / "generation_config.json").write_text(json.dumps(
         {"bos_token_id": 0, "eos_token_id": 4, "do_sample": False}, indent=2))

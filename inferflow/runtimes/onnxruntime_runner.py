@@ -17,7 +17,6 @@ import onnx
 import onnxruntime as ort
 
 from inferflow.models.checkpoint import Checkpoint
-from inferflow.models.errors import CheckpointError
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
 from inferflow.runtimes.config import EngineConfig
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
@@ -43,9 +42,8 @@ class OnnxRuntimeRunner:
 
     def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
         cfg = checkpoint.config
-        if cfg.sliding_window is not None and cfg.sliding_window < config.max_model_len:
-            raise CheckpointError(checkpoint.path / "config.json",
-                                  f"sliding_window={cfg.sliding_window} attention is not supported")
+        cfg.check_context(checkpoint.path / "config.json",
+                          min(config.max_model_len, cfg.max_position_embeddings), "max_model_len")
         self.model_config, self.config = cfg, config
         self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
         self.spec = GraphSpec(config.graph_form, config.precision, self.capacity,  # type: ignore[arg-type]

@@ -260,6 +260,7 @@ class TensorRTRunner:
         cfg = checkpoint.config
         self.model_config, self.config = cfg, config
         self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
+        cfg.check_context(checkpoint.path / "config.json", self.capacity, "max_model_len")
         max_chunk, max_tokens = step_limits(self.capacity, config.max_num_batched_tokens)
         alloc = self.capacity + max_chunk  # headroom for idle slots' padded writes
         spec = GraphSpec("canonical", config.precision, alloc, config.quant_block_size)

@@ -105,3 +105,89 @@ def test_the_checkpoint_helper_tokenizer_has_every_model_id(tmp_path: Path) -> N
     with pytest.raises(ValueError, match=r"^vocab_size: 300000 tokens cannot be trained"):
         make_checkpoint(tmp_path / "huge", vocab_size=300000, num_layers=1)
     assert not list((tmp_path / "huge").glob("*.safetensors"))  # refused before any weights
+
+
+def _edit_config(path: Path, **changes: object) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(changes)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 512, "rope_theta": 1e4}
+
+# What inferflow does not compute, each a config.json edit -> the words its one line must say.
+UNSUPPORTED: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
+    "architecture": ({"architectures": ["Qwen3ForCausalLM"]}, ("'Qwen3ForCausalLM'", "LlamaForCausalLM")),
+    "activation": ({"hidden_act": "quick_gelu"}, ("hidden_act='quick_gelu'", "gelu_pytorch_tanh")),
+    "rope_type": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, ("'longrope'", "yarn")),
+    "partial_rotary": ({"partial_rotary_factor": 0.5}, ("partial_rotary_factor=0.5",)),
+    "rope_key": ({"rope_parameters": {**_YARN, "mrope_section": [2, 2]}}, ("mrope_section=[2, 2]", "yarn")),
+    "rope_spellings_disagree": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": _YARN},
+                                ("rope_scaling", "rope_parameters", "disagree")),
+    "quantized": ({"quantization_config": {"quant_method": "gptq", "bits": 4}},
+                  ("quantization_config", "'gptq'", "executor.precision")),
+    "rope_incomplete": ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, ("'linear'", "factor")),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSUPPORTED))
+def test_unsupported_fields_are_one_line_naming_them(ckpt: Path, case: str) -> None:
+    changes, words = UNSUPPORTED[case]
+    _edit_config(ckpt, **changes)
+    err = str(_error(ckpt))
+    assert "config.json" in err and all(w in err for w in words), err
+
+
+def test_qwen2_layer_types_are_the_truth(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "q", architecture="Qwen2ForCausalLM", **SMALL)
+    full, sliding = "full_attention", "sliding_attention"
+    _edit_config(path, use_sliding_window=True, sliding_window=64, max_window_layers=0, layer_types=[full])
+    assert load_checkpoint(path).config.sliding_window is None  # layer_types win over max_window_layers
+    _edit_config(path, layer_types=[sliding])
+    assert load_checkpoint(path).config.sliding_window == 64
+    _edit_config(path, use_sliding_window=False)  # transformers: no window without the switch
+    assert load_checkpoint(path).config.sliding_window is None
+    _edit_config(path, use_sliding_window=True, layer_types=["chunked_attention"])
+    assert "layer_types 'chunked_attention' is not supported" in str(_error(path))
+
+
+def test_mistral_without_sliding_window_key_has_transformers_default(tmp_path: Path) -> None:
+    path = make_checkpoint(tmp_path / "m", architecture="MistralForCausalLM", **SMALL)
+    cfg = json.loads((path / "config.json").read_text())
+    del cfg["sliding_window"], cfg["max_position_embeddings"]
+    (path / "config.json").write_text(json.dumps(cfg))
+    arch = load_checkpoint(path).config  # MistralConfig's defaults: 4,096 and 131,072
+    assert (arch.sliding_window, arch.max_position_embeddings) == (4096, 131072)
+
+
+def _add_tensor(path: Path, name: str, value: object) -> None:
+    from inferflow.models.safetensors_reader import SafetensorsFile
+    from inferflow.models.safetensors_writer import save_safetensors
+
+    st = SafetensorsFile(path / "model.safetensors")
+    tensors = {n: st.read(n) for n in st.tensors}
+    st.close()
+    save_safetensors({**tensors, name: value}, path / "model.safetensors")
+
+
+def test_a_tensor_the_model_would_not_use_is_refused(ckpt: Path) -> None:
+    import numpy as np
+
+    # Llama's attention_bias is false here: a bias in the files would be left out of the math
+    _add_tensor(ckpt, "model.layers.0.self_attn.o_proj.bias", np.ones(64, np.float32))
+    err = str(_error(ckpt, load_weights=True))
+    assert "'model.layers.0.self_attn.o_proj.bias'" in err and "not used" in err
+
+
+def test_tensors_transformers_ignores_are_ignored(tmp_path: Path) -> None:
+    import numpy as np
+
+    path = make_checkpoint(tmp_path / "tied", tie_word_embeddings=True, **SMALL)
+    _add_tensor(path, "model.layers.0.self_attn.rotary_emb.inv_freq", np.ones(8, np.float32))
+    st_embed = load_checkpoint(path).open_weights()
+    embed = st_embed.embed
+    st_embed.close()
+    _add_tensor(path, "lm_head.weight", embed)  # the tied head, stored anyway: the same values
+    load_checkpoint(path).open_weights().close()
+    _add_tensor(path, "lm_head.weight", embed + 1)  # a different head: which one is the model?
+    assert "'lm_head.weight'" in str(_error(path, load_weights=True))

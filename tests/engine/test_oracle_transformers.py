@@ -66,7 +66,7 @@ def test_greedy_tokens_and_logits_match_transformers(ckpt_root: Path, reference,
 def test_config_variants_are_what_they_claim(ckpt_root: Path) -> None:
     cfg = load_checkpoint(make_named_checkpoint(ckpt_root, "gqa8x2")).config
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.rope_theta) == (8, 2, 500000.0)
-    assert cfg.rope_scaling is not None and not cfg.tie_word_embeddings
+    assert cfg.rope.rope_type == "llama3" and not cfg.tie_word_embeddings
     assert load_checkpoint(make_named_checkpoint(ckpt_root, "tied")).config.tie_word_embeddings
     sharded = load_checkpoint(make_named_checkpoint(ckpt_root, "fp16_sharded"))
     assert len(sharded.shards) == 3

@@ -28,7 +28,7 @@ from inferflow.runtimes.engine_cache import MANIFEST, cache_key
 if TYPE_CHECKING:
     from inferflow.runtimes.torch_engine.runner import TorchSettings
 
-TORCH_ENGINE_VERSION = "1"  # bump when the forward or the compile setup changes
+TORCH_ENGINE_VERSION = "2"  # bump when the forward or the compile setup changes (2: biases, rope types)
 
 
 def device_arch(device: torch.device) -> str:

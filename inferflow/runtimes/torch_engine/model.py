@@ -1,6 +1,8 @@
 """The Llama-family decoder in torch, built from the checkpoint's ``ModelArch`` (config.json) and
 weights as the ONNX graph builder reads them (``Checkpoint.open_weights``, tensor by tensor): one forward for
-Llama, Mistral and Qwen2 (q/k/v bias), GQA, tied or untied embeddings, llama3 rope scaling.
+Llama, Mistral and Qwen2 (q/k/v bias), GQA, tied or untied embeddings, every rope type
+``models/rope.py`` serves, the MLP activations of ``config_fields.ACTIVATIONS`` and Llama's
+attention and MLP biases.
 
 Why a torch forward and not the ONNX graph lowered to torch: the KV layout differs (paged blocks,
 not slots), and the attention is the paged custom op; everything else is a dozen lines that
@@ -15,6 +17,7 @@ forward returns logits only for ``sample_index`` (R,), the last token of each sa
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import cast
 
 import numpy as np
@@ -54,6 +57,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * h.to(x.dtype)
 
 
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # as transformers' ACT2FN
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate-half rotary; x (N, heads, D), cos/sin (N, 1, D)."""
     half = x.shape[-1] // 2
@@ -69,14 +80,20 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.input_norm = _param(w.input_norm, dtype, device)
         self.wqkv = _param(np.concatenate([w.wq, w.wk, w.wv], axis=1), dtype, device)
-        self.bqkv = None
+        self.bqkv = None  # biases: None where config.json says the projection has none
         if arch.attention_bias:
             assert w.bq is not None and w.bk is not None and w.bv is not None
             self.bqkv = _param(np.concatenate([w.bq, w.bk, w.bv]), dtype, device)
         self.wo = _param(w.wo, dtype, device)
+        self.bo = _param(w.bo, dtype, device) if arch.o_proj_bias else None
         self.post_norm = _param(w.post_norm, dtype, device)
         self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
+        self.b_gate_up = None
+        if arch.mlp_bias:
+            assert w.b_gate is not None and w.b_up is not None
+            self.b_gate_up = _param(np.concatenate([w.b_gate, w.b_up]), dtype, device)
         self.w_down = _param(w.w_down, dtype, device)
+        self.b_down = _param(w.b_down, dtype, device) if arch.mlp_bias else None
 
 
 class TorchLlama(nn.Module):
@@ -89,12 +106,13 @@ class TorchLlama(nn.Module):
         self.arch = arch
         self.eps = arch.rms_norm_eps
         self.scale = arch.head_dim ** -0.5
+        self.act = ACTIVATIONS[arch.hidden_act]
         self.embed = _param(weights.embed, dtype, device)
         self.layers = nn.ModuleList(DecoderLayer(arch, w, dtype, device) for w in weights.layers)
         self.decoder_layers: list[DecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         self.final_norm = _param(weights.final_norm, dtype, device)
         self.lm_head = _param(weights.lm_head, dtype, device)
-        cos, sin = cos_sin_cache(arch, max_positions)  # (P, D/2) float32, as transformers
+        cos, sin = cos_sin_cache(arch.rope, arch.head_dim, max_positions)  # (P, D/2) float32
         self.register_buffer("cos", torch.from_numpy(np.concatenate([cos, cos], -1)).to(device, dtype))
         self.register_buffer("sin", torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
         shape = (num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
@@ -136,9 +154,14 @@ class TorchLlama(nn.Module):
             attn = paged_attention(q, k, v.reshape(n, hkv, d), slot_mapping, block_tables,
                                    seq_lens, query_start, self.cache_id, i, self.scale,
                                    decode_only)
-            x = x + attn.reshape(n, hq * d) @ layer.wo
+            out = attn.reshape(n, hq * d) @ layer.wo
+            x = x + (out if layer.bo is None else out + layer.bo)
             h = rms_norm(x, layer.post_norm, self.eps)
-            gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.w_down
+            gate_up = h @ layer.w_gate_up
+            if layer.b_gate_up is not None:
+                gate_up = gate_up + layer.b_gate_up
+            gate, up = gate_up.chunk(2, dim=-1)
+            down = (self.act(gate) * up) @ layer.w_down
+            x = x + (down if layer.b_down is None else down + layer.b_down)
         x = rms_norm(x[sample_index], self.final_norm, self.eps)
         return (x @ self.lm_head).float()

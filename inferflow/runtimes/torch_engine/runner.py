@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from inferflow.models.checkpoint import Checkpoint
-from inferflow.models.errors import CheckpointError
 from inferflow.runtimes.build_progress import BuildProgress, reset_peak_rss
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.runtimes.torch_engine.engine_dir import TorchEngineDir, open_engine_dir
@@ -112,9 +111,8 @@ class TorchRunner:
         if not layout.paged:
             raise ValueError("executor=torch needs a paged KV layout (KVLayout.paged)")
         cfg = checkpoint.config
-        if cfg.sliding_window is not None and cfg.sliding_window < layout.max_model_len:
-            raise CheckpointError(checkpoint.path / "config.json",
-                                  f"sliding_window={cfg.sliding_window} attention is not supported")
+        cfg.check_context(checkpoint.path / "config.json",
+                          min(layout.max_model_len, cfg.max_position_embeddings), "max_model_len")
         self.model_config, self.settings, self.layout = cfg, settings, layout
         self.device = torch.device(settings.device)
         if self.device.type == "cuda" and not torch.cuda.is_available():

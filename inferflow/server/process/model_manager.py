@@ -72,7 +72,8 @@ def estimate_model_bytes(graph: Any) -> int:
 
     folder = Path(graph.model_path)
     try:
-        dtype = json.loads((folder / "config.json").read_text()).get("torch_dtype", "float32")
+        raw = json.loads((folder / "config.json").read_text())
+        dtype = raw.get("dtype") or raw.get("torch_dtype") or "float32"
     except (OSError, ValueError):
         dtype = "float32"
     fp32 = weights_bytes(iter_shards(folder)) * 4 / _DTYPE_BYTES.get(str(dtype), 4)
