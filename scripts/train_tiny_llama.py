@@ -60,7 +60,8 @@ def encode(tokenizer_path: Path, docs: list[str]) -> np.ndarray:
 
     tok = Tokenizer.from_file(str(tokenizer_path))
     ids: list[int] = []
-    for enc in tok.encode_batch(docs):
+    # (without the post-processor's BOS: the stream places 0 and 1 itself)
+    for enc in tok.encode_batch(docs, add_special_tokens=False):
         ids += [0, *enc.ids, 1]
     return np.array(ids, dtype=np.int64)
 

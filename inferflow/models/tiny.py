@@ -95,8 +95,12 @@ def _filler_text(num_words: int = 60000, seed: int = 1234) -> str:
 def train_tokenizer(vocab_size: int, out: Path, texts: list[str] | None = None) -> None:
     """Byte-level BPE trained to exactly ``vocab_size`` tokens on ``texts`` (default: the fixed
     corpus plus seeded filler words); writes tokenizer.json + tokenizer_config.json. Raises
-    ``ValueError`` for a vocabulary the corpus cannot train (every model id must have a token)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    ``ValueError`` for a vocabulary the corpus cannot train (every model id must have a token).
+
+    BOS is placed by tokenizer.json's post-processor (``TemplateProcessing``, as Llama 3's files
+    do): transformers 5 honours only that, not ``add_bos_token`` (kept, as Llama files carry it).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -112,6 +116,11 @@ def train_tokenizer(vocab_size: int, out: Path, texts: list[str] | None = None) 
             f"vocab_size: {vocab_size} tokens cannot be trained from the built-in corpus (it "
             f"gives {tok.get_vocab_size()}); use a vocab_size of at most {tok.get_vocab_size()}"
         )
+    bos = SPECIAL_TOKENS[0]
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+        special_tokens=[(bos, tok.token_to_id(bos))],
+    )
     tok.save(str(out / "tokenizer.json"))
     config = {
         "bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": True,
@@ -233,7 +242,9 @@ def _write_weights(weights: dict[str, np.ndarray], out: Path, dtype: str, shards
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
-TINY_LLAMA_VERSION = "v3"  # v3: trained on the Python docs; v2: random weights, a full vocabulary
+# v4: tokenizer.json's post-processor places BOS (as transformers 5 reads it); v3: trained on
+# the Python docs; v2: random weights, a full vocabulary
+TINY_LLAMA_VERSION = "v4"
 TRAINED = Path(__file__).with_name("tiny_llama")  # the committed checkpoint (see its README.md)
 CHECKPOINT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
                     "tokenizer_config.json")

@@ -26,7 +26,8 @@ def message_text(content: Any) -> str:
 class CheckpointTokenizer(RequestStage):
     """Encode with the checkpoint's ``tokenizer.json``; chat goes through its chat template.
 
-    ``add_special_tokens``: prepend BOS to completion prompts when the tokenizer wants one.
+    ``add_special_tokens``: add to completion prompts the special tokens tokenizer.json's
+    post-processor places (BOS for Llama 3), as transformers' ``encode`` does.
     """
 
     add_special_tokens: bool = True
@@ -46,8 +47,10 @@ class CheckpointTokenizer(RequestStage):
         field_name = "messages" if request.messages is not None else "prompt"
         if request.prompt_token_ids is None:
             if request.messages is not None:
-                messages = [
-                    {**m, "content": message_text(m.get("content"))} for m in request.messages
+                messages = [  # (a message without content keeps none: tool-call turns)
+                    {**m, "content": message_text(m["content"])} if m.get("content") is not None
+                    else {k: v for k, v in m.items() if k != "content"}
+                    for m in request.messages
                 ]
                 try:
                     request.prompt_token_ids = tok.encode_chat(messages, tools=request.tools)

@@ -19,7 +19,7 @@ def make_tiny_vocab_checkpoint(path: Path, seed: int = 3, lm_head_gain: float = 
     several likely tokens (top ~0.3) and n-gram drafts are accepted ~28% of the time."""
     if (path / "tokenizer.json").exists():
         return path
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
     spec = TinySpec(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
                     num_kv_heads=2, vocab_size=len(WORDS), max_position_embeddings=256,
@@ -28,6 +28,11 @@ def make_tiny_vocab_checkpoint(path: Path, seed: int = 3, lm_head_gain: float = 
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    # BOS comes from the post-processor (transformers 5 ignores add_bos_token beside it)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{WORDS[0]} $A", pair=f"{WORDS[0]} $A {WORDS[0]} $B",
+        special_tokens=[(WORDS[0], 0)],
+    )
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps(
         {"bos_token": WORDS[0], "eos_token": WORDS[4], "add_bos_token": True}))

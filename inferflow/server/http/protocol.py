@@ -216,7 +216,9 @@ class ChatCompletionRequest(ToolFields, _SamplingFields):
         """The conversation as the chat template sees it (tool calls and results included)."""
         out = []
         for i, m in enumerate(self.messages):
-            message: dict[str, Any] = {"role": m.role, "content": m.text(i)}
+            message: dict[str, Any] = {"role": m.role}
+            if m.content is not None:  # null content: no key, as transformers renders it
+                message["content"] = m.text(i)
             if m.name is not None:
                 message["name"] = m.name
             if m.tool_calls:
