@@ -98,6 +98,9 @@ class ModelConfig:
     ``version`` and ``weight`` matter when several entries share a ``name`` (``extra_models``):
     ``name@version`` pins one, a plain ``name`` picks one with probability proportional to its
     ``weight`` (canary). ``task=embed`` serves the model on ``/v1/embeddings``.
+    ``generation_config``: request defaults from ``generation_config.json`` (vLLM's
+    ``--generation-config``): ``auto`` reads the checkpoint's, ``none`` nothing, else a folder
+    holding one (``inferflow/models/generation_config.py``).
     """
 
     name: str | None = None
@@ -110,10 +113,19 @@ class ModelConfig:
     task: ModelTask = ModelTask.generate
     version: str = "1"
     weight: float = 1.0
+    generation_config: str = "auto"  # auto | none | a folder holding generation_config.json
 
     def __post_init__(self) -> None:
         if self.weight < 0:
             raise ValueError(f"weight: must be >= 0, got {self.weight}")
+        gen = self.generation_config
+        if gen not in ("auto", "none") and not (
+            Path(gen).expanduser() / "generation_config.json"
+        ).is_file():
+            raise ValueError(
+                f"generation_config: must be auto, none or a folder holding "
+                f"generation_config.json, got {gen!r}"
+            )
 
 
 class LoadMode(ConfigEnum):

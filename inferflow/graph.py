@@ -244,7 +244,7 @@ class ServingGraph:
         from inferflow.scheduling.scheduler import Scheduler
 
         layout, scheduler_config = self.check_engine_settings()
-        checkpoint = load_checkpoint(self.model_path)
+        checkpoint = load_checkpoint(self.model_path, self.model.generation_config)
         self.executor.limit_steps(scheduler_config.max_num_batched_tokens)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout),

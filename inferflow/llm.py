@@ -27,6 +27,9 @@ class LLM:
     ``max_num_batched_tokens``, ``enable_prefix_caching``, ``mode``, ...). ``backend="torch"``
     runs the torch executor (paged KV) and takes its settings instead of ONNX Runtime's:
     ``LLM(path, backend="torch", device="cuda", dtype="bfloat16", kv_cache_memory="0.9")``.
+    ``generation_config``: ``"auto"`` (default) takes the checkpoint's generation_config.json as
+    the default sampling parameters and adds its EOS ids, ``"none"`` ignores it, a folder reads
+    that folder's (vLLM's ``generation_config``; ``inferflow/models/generation_config.py``).
     """
 
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
@@ -42,10 +45,11 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Outputs in prompt order. A prompt is text or a list of token ids; ``use_tqdm`` shows a
-        progress bar of finished requests (on stderr)."""
+        progress bar of finished requests (on stderr). Without ``sampling_params``: the
+        model's defaults (``get_default_sampling_params``)."""
         batch: list[Any] = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
             else list(prompts)
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
         order = []
         for prompt, given in zip(batch, per_prompt, strict=True):
@@ -65,6 +69,11 @@ class LLM:
         convs = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [self.tokenizer.encode_chat(conv) for conv in convs]  # type: ignore[arg-type]
         return self.generate(prompts, sampling_params)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the generation config's defaults (temperature, top_p, top_k,
+        max_tokens from max_new_tokens) where it sets them, else SamplingParams' own (vLLM's)."""
+        return self.engine.checkpoint.generation.sampling_params()
 
     def _run(self, order: list[str], use_tqdm: bool = False) -> list[RequestOutput]:
         from tqdm import tqdm

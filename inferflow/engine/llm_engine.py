@@ -146,9 +146,11 @@ class LLMEngine:
         a quarter). ``backend="torch"`` builds the torch executor (paged KV; see
         ``torch_from_path``); ``speculative_config={"method": "ngram",
         "num_speculative_tokens": 4, ...}`` (vLLM's form; keys as in ``speculative=ngram``)
-        turns speculative decoding on."""
+        turns speculative decoding on; ``generation_config`` (``"auto"``, ``"none"`` or a
+        folder) is where request defaults and extra EOS ids come from."""
         # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
         physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
+        generation = str(engine_kwargs.pop("generation_config", "auto"))
         sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
         sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
         eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
@@ -158,9 +160,10 @@ class LLMEngine:
         proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
         if eng.get("backend") == "torch":  # (other backends are EngineConfig's: tensorrt)
             del eng["backend"]
-            return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer, **eng)
+            return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer,
+                                       generation_config=generation, **eng)
         kv_cache_memory = eng.pop("kv_cache_memory", None)
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, generation)
         eng.setdefault("max_slots", sched["max_num_seqs"])  # as executor.max_slots: null does
         config = EngineConfig(**eng)
         context = budgeted_context(checkpoint, config, eng.get("max_model_len"), kv_cache_memory)
@@ -171,14 +174,14 @@ class LLMEngine:
     def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
                         max_model_len: int | None = None, block_size: int = 16,
                         num_blocks: int = 0, proposer: DraftProposer | None = None,
-                        **executor_kwargs: Any) -> LLMEngine:
+                        generation_config: str = "auto", **executor_kwargs: Any) -> LLMEngine:
         """The torch executor (``TorchExecutor`` fields: ``device``, ``dtype``, ``compile``,
         ``kv_cache_memory``, ...) over a paged pool of ``num_blocks`` blocks (0: what
         ``kv_cache_memory`` holds, as the server sizes it); ``budgets.max_num_seqs`` rows."""
         from inferflow.scheduling.kv_budget import paged_context, weights_bytes
         from inferflow.stages.torch_executor import TorchExecutor
 
-        checkpoint = load_checkpoint(path)
+        checkpoint = load_checkpoint(path, generation_config)
         budgets = budgets or SchedulerConfig()
         executor = TorchExecutor(**executor_kwargs)
         limit = checkpoint.config.max_position_embeddings

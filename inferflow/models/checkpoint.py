@@ -17,6 +17,11 @@ import numpy as np
 from inferflow.models.config import ModelArch, parse_model_config
 from inferflow.models.digest_cache import cached_file_digest
 from inferflow.models.errors import CheckpointError
+from inferflow.models.generation_config import (
+    GenerationDefaults,
+    load_generation_defaults,
+    warn_not_applied,
+)
 from inferflow.models.safetensors_reader import SafetensorsFile, iter_shards
 from inferflow.models.tokenizer import Tokenizer
 
@@ -230,9 +235,13 @@ def expected_shapes(cfg: ModelArch) -> dict[str, tuple[int, ...]]:
 
 
 class Checkpoint:
-    """A checkpoint folder: its config, tokenizer and (lazily) weights."""
+    """A checkpoint folder: its config, tokenizer, generation defaults and (lazily) weights.
 
-    def __init__(self, path: Path | str) -> None:
+    ``generation_config``: where request defaults and extra EOS ids come from (``"auto"``: the
+    folder's generation_config.json, ``"none"``, or a folder; ``models/generation_config.py``).
+    """
+
+    def __init__(self, path: Path | str, generation_config: str = "auto") -> None:
         self.path = Path(path).expanduser().resolve()
         if not self.path.is_dir():
             raise CheckpointError(self.path, "checkpoint folder does not exist")
@@ -241,6 +250,9 @@ class Checkpoint:
         for shard in self.shards:
             if not shard.exists():
                 raise CheckpointError(shard, "weights shard listed in the index is missing")
+        self.generation: GenerationDefaults = load_generation_defaults(
+            self.path, generation_config
+        )
 
     @property
     def name(self) -> str:
@@ -252,7 +264,9 @@ class Checkpoint:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
-        ids = set(self.config.eos_token_ids)
+        """The ids that end generation: config.json's, the tokenizer's EOS and the generation
+        config's (unless its mode is none)."""
+        ids = set(self.config.eos_token_ids) | set(self.generation.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             ids.add(self.tokenizer.eos_token_id)
         return tuple(sorted(ids))
@@ -273,6 +287,10 @@ class Checkpoint:
         return ModelWeights(self.config, self.path, self.shards, dtype)
 
 
-def load_checkpoint(path: Path | str) -> Checkpoint:
-    """Open a checkpoint folder (config and file layout are checked now; weights load lazily)."""
-    return Checkpoint(path)
+def load_checkpoint(path: Path | str, generation_config: str = "auto") -> Checkpoint:
+    """Open a checkpoint folder (config, file layout and the generation config are checked now;
+    weights load lazily). Settings of the generation config inferflow cannot apply are logged
+    once here."""
+    checkpoint = Checkpoint(path, generation_config)
+    warn_not_applied(checkpoint.generation, checkpoint.name)
+    return checkpoint

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferflow.guided.constraint import GuidedError
+from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import ErrorInfo, OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
@@ -58,7 +59,13 @@ class PreparedRequest:
 
 
 class RequestPipeline:
-    """The graph's request stages plus what the frontend must know about the model."""
+    """The graph's request stages plus what the frontend must know about the model.
+
+    ``defaults``: the model's generation-config defaults (one pipeline per served model, each
+    with its own): what a request leaves unset takes them; its own values always win. Without
+    ``max_tokens``, a chat request gets the rest of the context window, a completion 16 tokens;
+    a default ``max_tokens`` replaces both, capped by the rest of the context window (as vLLM).
+    """
 
     def __init__(
         self,
@@ -67,9 +74,11 @@ class RequestPipeline:
         stages: Sequence[RequestStage],
         wrap_stage: StageWrapper = _no_wrap,
         guided: GuidedDecodingStage | None = None,
+        defaults: GenerationDefaults | None = None,
     ) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
+        self.defaults = defaults or GenerationDefaults()
         self.stages = list(stages)
         self.wrap_stage = wrap_stage
         # checks a request's structured-output constraint before it is queued (400 if it
@@ -78,10 +87,13 @@ class RequestPipeline:
 
     @classmethod
     def from_graph(cls, graph: Any, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
-        """Set up the graph's stages (loads the tokenizer) and wrap them."""
+        """Set up the graph's stages (loads the tokenizer and the generation config) and wrap
+        them."""
         graph.setup_stages()
+        defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
-            graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided
+            graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
+            defaults,
         )
 
     async def prepare(
@@ -102,8 +114,12 @@ class RequestPipeline:
                 500, "the request stages produced no prompt tokens", code="pipeline_error"
             )
         params = request.sampling_params
-        if fill_context:  # chat without max_tokens: the rest of the context window
-            params = replace(params, max_tokens=max(1, self.max_model_len - len(ids)))
+        if fill_context:  # no max_tokens: the rest of the context, capped by the default
+            rest = max(1, self.max_model_len - len(ids))
+            try:
+                params = replace(params, max_tokens=min(rest, self.defaults.max_tokens or rest))
+            except SamplingParamsError as exc:  # (min_tokens above it)
+                raise bad_request(str(exc), exc.field) from None
         priority = int(request.attributes.get(ATTR_PRIORITY, 0) or 0)
         return PreparedRequest(
             list(ids), params, priority, arrival, dict(trace_context), request=request
@@ -112,15 +128,19 @@ class RequestPipeline:
     def _stage_request(
         self, body: CompletionRequest | ChatCompletionRequest, key_id: str
     ) -> tuple[StageRequest, bool]:
-        """The StageRequest for ``body``; True when max_tokens must fill the context window."""
+        """The StageRequest for ``body``; True when max_tokens is set once the prompt length is
+        known (the rest of the context window, capped by the model's default)."""
         attributes = {ATTR_PRIORITY: body.priority, ATTR_API_KEY_ID: key_id}
         if body.user is not None:
             attributes[ATTR_USER] = body.user
+        # placeholder until the prompt length is known (the tokenizer checks the context)
+        placeholder = max(1, body.min_tokens)
         if isinstance(body, ChatCompletionRequest):
             max_tokens = body.requested_max_tokens
             fill = max_tokens is None
-            # placeholder until the prompt length is known (the tokenizer checks the context)
-            params = body.sampling_params(max_tokens or max(1, body.min_tokens), body.num_logprobs)
+            params = body.sampling_params(
+                max_tokens or placeholder, body.num_logprobs, self.defaults
+            )
             return StageRequest(
                 request_id="",
                 messages=body.message_dicts(),
@@ -129,19 +149,19 @@ class RequestPipeline:
                 tools=body.template_tools(),
             ), fill
         prompt = body.single_prompt()
-        params = body.sampling_params(
-            body.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS, body.logprobs
-        )
+        fill = body.max_tokens is None and self.defaults.max_tokens is not None
+        default = placeholder if fill else COMPLETIONS_DEFAULT_MAX_TOKENS
+        params = body.sampling_params(body.max_tokens or default, body.logprobs, self.defaults)
         if isinstance(prompt, str):
             return StageRequest(
                 request_id="", prompt=prompt, sampling_params=params, attributes=attributes
-            ), False
+            ), fill
         return StageRequest(
             request_id="",
             prompt_token_ids=list(prompt),
             sampling_params=params,
             attributes=attributes,
-        ), False
+        ), fill
 
     def _run_stages(self, request: StageRequest) -> StageRequest:
         constraint = request.sampling_params.guided

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from inferflow.models.generation_config import GenerationDefaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.guided_fields import GuidedFields
@@ -96,14 +97,19 @@ class _SamplingFields(GuidedFields, _Request):
         if any(s == "" for s in stops):
             raise bad_request("stop sequences must be non-empty strings", "stop")
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
-        """SamplingParams for this request; range errors become a 400 naming the field."""
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, defaults: GenerationDefaults | None = None
+    ) -> SamplingParams:
+        """SamplingParams for this request; range errors become a 400 naming the field. A field
+        the request leaves unset takes the model's generation-config default (``defaults``),
+        else the neutral one (temperature 1, top_p 1, top_k off)."""
+        model = defaults or GenerationDefaults()
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
-                temperature=1.0 if self.temperature is None else self.temperature,
-                top_p=1.0 if self.top_p is None else self.top_p,
-                top_k=0 if self.top_k is None else self.top_k,
+                temperature=_first(self.temperature, model.get("temperature", 1.0)),
+                top_p=_first(self.top_p, model.get("top_p", 1.0)),
+                top_k=_first(self.top_k, model.get("top_k", 0)),
                 seed=self.seed,
                 stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
                 stop_token_ids=list(self.stop_token_ids or []),
@@ -234,6 +240,10 @@ class ChatCompletionRequest(ToolFields, _SamplingFields):
 
     def _param_name(self, sampling_field: str) -> str:
         return "top_logprobs" if sampling_field == "logprobs" else sampling_field
+
+
+def _first(value: Any, default: Any) -> Any:
+    return default if value is None else value
 
 
 def parse_body(model: type[_SamplingFields], body: Any) -> Any:
