@@ -41,6 +41,7 @@ from inferflow.config import (
     register_configs,
 )
 from inferflow.graph import ServingGraph, build_graph
+from inferflow.models.errors import CheckpointError
 
 SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
 PROG = "inferflow"
@@ -116,7 +117,7 @@ def _run_hydra(args: list[str]) -> int:
     def run_task(cfg: DictConfig) -> None:
         try:
             _task(cfg)
-        except ConfigError as exc:  # reported here: Hydra would add its own lines
+        except (ConfigError, CheckpointError) as exc:  # reported here: Hydra adds its own lines
             label = f" [{', '.join(HydraConfig.get().overrides.task)}]" if _multirun() else ""
             failures.append(f"{PROG}{label}: {exc}")
             print(failures[-1], file=sys.stderr)

@@ -12,10 +12,11 @@ and computes the engine's layout.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,7 @@ from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
+    from inferflow.models.config import ModelArch
     from inferflow.scheduling.config import SchedulerConfig
     from inferflow.scheduling.kv_budget import ServedContext
     from inferflow.scheduling.layout import KVLayout
@@ -109,11 +111,10 @@ class ServingGraph:
         """``model.max_model_len`` capped by the checkpoint's limit and by what the executor's
         KV budget holds (``scheduling/kv_budget.py``); a budget too small is a ConfigError."""
         from inferflow.embeddings.models import is_embedding_model
-        from inferflow.models.config import parse_model_config
         from inferflow.models.safetensors_reader import iter_shards
         from inferflow.scheduling.kv_budget import paged_context, served_context, weights_bytes
 
-        arch = parse_model_config(self.model_path / "config.json")
+        arch = self.model_arch
         limit = arch.max_position_embeddings
         wanted = min(limit, self.model.max_model_len or limit)
         slots = self.executor.max_slots or self.batching.max_num_seqs
@@ -125,6 +126,28 @@ class ServingGraph:
             return fit(wanted, slots, self.cache.block_size, self.cache.num_blocks, budget)
         except ValueError as exc:
             raise ConfigError(str(exc), "executor.kv_cache_memory") from None
+
+    @functools.cached_property
+    def model_arch(self) -> ModelArch:
+        """The checkpoint's architecture (its config.json); a checkpoint inferflow cannot serve
+        as transformers would is a ConfigError naming the file, the field and its value."""
+        from inferflow.models.config import parse_model_config
+
+        with _checkpoint_errors():
+            return parse_model_config(self.model_path / "config.json")
+
+    def check_checkpoint(self) -> None:
+        """Refuse, in one line, a checkpoint the engine worker would refuse: config.json (see
+        ``model_arch``), missing files, tensors missing, misshaped or unused (read from the
+        files' headers), no tokenizer, a sliding window shorter than the served context."""
+        from inferflow.models.checkpoint import Checkpoint
+
+        with _checkpoint_errors():  # (the worker's load_checkpoint logs what is not applied)
+            checkpoint = Checkpoint(self.model_path, self.model.generation_config)
+            checkpoint.open_weights().close()
+            _ = checkpoint.tokenizer
+            arch = checkpoint.config
+            arch.check_context(self.model_path / "config.json", self.max_model_len, "model.max_model_len")
 
     @property
     def max_model_len(self) -> int:
@@ -145,13 +168,12 @@ class ServingGraph:
 
     def stage_context(self, tokenizer: Any = None) -> StageContext:
         """What stages get at setup; loads config.json and (unless given) the tokenizer."""
-        from inferflow.models.config import parse_model_config
         from inferflow.models.tokenizer import Tokenizer
 
         return StageContext(
             model_name=self.model_name,
             model_path=self.model_path,
-            model_config=parse_model_config(self.model_path / "config.json"),
+            model_config=self.model_arch,
             tokenizer=tokenizer if tokenizer is not None else Tokenizer(self.model_path),
             max_model_len=self.max_model_len,
         )
@@ -210,11 +232,13 @@ class ServingGraph:
 
     def check_engine_settings(self) -> tuple[KVLayout, SchedulerConfig]:
         """Refuse, in one line naming the keys, every engine setting the worker would refuse:
-        the layout, the scheduler's budgets against it, the executor's settings. Loads nothing;
-        returns the layout and the scheduler config ``create_engine`` builds on.
+        the checkpoint (``check_checkpoint``: headers only), the layout, the scheduler's budgets
+        against it, the executor's settings. Loads no weights; returns the layout and the
+        scheduler config ``create_engine`` builds on.
         """
         from inferflow.scheduling.config import SchedulerConfigError
 
+        self.check_checkpoint()
         layout = self.kv_layout()
         try:
             scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
@@ -252,6 +276,18 @@ class ServingGraph:
         return LLMEngine.from_components(
             checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided
         )
+
+
+@contextlib.contextmanager
+def _checkpoint_errors() -> Iterator[None]:
+    """A CheckpointError (one line naming the file and the problem) as a ConfigError of
+    ``model.path``: what the user fixes is the checkpoint, or which one is served."""
+    from inferflow.models.errors import CheckpointError
+
+    try:
+        yield
+    except CheckpointError as exc:
+        raise ConfigError(str(exc), "model.path") from None
 
 
 def _server_schema(node: Any) -> type:
