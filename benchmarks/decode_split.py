@@ -61,7 +61,7 @@ class SplitDecoder:
         with checkpoint.open_weights(np.float32) as weights:  # one segment's weights at a time
             self.segments = [ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
                              for m in build_llama_segments(cfg, weights, spec)]
-        self.cos, self.sin = cos_sin_cache(cfg, self.capacity)
+        self.cos, self.sin = cos_sin_cache(cfg.rope, cfg.head_dim, self.capacity)
 
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
         """(len(rows), V) logits, in row order; each row's K and V written at its position."""

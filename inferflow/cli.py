@@ -253,6 +253,8 @@ def _task(cfg: DictConfig) -> None:
 
     graph = build_graph(cfg)
     if not is_embedding_model(graph.model):
+        if not graph.config.get("models"):  # (a repository reports each model's own failure)
+            graph.check_checkpoint()
         graph.check_engine_settings()  # what the worker would refuse, refused here in one line
         note = graph.kv_budget_note()
         if note is not None:

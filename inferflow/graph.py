@@ -232,13 +232,13 @@ class ServingGraph:
 
     def check_engine_settings(self) -> tuple[KVLayout, SchedulerConfig]:
         """Refuse, in one line naming the keys, every engine setting the worker would refuse:
-        the checkpoint (``check_checkpoint``: headers only), the layout, the scheduler's budgets
-        against it, the executor's settings. Loads no weights; returns the layout and the
-        scheduler config ``create_engine`` builds on.
+        the layout, the scheduler's budgets against it, the executor's settings. Loads nothing;
+        returns the layout and the scheduler config ``create_engine`` builds on. (The
+        checkpoint's files: ``check_checkpoint``, which a single-model server runs at start; a
+        model repository reports a model that cannot load and serves the others.)
         """
         from inferflow.scheduling.config import SchedulerConfigError
 
-        self.check_checkpoint()
         layout = self.kv_layout()
         try:
             scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)

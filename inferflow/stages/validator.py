@@ -81,6 +81,8 @@ class RequestValidator(RequestStage):
                     f"messages[{i}].role",
                     f"must be one of {', '.join(self.allowed_roles)}, got {role!r}",
                 )
+            if message.get("content") is None and role == "assistant":
+                continue  # an assistant turn that only called tools (OpenAI: content null)
             _check_content(message.get("content"), f"messages[{i}].content")
 
     def _check_token_ids(self, ids: Any) -> None:

@@ -202,3 +202,20 @@ def test_long_stop_sequences_are_refused_naming_stop() -> None:
     assert refused.value.field == "stop"
     ok = StageRequest("r", prompt="x", sampling_params=SamplingParams(stop=["y" * 256]))
     assert graph.process(ok).prompt_token_ids
+
+
+def test_an_assistant_turn_without_content_reaches_the_template_without_the_key() -> None:
+    """OpenAI's assistant tool-call turn has ``content: null``: transformers renders such a
+    message without the key; a user message must still have content."""
+    from inferflow.stages.base import StageError
+
+    graph = graph_for()
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    out = graph.process(StageRequest("r1", messages=turns))
+    tok = graph.stage_context().tokenizer
+    assert out.prompt_token_ids == tok.encode_chat(turns)
+    with pytest.raises(StageError) as no_content:
+        graph.process(StageRequest("r2", messages=[{"role": "user", "content": None}]))
+    assert no_content.value.field == "messages[0].content"
