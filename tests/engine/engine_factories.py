@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
@@ -38,6 +40,23 @@ def make_named_checkpoint(root: Path, name: str) -> Path:
     if not (path / "tokenizer.json").exists():
         make_checkpoint(path, TinySpec(**kwargs), seed=1, dtype=dtype, shards=shards)  # type: ignore[arg-type]
     return path
+
+
+def transformers_reference(path: Path, prompt: list[int], n_new: int,
+                           dtype: object = None) -> tuple[list[int], np.ndarray]:
+    """transformers' greedy tokens after ``prompt`` and the float32 logits of every position
+    (prompt and generated): the oracle the engines are checked against."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+    ids = torch.tensor([prompt])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                             do_sample=False, eos_token_id=None, pad_token_id=0)
+        full = out[0].tolist()
+        logits = model(torch.tensor([full])).logits[0].float().numpy()
+    return full[len(prompt):], logits
 
 
 def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeRunner:

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_factories import PROMPTS, greedy, make_engine, make_named_checkpoint
+from engine_factories import (
+    PROMPTS,
+    greedy,
+    make_engine,
+    make_named_checkpoint,
+    transformers_reference,
+)
 
 from inferflow.models.checkpoint import load_checkpoint
 
@@ -29,21 +35,10 @@ def reference() -> object:
     def get(path: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
         key = (path, tuple(prompt))
         if key not in cache:
-            cache[key] = _reference(path, prompt)
+            cache[key] = transformers_reference(path, prompt, N_NEW)
         return cache[key]
 
     return get
-
-
-def _reference(path: Path, prompt: list[int]) -> tuple[list[int], np.ndarray]:
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-        full = out[0].tolist()
-        logits = model(torch.tensor([full])).logits[0].numpy()
-    return full[len(prompt):], logits
 
 
 @pytest.mark.parametrize("form", ["gqa", "canonical"])

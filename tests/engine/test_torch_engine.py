@@ -19,6 +19,7 @@ from engine_factories import (
     make_torch_engine,
     run_greedy,
     torch_greedy,
+    transformers_reference,
 )
 
 from inferflow.engine.llm_engine import LLMEngine
@@ -47,14 +48,7 @@ def ckpt(ckpt_root: Path) -> Path:
 
 def reference(path: Path, prompt: list[int], dtype: object = None) -> tuple[list[int], np.ndarray]:
     """transformers' greedy tokens and the logits of every position."""
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
-    ids = torch.tensor([prompt])
-    with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW,
-                             do_sample=False, eos_token_id=None, pad_token_id=0)
-        full = out[0].tolist()
-        logits = model(torch.tensor([full])).logits[0].float().numpy()
-    return full[len(prompt):], logits
+    return transformers_reference(path, prompt, N_NEW, dtype)
 
 
 def runner(path: Path, tmp_path: Path, compile: str = "eager", dtype: str = "float32",

@@ -1,6 +1,7 @@
 """Checkpoints saved by today's transformers (``save_pretrained``), in both config.json formats,
 give transformers' greedy tokens, with logits within 1e-3 (fp32), on prompts of 320 tokens: on
-ONNX Runtime (the CPU form and the canonical form TensorRT parses) and on the torch executor.
+ONNX Runtime (the CPU form and the canonical form TensorRT parses) and on the torch executor
+(on the CPU, and on a CUDA GPU where there is one; the reference runs on the CPU).
 
 One case per config field that changes the math: θ ≠ 10,000, each rope type, the MLP
 activations, Llama's attention and MLP biases, an explicit ``head_dim``, tied embeddings,
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_factories import greedy, make_engine, torch_greedy
+from engine_factories import greedy, make_engine, torch_greedy, transformers_reference
 from hf_checkpoints import long_prompt, save_hf_checkpoint
 
 from inferflow.models.checkpoint import load_checkpoint
@@ -76,14 +77,7 @@ def reference() -> Any:
         if name not in cache:
             path = checkpoint(root, name, "v5")
             prompt = long_prompt(load_checkpoint(path).tokenizer, PROMPT_TOKENS)
-            model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            ids = torch.tensor([prompt])
-            with torch.no_grad():
-                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_NEW,
-                                     do_sample=False, eos_token_id=None, pad_token_id=0)
-                full = out[0].tolist()
-                logits = model(torch.tensor([full])).logits[0].numpy()
-            cache[name] = (prompt, full[len(prompt):], logits)
+            cache[name] = (prompt, *transformers_reference(path, prompt, N_NEW))
         return cache[name]
 
     return get
@@ -96,17 +90,21 @@ def checkpoint(root: Path, name: str, config_format: str) -> Path:
 
 
 def run_engine(path: Path, executor: str, prompt: list[int], tmp_path: Path) -> tuple[list[int], list]:
-    if executor == "torch":
+    if executor.startswith("torch"):  # torch (CPU) or torch_cuda
         layout = KVLayout(2, CONTEXT, 16, CONTEXT // 16 + 2, paged=True)
-        runner = TorchRunner(load_checkpoint(path), TorchSettings(compile="eager", cache_dir=str(tmp_path)),
-                             layout)
+        settings = TorchSettings(compile="eager", cache_dir=str(tmp_path),
+                                 device="cuda" if executor == "torch_cuda" else "cpu")
+        runner = TorchRunner(load_checkpoint(path), settings, layout)
         return torch_greedy(runner, prompt, N_NEW, tuple(range(CONTEXT // 16)))
     engine = make_engine(path, graph_form=executor, max_slots=1, max_model_len=CONTEXT)
     return greedy(engine, prompt, N_NEW)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["gqa", "canonical", "torch"])
+@pytest.mark.parametrize("executor", ["gqa", "canonical", "torch", pytest.param("torch_cuda", marks=CUDA)])
 @pytest.mark.parametrize("config_format", FORMATS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_tokens_and_logits_match_transformers(
