@@ -19,9 +19,11 @@ from inferflow.bench.client import EndpointSpec
 from inferflow.bench.datasets import DATASET_NAMES, DatasetConfig, build_dataset
 from inferflow.bench.fit import WORD_TOKENS, fit_to_context, served_max_model_len
 from inferflow.bench.metrics import GOODPUT_NAMES, METRIC_NAMES, compute_metrics, detailed_fields
+from inferflow.bench.records import SampleRequest
 from inferflow.bench.report import default_filename, format_table, run_header, save_result
 from inferflow.bench.runner import LoadConfig, run_load_sync
 from inferflow.bench.text import make_text_source
+from inferflow.bench.tokenizer_lookup import TokenCounting, choose_token_counting
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-len", "--random-prefix-len", dest="prefix_len", type=int)
     g.add_argument("--num-prefixes", type=int, default=1, help="shared-prefix: system prompts")
     g.add_argument("--num-docs", type=int, help="long-doc: distinct documents (default: one each)")
-    g.add_argument("--tokenizer", help="tokenizer.json (or a folder holding it); default: words")
+    g.add_argument(
+        "--tokenizer",
+        help="tokenizer.json (or a folder holding it); default: --model when it is a local "
+        "folder, else the served checkpoint's when it is on this machine, else words",
+    )
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("load")
     g.add_argument("--request-rate", type=float, default=math.inf, help="req/s; inf = all at once")
@@ -150,6 +156,29 @@ def endpoint_from_args(args: argparse.Namespace, dataset: str) -> tuple[Endpoint
     return spec, model
 
 
+def make_samples(
+    args: argparse.Namespace, dataset: DatasetConfig, spec: EndpointSpec, model: str
+) -> tuple[list[SampleRequest], TokenCounting]:
+    """The run's requests, their lengths counted as ``choose_token_counting`` decides and a
+    default input length fitted to the server's context."""
+    base_url = spec.api_url[: -len(args.endpoint)]
+    counting = choose_token_counting(
+        args.tokenizer, args.model, base_url, spec.model, spec.extra_headers
+    )
+    if counting.warning:
+        print(counting.warning, file=sys.stderr)
+    context = served_max_model_len(base_url, model, spec.extra_headers)
+    fitted = fit_to_context(dataset, context, 1 if counting.tokenizer else WORD_TOKENS)
+    if fitted.input_len != dataset.input_len:
+        print(
+            f"inferflow bench: the server's max_model_len is {context}: prompts of "
+            f"{fitted.input_len} {'tokens' if counting.tokenizer else 'words'} (pass "
+            "--input-len to choose)",
+            file=sys.stderr,
+        )
+    return build_dataset(fitted, make_text_source(counting.tokenizer)), counting
+
+
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Build the dataset, run the load, and return the result dict (vLLM layout)."""
     dataset = DatasetConfig(
@@ -168,18 +197,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
     metric_names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     goodput = parse_goodput(args.goodput)
     spec, model = endpoint_from_args(args, dataset.name)
-    base_url = spec.api_url[: -len(args.endpoint)]
-    context = served_max_model_len(base_url, model, spec.extra_headers)
-    fitted = fit_to_context(dataset, context, 1 if args.tokenizer else WORD_TOKENS)
-    if fitted.input_len != dataset.input_len:
-        print(
-            f"inferflow bench: the server's max_model_len is {context}: prompts of "
-            f"{fitted.input_len} {'tokens' if args.tokenizer else 'words'} (pass --input-len "
-            "to choose)",
-            file=sys.stderr,
-        )
-    dataset = fitted
-    samples = build_dataset(dataset, make_text_source(args.tokenizer))
+    samples, counting = make_samples(args, dataset, spec, model)
     load = LoadConfig(
         request_rate=args.request_rate,
         burstiness=args.burstiness,
@@ -195,12 +213,16 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
         backend="openai-chat" if spec.chat else "openai",
         label=args.label,
         model_id=model,
-        tokenizer_id=args.tokenizer,
+        tokenizer_id=counting.name,
         num_prompts=len(samples),
         request_rate=args.request_rate,
         burstiness=args.burstiness,
         max_concurrency=args.max_concurrency,
-        metadata={"dataset_name": dataset.name, **parse_pairs(args.metadata, "=", "--metadata")},
+        metadata={
+            "dataset_name": dataset.name,
+            "token_counting": counting.label,
+            **parse_pairs(args.metadata, "=", "--metadata"),
+        },
     )
     result.update(compute_metrics(run.records, run.duration, percentiles, goodput, metric_names))
     if args.save_detailed:

@@ -1,7 +1,8 @@
 """A simulated OpenAI-compatible server with planted latencies, for testing load generators.
 
 It serves ``/v1/completions`` and ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
-``/health`` and ``/ready`` over real HTTP. Every streamed request: a chat ``role`` chunk at once,
+``/version``, ``/health`` and ``/ready`` over real HTTP. ``/version`` names the served
+checkpoint's folder, as inferflow's does, when ``checkpoint`` is set. Every streamed request: a chat ``role`` chunk at once,
 then the first token after ``ttft_s``, each further token ``token_delay_s`` later (times
 ``1 + contention · (active streams - 1)``, a crude model of a shared batch), exactly ``max_tokens``
 tokens (default ``default_tokens``), then — after ``tail_delay_s`` — the usage chunk (when asked
@@ -47,6 +48,7 @@ class FakeServerConfig:
     contention: float = 0.0
     support_usage: bool = True
     model: str = "fake-model"
+    checkpoint: str | None = None  # the folder name /version reports (None: it names none)
 
 
 @dataclass
@@ -161,6 +163,13 @@ def build_app(state: _State) -> Starlette:
             {"object": "list", "data": [{"id": state.config.model, "object": "model"}]}
         )
 
+    async def version(request: Request) -> Response:
+        cfg = state.config
+        if cfg.checkpoint is None:
+            return JSONResponse({"version": "fake"})  # vLLM's answer: no checkpoint named
+        model = {"name": cfg.model, "path": cfg.checkpoint}
+        return JSONResponse({"model": model, "models": [{"id": f"{cfg.model}@1", **model}]})
+
     async def ok(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
@@ -169,6 +178,7 @@ def build_app(state: _State) -> Starlette:
             Route("/v1/completions", generate, methods=["POST"]),
             Route("/v1/chat/completions", generate, methods=["POST"]),
             Route("/v1/models", models),
+            Route("/version", version),
             Route("/health", ok),
             Route("/ready", ok),
         ]

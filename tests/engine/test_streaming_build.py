@@ -25,6 +25,7 @@ from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.digest_cache import VERIFY_ENV
 from inferflow.models.llama_graph import GraphSpec, build_llama_graph
 from inferflow.models.tiny import make_checkpoint
+from inferflow.runtimes.build_progress import BuildProgress
 from inferflow.runtimes.llama_build import build_llama_engine
 
 SMALL = {"num_layers": 2, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2}
@@ -242,6 +243,7 @@ def test_the_build_logs_its_progress_and_peak_memory(
     import sys
 
     monkeypatch.setattr(sys, "stderr", io.StringIO())  # not a terminal: log lines, not a bar
+    monkeypatch.setattr(BuildProgress, "quiet_s", 0.0)  # as slow as a real model's build
     ck = load_checkpoint(make_checkpoint(tmp_path / "m", **SMALL))
     (tmp_path / "e").mkdir()
     with caplog.at_level(logging.INFO, logger="inferflow.runtimes.build_progress"):

@@ -63,6 +63,7 @@ from inferflow.server.process.model_manager import ManagedModel, ModelManager
 from inferflow.server.process.process_utils import init_queue_process
 from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
+from inferflow.server.process.uvicorn_logs import uvicorn_log_config
 from inferflow.server.worker.api import EngineAPI
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,12 @@ class InferflowServer(ls.LitServer):
         self.settings = s = replace(s, max_connections=raise_fd_limit(s.max_connections))
         # the Manager is forked first, so it never holds the listening socket
         manager = self._start_manager(num_api_servers)
-        sock = uvicorn.Config(app=self.app, host=host, port=port, log_level=log_level).bind_socket()
+        # uvicorn's "running on" lines would come before the model loads; the supervisor's
+        # start line says when the server is up
+        kwargs.setdefault("log_config", uvicorn_log_config())
+        sock = uvicorn.Config(
+            app=self.app, host=host, port=port, log_level=log_level, log_config=kwargs["log_config"]
+        ).bind_socket()
         supervisor = Supervisor(self, {}, s.shutdown_grace_s)
         supervisor.install_signal_handlers()
         try:
