@@ -10,13 +10,12 @@ Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no
 from __future__ import annotations
 
 import importlib
-import importlib.resources
 import json
 import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +35,14 @@ from inferflow.config import (
     ConfigError,
     Task,
     describe_omegaconf_error,
-    discover_plugins,
-    env_search_paths,
     register_configs,
 )
+from inferflow.dry_run import check
 from inferflow.graph import ServingGraph, build_graph
 from inferflow.models.errors import CheckpointError
+from inferflow.overrides import RENAMED_KEYS as RENAMED_KEYS  # (re-exported: cli's names)
+from inferflow.overrides import defaulted_groups as defaulted_groups
+from inferflow.overrides import prepare_overrides
 
 SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
 PROG = "inferflow"
@@ -170,69 +171,12 @@ def describe_hydra_error(exc: Exception) -> str:
     cause = exc if isinstance(exc, OmegaConfBaseException) else exc.__cause__
     if isinstance(cause, OmegaConfBaseException):
         return str(describe_omegaconf_error(cause))
-    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-
-
-# ---------------------------------------------------------------------- overrides
-
-
-def defaulted_groups() -> list[str]:
-    """Groups that have a default in ``conf/config.yaml`` (``+group=x`` is rewritten for them)."""
-    text = importlib.resources.files(CONF_PACKAGE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
-    defaults = yaml.safe_load(text).get("defaults", [])
-    return [
-        next(iter(d))
-        for d in defaults
-        if isinstance(d, dict) and not next(iter(d)).startswith(("override ", "hydra/"))
-    ]
-
-
-# Old spelling -> the key's name now (vLLM's names); the old one keeps working on the command line.
-RENAMED_KEYS = {"batching.max_batch_size": "batching.max_num_seqs"}
-
-
-def prepare_overrides(
-    overrides: Sequence[str], environ: Mapping[str, str] | None = None
-) -> list[str]:
-    """What inferflow does to the command line before Hydra sees it.
-
-    1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
-       them), so both spellings select another model while the default still applies.
-    2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
-       any entries the user passed in ``hydra.searchpath=[...]``). The Hydra plugin
-       ``hydra_plugins.inferflow_searchpath`` adds the same folders at start-up (which is what
-       puts their options in ``--help``); this keeps them when that plugin is not importable.
-    3. Old key spellings (:data:`RENAMED_KEYS`) become the new ones, with a FutureWarning, so
-       ``--cfg job`` shows the value under the name that is in effect.
-    """
-    groups = set(defaulted_groups())
-    out: list[str] = []
-    user_paths: list[str] = []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
-            item = f"{key[1:]}={value}"
-        if sep and key in RENAMED_KEYS:
-            warnings.warn(
-                f"{key} is deprecated: use {RENAMED_KEYS[key]}", FutureWarning, stacklevel=2
-            )
-            item = f"{RENAMED_KEYS[key]}={value}"
-        if sep and key == "hydra.searchpath":
-            user_paths = _parse_list_override(item)
-            continue
-        out.append(item)
-    paths = user_paths + env_search_paths(environ) + [p.search_path for p in discover_plugins()]
-    if paths:
-        quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
-        out.append(f"hydra.searchpath=[{quoted}]")
-    return out
-
-
-def _parse_list_override(item: str) -> list[str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    value = OverridesParser.create().parse_override(item).value()
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if text.startswith("Multiple values for "):  # Hydra's hint is for a defaults list, not here
+        group = text.removeprefix("Multiple values for ").split(".")[0]
+        several = "; several stages go in one list: '+stages=[a,b]'" if group == "stages" else ""
+        return f"{group}: given more than once on the command line; it takes one option{several}"
+    return text
 
 
 def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
@@ -302,67 +246,6 @@ def serve(graph: ServingGraph) -> None:
         serve_graph(graph)
     except ServerFailed as exc:
         raise ComponentUnavailable(str(exc)) from None
-
-
-def check(graph: ServingGraph) -> str:
-    """Set up the request stages, push one prompt through them, describe the graph.
-
-    An embedding model (``model.task=embed``) is checked by loading its checkpoint and
-    tokenizing the probe; extra embedding models (``extra_models``) are listed.
-    """
-    from inferflow.embeddings.models import embedding_specs, is_embedding_model
-
-    if is_embedding_model(graph.model):
-        from inferflow.models.bert import load_bert_checkpoint
-
-        bert = load_bert_checkpoint(graph.model_path)
-        ids = bert.tokenizer().encode_batch(["Hello, inferflow!"])[0]
-        lines = [
-            f"embedding model: {graph.model_name} ({graph.model_path}), probe: {len(ids)} tokens"
-        ]
-    elif graph.config.get("models"):  # the model repository: every LLM entry's own graph
-        from inferflow.model_repository import check_repository
-
-        lines = check_repository(graph, _check_llm)
-    else:
-        lines = _check_llm(graph)
-        note = graph.kv_budget_note()
-        if note is not None:
-            lines.append(f"note: {note}")
-    lines += [
-        f"extra model: {s.model_version.model_id} ({s.path}) weight={s.weight}"
-        for s in embedding_specs(graph)
-        if s.path != str(graph.model_path)
-    ]
-    for name, slot in graph.engine_slots.items():
-        lines.append(f"{name}: {type(slot).__name__} {_fields(slot)}")
-    server = graph.server
-    lines.append(f"server: http://{server.host}:{server.port}{server.describe_host()}")
-    lines.append(f"tracing: {graph.tracing.exporter.value}")
-    return "\n".join(lines)
-
-
-def _check_llm(graph: ServingGraph) -> list[str]:
-    from inferflow.scheduling.kv_budget import describe_layout
-    from inferflow.stages.base import StageRequest
-
-    graph.setup_stages()
-    probe = graph.process(StageRequest("check", prompt="Hello, inferflow!"))
-    return [
-        f"model: {graph.model_name} ({graph.model_path}), max_model_len={graph.max_model_len}",
-        "request stages: "
-        + " -> ".join(f"{s.name} ({type(s).__name__})" for s in graph.request_stages),
-        f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",
-        f"kv: {describe_layout(graph.kv_layout(), graph.served_context.budget)}",
-    ]
-
-
-def _fields(obj: Any) -> str:
-    import dataclasses
-
-    is_instance = dataclasses.is_dataclass(obj) and not isinstance(obj, type)
-    items = dataclasses.asdict(obj).items() if is_instance else []
-    return " ".join(f"{k}={getattr(v, 'value', v)}" for k, v in items)
 
 
 def run_offline(graph: ServingGraph, params: dict[str, Any]) -> dict[str, Any]:

@@ -66,7 +66,8 @@ class BatchingStage(EngineStage):
     max_num_seqs: int = 64  # every client of a c64 load runs at once (slots are cheap on CPU)
     max_num_batched_tokens: int = 2048  # a prefill burst in few steps (docs/performance.md)
     policy: SchedulingPolicy = SchedulingPolicy.fcfs
-    max_batch_size: int | None = None  # deprecated spelling of max_num_seqs
+    # the deprecated spelling of max_num_seqs (task=check leaves out a renamed_to field)
+    max_batch_size: int | None = field(default=None, metadata={"renamed_to": "max_num_seqs"})
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None:

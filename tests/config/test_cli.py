@@ -53,7 +53,7 @@ def test_old_key_spelling_warns_once_on_the_command_line(
     proc = run_cli(["batching.max_batch_size=5", "task=check"], cli_env, workdir)
     assert proc.returncode == 0, proc.stderr
     assert "batching.max_batch_size is deprecated: use batching.max_num_seqs" in proc.stderr
-    assert "max_num_seqs=5" in proc.stdout
+    assert "max_num_seqs=5" in proc.stdout and "max_batch_size" not in proc.stdout
 
 
 def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Path) -> None:
@@ -104,6 +104,16 @@ def test_bad_override_is_one_line_and_exit_2(
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+def test_a_group_given_twice_is_one_line_without_hydras_defaults_list_hint(
+    cli_env: dict[str, str], workdir: Path
+) -> None:
+    proc = run_cli(["+extra_models=minilm", "+extra_models=minilm_canary"], cli_env, workdir)
+    assert proc.returncode == 2 and "override extra_models" not in proc.stderr
+    assert proc.stderr == (
+        "inferflow: extra_models: given more than once on the command line; it takes one option\n"
+    )
+
+
 def test_help_lists_groups_and_info_shows_search_path(
     cli_env: dict[str, str], workdir: Path
 ) -> None:
@@ -125,6 +135,13 @@ def test_check_task_builds_the_graph_without_litter(cli_env: dict[str, str], wor
         in proc.stdout
     )
     assert "batching: StaticBatching" in proc.stdout and "cache:" not in proc.stdout
+    assert "response stages: none\n" in proc.stdout
+    details = proc.stdout.split("(_target_, settings):\n", 1)[1].splitlines()
+    assert [line.split(":")[0].strip() for line in details[:7]] == [
+        "validator", "tokenizer", "batching", "speculative", "guided", "executor", "detokenizer"
+    ]  # the pipeline's order, the removed cache slot left out
+    assert "  executor: OnnxRuntimeExecutor _target_=inferflow.stages.executor." in proc.stdout
+    assert "_executor" not in proc.stdout  # internals are not settings
     assert list(workdir.iterdir()) == []  # no outputs/, .hydra/, log files in the cwd
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from cfg_helpers import PII_CONF, PII_PLUGIN, REPO, run_cli
 
 from inferflow.cli import compose_config
@@ -114,13 +115,18 @@ def test_folder_plugin_needs_explicit_trust(
         build_graph(compose_config(["+stages=pii_redactor"]))
 
 
-def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: Path) -> None:
-    env = {
+def _pii_env(cli_env: dict[str, str]) -> dict[str, str]:
+    """The CLI environment with the PII plugin used from its folder (not installed)."""
+    return {
         **cli_env,
         "INFERFLOW_CONFIG_PATH": str(PII_CONF),
         "PYTHONPATH": os.pathsep.join([str(REPO), str(PII_PLUGIN)]),
         "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
     }
+
+
+def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: Path) -> None:
+    env = _pii_env(cli_env)
     proc = run_cli(["task=check", "+stages=pii_redactor"], env, workdir)
     assert proc.returncode == 0, proc.stderr
     assert "validator (RequestValidator) -> pii_redactor (PIIRedactor) -> tokenizer" in proc.stdout
@@ -136,6 +142,28 @@ def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: P
     bare = run_cli(["task=check", "+stages=pii_redactor"], cli_env, workdir)
     assert bare.returncode == 2
     assert "pip install -e plugins/pii_redactor" in bare.stderr and bare.stderr.count("\n") == 1
+    info = run_cli(["--info", "searchpath"], env, workdir)  # listed once, not once per adder
+    assert info.returncode == 0 and info.stdout.count(PII_CONF.as_uri()) == 1, info.stdout
+
+
+def test_two_plugin_stages_repeated_or_as_one_list(cli_env: dict[str, str], workdir: Path) -> None:
+    """``+stages=a +stages=b`` (the form a newcomer types) composes as ``'+stages=[a,b]'``."""
+    env = _pii_env(cli_env)
+
+    def stages(*args: str) -> dict:
+        proc = run_cli(["--cfg", "job", *args], env, workdir)
+        assert proc.returncode == 0, proc.stderr
+        return yaml.safe_load(proc.stdout)["stages"]
+
+    listed = stages("+stages=[pii_redactor,pii_output_redactor]")
+    assert list(listed) == ["pii_redactor", "pii_output_redactor"]
+    assert stages("+stages=pii_redactor", "+stages=pii_output_redactor") == listed
+    mixed = stages("stages=passthrough", "+stages=pii_redactor", "+stages=[pii_output_redactor]")
+    assert list(mixed) == ["passthrough", "pii_redactor", "pii_output_redactor"]
+    proc = run_cli(["task=check", "+stages=pii_redactor", "+stages=pii_output_redactor"], env, workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert "validator (RequestValidator) -> pii_redactor (PIIRedactor) -> tokenizer" in proc.stdout
+    assert "response stages: pii_output_redactor (PIIOutputRedactor)\n" in proc.stdout
 
 
 def test_installed_plugin_is_found_through_its_entry_point(
@@ -146,8 +174,15 @@ def test_installed_plugin_is_found_through_its_entry_point(
     assert proc.returncode == 0, proc.stderr
     assert "tokenizer (CheckpointTokenizer) -> priority_tagger (PriorityTagger)" in proc.stdout
     assert "batching: PriorityBatching" in proc.stdout and "tiers={'gold': 0}" in proc.stdout
+    # the dry run names what runs: the tagger the policy adds, the policy's own order
+    assert (
+        "  priority_tagger: PriorityTagger _target_=inferflow_priority.policy.PriorityTagger"
+        " (added by batching) tiers={'gold': 0}" in proc.stdout
+    )
+    assert "_target_=inferflow_priority.PriorityBatching" in proc.stdout
+    assert "policy=PriorityBatching.sort_key" in proc.stdout and "max_batch_size" not in proc.stdout
     info = run_cli(["--info", "searchpath"], env, workdir)
-    assert "pkg://inferflow_priority.conf" in info.stdout
+    assert info.stdout.count("pkg://inferflow_priority.conf") == 1, info.stdout
 
 
 def test_installed_priority_policy_in_process(

@@ -1,0 +1,136 @@
+"""What inferflow does to the command line before Hydra sees it (``prepare_overrides``).
+
+The spellings Hydra alone would refuse or list twice: ``+model=x`` for a group with a default,
+several ``+stages=NAME``, old key names, and the plugin folders of the config search path.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import warnings
+from collections.abc import Mapping, Sequence
+
+import yaml
+
+from inferflow.config import CONF_PACKAGE, CONFIG_NAME, discover_plugins, env_search_paths
+
+
+def defaulted_groups() -> list[str]:
+    """Groups that have a default in ``conf/config.yaml`` (``+group=x`` is rewritten for them)."""
+    text = importlib.resources.files(CONF_PACKAGE).joinpath(f"{CONFIG_NAME}.yaml").read_text()
+    defaults = yaml.safe_load(text).get("defaults", [])
+    return [
+        next(iter(d))
+        for d in defaults
+        if isinstance(d, dict) and not next(iter(d)).startswith(("override ", "hydra/"))
+    ]
+
+
+# Old spelling -> the key's name now (vLLM's names); the old one keeps working on the command line.
+RENAMED_KEYS = {"batching.max_batch_size": "batching.max_num_seqs"}
+
+
+def prepare_overrides(
+    overrides: Sequence[str], environ: Mapping[str, str] | None = None
+) -> list[str]:
+    """What inferflow does to the command line before Hydra sees it.
+
+    1. ``+model=x`` -> ``model=x`` for groups that have a default (plain Hydra rejects ``+`` on
+       them), so both spellings select another model while the default still applies.
+    2. Plugin config packages and ``$INFERFLOW_CONFIG_PATH`` join ``hydra.searchpath`` (after
+       any entries the user passed in ``hydra.searchpath=[...]``). The Hydra plugin
+       ``hydra_plugins.inferflow_searchpath`` adds the same folders at start-up (which is what
+       puts their options in ``--help``); this keeps them when that plugin is not importable.
+       A folder that plugin already adds is not passed again (``--info searchpath`` lists
+       each once).
+    3. Old key spellings (:data:`RENAMED_KEYS`) become the new ones, with a FutureWarning, so
+       ``--cfg job`` shows the value under the name that is in effect.
+    4. Several ``+stages=NAME`` (or ``stages=NAME``) become one ``+stages=[A,B]``: Hydra takes
+       one value per group, and each name adds one entry to the ``stages:`` dict.
+    """
+    groups = set(defaulted_groups())
+    out: list[str] = []
+    user_paths: list[str] = []
+    for item in merge_stage_overrides(overrides):
+        key, sep, value = item.partition("=")
+        if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
+            item = f"{key[1:]}={value}"
+        if sep and key in RENAMED_KEYS:
+            warnings.warn(
+                f"{key} is deprecated: use {RENAMED_KEYS[key]}", FutureWarning, stacklevel=2
+            )
+            item = f"{RENAMED_KEYS[key]}={value}"
+        if sep and key == "hydra.searchpath":
+            user_paths = _parse_list_override(item)
+            continue
+        out.append(item)
+    plugin_paths = [p.search_path for p in discover_plugins()]
+    added = env_search_paths() + plugin_paths if _searchpath_plugin_active() else []
+    paths = [
+        p
+        for p in dict.fromkeys(user_paths + env_search_paths(environ) + plugin_paths)
+        if p not in added
+    ]
+    if paths:
+        quoted = ",".join("'" + p.replace("\\", "\\\\").replace("'", "\\'") + "'" for p in paths)
+        out.append(f"hydra.searchpath=[{quoted}]")
+    return out
+
+
+def _searchpath_plugin_active() -> bool:
+    """Whether Hydra runs ``hydra_plugins.inferflow_searchpath`` (it adds the plugin folders)."""
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.search_path_plugin import SearchPathPlugin
+
+    return any(
+        p.__module__ == "hydra_plugins.inferflow_searchpath"
+        for p in Plugins.instance().discover(SearchPathPlugin)
+    )
+
+
+STAGES_GROUP = "stages"
+
+
+def merge_stage_overrides(overrides: Sequence[str]) -> list[str]:
+    """``+stages=a +stages=b`` (or ``stages=a``, ``+stages=[a,b]``) -> one ``+stages=[a,b]``, at
+    the first one's place, names in order, each once. One ``+stages=x`` stays as it is; a sweep
+    (``+stages=a,b`` under ``-m``) or anything else that is not names is left to Hydra."""
+    names: list[str] = []
+    out: list[str] = []
+    first, count, plain = -1, 0, False
+    for item in overrides:
+        key, sep, _ = item.partition("=")
+        found = _stage_names(item) if sep and key.lstrip("+") == STAGES_GROUP else None
+        if found is None or key.startswith("++"):
+            out.append(item)
+            continue
+        if first < 0:
+            first = len(out)
+            out.append(item)
+        count, plain = count + 1, plain or not key.startswith("+")
+        names += [n for n in found if n not in names]
+    if count > 1 or plain:
+        out[first] = f"+{STAGES_GROUP}=[{','.join(names)}]"
+    return out
+
+
+def _stage_names(item: str) -> list[str] | None:
+    """The option names of a ``stages`` group override (``a`` or ``[a,b]``), else None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        value = OverridesParser.create().parse_override(item).value()
+    except Exception:  # (a parse error is Hydra's to report, in its own words)
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return list(value)
+    return None
+
+
+def _parse_list_override(item: str) -> list[str]:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    value = OverridesParser.create().parse_override(item).value()
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]

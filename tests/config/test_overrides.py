@@ -1,0 +1,44 @@
+"""What inferflow does to the command line before Hydra sees it (``inferflow.overrides``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from inferflow import overrides
+from inferflow.config import discover_plugins
+from inferflow.overrides import merge_stage_overrides, prepare_overrides
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        (["+stages=a", "x=1", "+stages=b"], ["+stages=[a,b]", "x=1"]),
+        (["stages=a"], ["+stages=[a]"]),  # (Hydra alone: "Could not override 'stages'")
+        (["+stages=[a,b]", "stages=c", "+stages=a"], ["+stages=[a,b,c]"]),
+        (["+stages=a"], ["+stages=a"]),  # one: left as written
+        (["+stages=a,b", "+stages=c"], ["+stages=a,b", "+stages=c"]),  # a sweep: Hydra's
+        (["stages.a.limit=3", "+stages=a"], ["stages.a.limit=3", "+stages=a"]),  # a key
+        (["stages=null", "+stages=a"], ["stages=null", "+stages=a"]),  # a value
+    ],
+)
+def test_repeated_stage_overrides_become_one_list(given: list[str], expected: list[str]) -> None:
+    assert merge_stage_overrides(given) == expected
+
+
+def test_plugin_folders_are_passed_only_when_the_hydra_plugin_does_not_add_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("INFERFLOW_CONFIG_PATH", str(tmp_path))
+    mine = "hydra.searchpath=[file:///mine]"
+    assert overrides._searchpath_plugin_active()  # installed with inferflow (hydra_plugins/)
+    assert prepare_overrides(["task=check", mine]) == [
+        "task=check",
+        "hydra.searchpath=['file:///mine']",
+    ]
+    assert prepare_overrides(["task=check"]) == ["task=check"]
+    monkeypatch.setattr(overrides, "_searchpath_plugin_active", lambda: False)
+    added = [f"file://{tmp_path.resolve()}", *(p.search_path for p in discover_plugins())]
+    quoted = ",".join(f"'{p}'" for p in ["file:///mine", *added])
+    assert prepare_overrides(["task=check", mine]) == ["task=check", f"hydra.searchpath=[{quoted}]"]
