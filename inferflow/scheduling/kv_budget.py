@@ -18,8 +18,11 @@ A paged executor (torch) keeps KV only in the pool, so the budget is the pool:
 ``num_blocks = budget // (block_size x bytes per token)``, and the served ``max_model_len`` is
 capped only by what one sequence can hold (the whole pool); how many sequences run at once is
 decided by admission, block by block (``paged_context``). The default budget (``kv_cache_memory: auto``) is half of
-the physical memory left after the weights (their size on disk); ``auto/N`` is an N-th of that,
-the default of each engine when a model repository serves N LLMs.
+the physical memory left after the weights (their size on disk); ``auto/N``, the default of each
+engine when a model repository serves N LLMs, is an N-th of what one engine alone takes at
+``auto``: of that half, or, when the half is more than the engine's layout reserves (the
+slots at full length and their pool; a paged pool of twice what the slots need), of what the
+layout reserves (``KVBudget.shared``). So N engines together hold what one would.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferflow.models.config import ModelArch
@@ -111,6 +114,7 @@ class KVBudget:
     bytes_per_token: int
     source: str
     auto: bool = False  # the default share of memory, not a size the user gave
+    share: int = 1  # auto/N: N engines share what one alone would take
 
     @property
     def tokens(self) -> int:
@@ -130,7 +134,20 @@ class KVBudget:
             f"executor.kv_cache_memory={setting or AUTO} ({what} of the physical memory after "
             "the weights)",
             auto=True,
+            share=share,
         )
+
+    def shared(self, alone_tokens: int) -> KVBudget:
+        """``auto/N`` against a layout that reserves ``alone_tokens`` when nothing binds it:
+        at most an N-th of those (one engine alone at ``auto`` reserves no more than them,
+        however much memory is free). Any other budget: itself."""
+        cap = alone_tokens * self.bytes_per_token // self.share
+        if not self.auto or self.share <= 1 or cap >= self.bytes:
+            return self
+        return replace(self, bytes=cap, source=(
+            f"executor.kv_cache_memory=auto/{self.share}: 1/{self.share} of the "
+            f"{human(alone_tokens * self.bytes_per_token)} one engine alone reserves"
+        ))
 
     def max_model_len(self, max_slots: int, block_size: int, num_blocks: int) -> int:
         """The longest slot that fits: the slots and the pool share the budget (an automatic
@@ -189,6 +206,8 @@ def served_context(
     less than two blocks per slot."""
     if budget is None:
         return ServedContext(wanted, wanted, slots)
+    pool = num_blocks * block_size or slots * -(-wanted // block_size) * block_size
+    budget = budget.shared(slots * wanted + pool)
     fit = budget.max_model_len(slots, block_size, num_blocks)
     if fit < 2 * block_size:
         raise ValueError(
@@ -208,6 +227,7 @@ def paged_context(
     running sequence at full length, and as much again for cached prefixes)."""
     blocks = num_blocks
     if not blocks and budget is not None:
+        budget = budget.shared(2 * slots * -(-wanted // block_size) * block_size)
         blocks = budget.tokens // block_size
         if budget.auto:
             blocks = min(blocks, 2 * slots * -(-wanted // block_size))

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
+from cfg_helpers import run_cli
 
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError, LoadMode
@@ -81,3 +85,35 @@ def test_memory_sizes_and_the_auto_share() -> None:
     whole = KVBudget.resolve("auto", 1024, 0)
     third = KVBudget.resolve("auto/3", 1024, 0)
     assert third.auto and third.bytes == pytest.approx(whole.bytes / 3, rel=0.01)
+
+
+def _reserved_kv_tokens(args: list[str], env: dict[str, str], cwd: Path) -> list[int]:
+    """Each LLM's reserved KV tokens as ``task=check`` prints them (its ``kv:`` line): the slots
+    at full length plus the pool, or the paged pool."""
+    proc = run_cli([*args, "task=check"], env, cwd)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reserved = []
+    for line in (x.strip() for x in proc.stdout.splitlines() if x.strip().startswith("kv:")):
+        slots = re.search(r"(\d+) slots x (\d+) positions", line)
+        pool = re.search(r"(\d+) blocks x (\d+) tokens", line)
+        assert pool is not None, line
+        reserved.append(int(pool[1]) * int(pool[2])
+                        + (int(slots[1]) * int(slots[2]) if slots else 0))
+    return reserved
+
+
+@pytest.mark.parametrize("executor", ["onnxruntime", "torch"])
+def test_two_llms_at_auto_each_reserve_half_of_what_one_alone_does(
+    executor: str, cli_env: dict[str, str], workdir: Path
+) -> None:
+    """docs/models.md: with N LLMs, ``auto`` is ``auto/N``, an N-th of one engine alone (the
+    default layout, not only the memory ceiling: 8,192 blocks alone, 4,096 each of two)."""
+    if executor == "torch":
+        pytest.importorskip("torch")
+    (alone,) = _reserved_kv_tokens([f"executor={executor}"], cli_env, workdir)
+    two = _reserved_kv_tokens([
+        f"executor={executor}",
+        "+models.a.model.builtin=tiny_llama", "+models.a.model.name=a",
+        "+models.b.model.builtin=tiny_llama", "+models.b.model.name=b",
+    ], cli_env, workdir)
+    assert two == [alone // 2, alone // 2], (alone, two)

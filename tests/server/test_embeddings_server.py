@@ -17,6 +17,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import numpy as np
 import pytest
+from hostile_json import check_answer, client_port, has_lone_surrogate, hostile_bodies
+from hypothesis import HealthCheck, given, settings
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, start_server
 
@@ -128,6 +130,23 @@ def test_request_errors(embed_server) -> None:
         json={"model": "tiny-llama", "messages": [{"role": "user", "content": "hi"}]},
     )
     assert chat.status_code == 404 and chat.json()["error"]["code"] == "model_not_found"
+
+
+@settings(max_examples=30, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(body=hostile_bodies({"model": MINILM, "input": ["hi"], "encoding_format": "float"}))
+def test_hostile_keys_are_never_a_5xx_and_keep_the_connection(embed_server, body) -> None:
+    """Odd keys at any depth (``hostile_json``): never a 5xx, a 400 for a lone surrogate, and
+    the same keep-alive connection serves the next request."""
+    with httpx.Client(base_url=embed_server.base_url, timeout=60) as http:
+        response = http.post(
+            "/v1/embeddings", content=body, headers={"content-type": "application/json"}
+        )
+        check_answer(response, body)
+        assert response.status_code == 400 or not has_lone_surrogate(body), response.text
+        following = http.post("/v1/embeddings", json={"model": MINILM, "input": "hi"})
+        assert following.status_code == 200
+        assert client_port(following) == client_port(response), "the connection was closed"
 
 
 def test_32_concurrent_clients_form_batches(embed_server) -> None:

@@ -112,6 +112,9 @@ def test_api_key_required_when_configured(limited_server: ServerProcess) -> None
         assert refused.status_code == 401, path
         assert refused.json()["error"]["code"] == "invalid_api_key", path
         assert limited_server.get(path, headers=key).status_code == 200, path
+    # the documented alternative header (docs/server.md, api_keys)
+    assert limited_server.get("/v1/models", headers={"x-api-key": "k-main"}).status_code == 200
+    assert limited_server.get("/v1/models", headers={"x-api-key": "wrong"}).status_code == 401
 
 
 def test_version_shows_no_filesystem_paths(server: ServerProcess) -> None:

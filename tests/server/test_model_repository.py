@@ -2,8 +2,9 @@
 
 Two seeded Llama checkpoints (A: seed 1, B: seed 2, so their greedy outputs differ) and MiniLM:
 
-- ``repo_server``: ``alpha`` = A; ``beta`` in two versions, v1 = B (weight 0.9, eager) and
-  v2 = A (weight 0.1, on demand); MiniLM on /v1/embeddings; API keys on.
+- ``repo_server``: ``alpha`` in two versions at 50/50, v1 = A and v2 = a checkpoint whose
+  weights are truncated (eager: it fails at start); ``beta`` in two versions, v1 = B (weight
+  0.9, eager) and v2 = A (weight 0.1, on demand); MiniLM on /v1/embeddings; API keys on.
 - ``on_demand_server``: ``a`` = A and ``b`` = B, both on demand, under a memory budget that fits
   one worker (1.5 x what ``repo_server`` counts for one of its workers, same engine settings),
   plus ``broken`` whose weights are truncated; traced to a file.
@@ -85,6 +86,7 @@ def repo_server(
 ) -> Iterator[ServerProcess]:
     overrides = [
         *_entry("alpha", checkpoints["A"], "alpha"),
+        *_entry("alpha_v2", checkpoints["broken"], "alpha", "2", 1.0),
         *_entry("beta_v1", checkpoints["B"], "beta", "1", 0.9),
         *_entry("beta_v2", checkpoints["A"], "beta", "2", 0.1, load="on_demand"),
         "+models.minilm.model.builtin=minilm",
@@ -145,11 +147,61 @@ def test_ready_and_version_list_every_model(repo_server: ServerProcess) -> None:
     ready = repo_server.get("/ready").json()
     assert ready["status"] == "ready"
     by_id = {m["id"]: m for m in ready["models"]}
-    assert set(by_id) == {"alpha@1", "beta@1", "beta@2"}
+    assert set(by_id) == {"alpha@1", "alpha@2", "beta@1", "beta@2"}
     assert by_id["beta@2"]["load"] == "on_demand"
+    assert by_id["alpha@2"]["status"] == "failed"  # ... and does not hold the server back
     version = repo_server.get("/version", headers=AUTH).json()
-    assert [m["id"] for m in version["models"]] == ["alpha@1", "beta@1", "beta@2"]
+    assert [m["id"] for m in version["models"]] == ["alpha@1", "alpha@2", "beta@1", "beta@2"]
     assert version["runtime"]["onnxruntime"]
+
+
+def _repository_gauges(server: ServerProcess, name: str) -> dict[tuple[str, str], float]:
+    """(gauge, version) -> value of model ``name`` in ``/metrics``."""
+    text = server.get("/metrics", headers=AUTH).text
+    return {
+        (f.name, s.labels["version"]): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if f.name.startswith("inferflow:model_") and s.labels.get("model_name") == name
+    }
+
+
+def test_unpinned_requests_skip_a_version_that_failed_to_load(repo_server: ServerProcess) -> None:
+    # alpha@2 failed at start; at 50/50 it would have taken about half of these
+    assert [complete(repo_server, "alpha", max_tokens=1)[1] for _ in range(20)] == ["1"] * 20
+    pinned = repo_server.post(
+        "/v1/completions", json={"model": "alpha@2", "prompt": "x", "max_tokens": 1},
+        headers=AUTH,
+    )
+    assert pinned.status_code == 503 and pinned.json()["error"]["code"] == "model_load_failed"
+    assert int(pinned.headers["retry-after"]) >= 1
+    cards = repo_server.get("/v1/models", headers=AUTH).json()["data"]
+    versions = {v["version"]: v for v in next(c for c in cards if c["id"] == "alpha")["versions"]}
+    assert versions["1"]["routable"] and versions["1"]["effective_weight"] == 1.0
+    assert versions["2"]["weight"] == 1.0 and versions["2"]["effective_weight"] == 0.0
+    assert not versions["2"]["routable"] and versions["2"]["status"] == "failed"
+    gauges = _repository_gauges(repo_server, "alpha")  # the configured split stands
+    assert [gauges[(f"inferflow:model_{g}", v)] for g, v in (
+        ("effective_weight", "1"), ("effective_weight", "2"), ("routable", "2"), ("weight", "2")
+    )] == [1.0, 0.0, 0.0, 1.0]
+
+
+def test_traffic_refuses_minus_zero_and_bounds_an_unknown_version_error(
+    repo_server: ServerProcess,
+) -> None:
+    def traffic(weights: dict[str, float]) -> httpx.Response:
+        return repo_server.post("/admin/models/beta/traffic", json={"weights": weights},
+                                headers=AUTH)
+
+    minus_zero = traffic({"1": 1.0, "2": -0.0})
+    assert minus_zero.status_code == 400 and minus_zero.json()["error"]["param"] == "weights"
+    names = {f"v{i}-" + "x" * 100: 1.0 for i in range(5000)}  # a ~550 KB body
+    unknown = traffic(names)
+    assert unknown.status_code == 400 and len(unknown.content) < 2048, len(unknown.content)
+    assert "and 4997 more" in unknown.json()["error"]["message"]
+    cards = repo_server.get("/v1/models", headers=AUTH).json()["data"]
+    beta = next(c for c in cards if c["id"] == "beta")
+    assert {v["version"]: v["weight"] for v in beta["versions"]} == {"1": 0.9, "2": 0.1}
 
 
 def test_canary_split_of_200_unpinned_requests(repo_server: ServerProcess) -> None:
@@ -305,6 +357,10 @@ def test_on_demand_models_take_turns_within_the_memory_budget(
         status = {m["id"]: m["status"] for m in server.get("/ready").json()["models"]}
         other = "b@1" if model == "a" else "a@1"
         assert status[f"{model}@1"] == "ready" and status[other] in ("unloaded", "unloading")
+        # once its worker has exited, the unloaded model shows no worker and no counters
+        gone = server.wait_until(lambda s, o=other: s["models"][o]["status"] == "unloaded",
+                                 timeout=30, what=f"{other} unloaded")["models"][other]
+        assert gone["worker_pid"] == gone["finished_requests"] == gone["total_slots"] == 0, gone
     deadline = time.monotonic() + 30  # spans are exported in batches, every few seconds
     while len(spans := _spans(server.traces_path, "model_load")) < 4:  # type: ignore[attr-defined]
         assert time.monotonic() < deadline, spans  # every request above waited for its model

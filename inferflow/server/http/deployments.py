@@ -6,12 +6,19 @@ tokenizer and limits), the request queue of its engine worker and that worker's
 ``name@version`` pins one; a plain ``name`` draws one of the name's versions by their current
 weights (shared memory, so a change through ``POST /admin/models/{name}/traffic`` reaches every
 API process at once), sticky per user when a key is given (``embeddings.routing``'s draw).
+
+Only versions that can take a request are drawn (``Deployment.routable``): the weights are
+renormalised over them (``DeploymentRouter.effective_weights``), so a failed or restarting
+version sends its share to the others instead of failing it; a pin still reaches it (503
+``model_load_failed`` with ``Retry-After``). When no routable version has a weight, the
+configured weights apply as they are.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import random
 import time
@@ -21,7 +28,7 @@ from typing import Any
 
 from inferflow.config import LoadMode
 from inferflow.embeddings.routing import ModelVersion, choose_version, split_model_id
-from inferflow.server.http.errors import OpenAIError
+from inferflow.server.http.errors import OpenAIError, field_name
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.process.process_utils import process_rss
@@ -60,6 +67,15 @@ class Deployment:
             return "ready" if self.shared.ready else "not_ready"
         return LoadState.NAMES[state]
 
+    @property
+    def routable(self) -> bool:
+        """It may take unpinned requests: it serves, or it is on demand and has not failed (it
+        loads for the request). A failed version, or an eager one loading or restarting, does
+        not (a pin still reaches it)."""
+        if self.shared.load_state == LoadState.FAILED:
+            return False
+        return self.serving or self.load is LoadMode.on_demand
+
     def rss_bytes(self) -> int | None:
         """Its worker's resident memory now (None when it is not loaded)."""
         if not self.serving:
@@ -87,6 +103,7 @@ class Deployment:
             "load": self.load.value,
             "status": self.status(),
             "weight": self.shared.weight,
+            "routable": self.routable,
             "rss_bytes": self.rss_bytes(),
             "memory_bytes": self.shared.memory_bytes or None,  # what the budget counts
         }
@@ -129,11 +146,29 @@ class DeploymentRouter:
         if versions is not None:
             if len(versions) == 1:
                 return versions[0]
-            weighted = [ModelVersion(d.name, d.version, d.shared.weight) for d in versions]
+            shares = self.effective_weights(model)
+            weighted = [ModelVersion(d.name, d.version, shares[d.version]) for d in versions]
             chosen = choose_version(weighted, self.rng, user)
             return next(d for d in versions if d.version == chosen.version)
         name, version = split_model_id(model)
         return next((d for d in self.by_name.get(name, []) if d.version == version), None)
+
+    def effective_weights(self, name: str) -> dict[str, float]:
+        """Each version of ``name`` -> its share (0..1) of unpinned requests now: the weights
+        renormalised over the routable versions; when none of those has a weight, over every
+        version with one (requests may then meet a 503); with no weight at all, the first."""
+        versions = self.by_name[name]
+        weighted = [d for d in versions if d.shared.weight > 0]
+        pool = {d.version: d.shared.weight for d in weighted if d.routable} or {
+            d.version: d.shared.weight for d in weighted
+        }
+        total = sum(pool.values())
+        if total <= 0:
+            return {d.version: float(i == 0) for i, d in enumerate(versions)}
+        return {d.version: pool.get(d.version, 0.0) / total for d in versions}
+
+    def effective_weight(self, deployment: Deployment) -> float:
+        return self.effective_weights(deployment.name)[deployment.version]
 
     def cards(self, created: int) -> list[dict[str, Any]]:
         """``/v1/models`` cards: each name (all its versions), then ``name@version`` for names
@@ -151,7 +186,13 @@ class DeploymentRouter:
                     "owned_by": "inferflow",
                     "max_model_len": served[0].pipeline.max_model_len,
                     "versions": [
-                        {"version": d.version, "weight": d.shared.weight, "status": d.status()}
+                        {
+                            "version": d.version,
+                            "weight": d.shared.weight,
+                            "effective_weight": self.effective_weight(d),
+                            "routable": d.routable,
+                            "status": d.status(),
+                        }
                         for d in served
                     ],
                 })
@@ -168,21 +209,30 @@ class DeploymentRouter:
         if versions is None:
             raise KeyError(name)
         known = {d.version for d in versions}
-        unknown = sorted(set(weights) - known)
+        unknown = [v for v in weights if v not in known]
         if unknown:
             raise ValueError(
-                f"unknown version(s) {', '.join(unknown)} of `{name}`; its versions: "
-                f"{', '.join(sorted(known))}"
+                f"unknown version(s) {_some(unknown)} of `{name}`; its versions: "
+                f"{_some(sorted(known))}"
             )
-        if not all(0 <= w <= MAX_WEIGHT for w in weights.values()) or not any(
-            w > 0 for w in weights.values()
-        ):
+        # -0.0 passes ``0 <= w`` but is a sign error: refused like any negative weight
+        in_range = all(
+            0 <= w <= MAX_WEIGHT and math.copysign(1.0, w) > 0 for w in weights.values()
+        )
+        if not in_range or not any(w > 0 for w in weights.values()):
             raise ValueError(
-                f"weights: every weight must be a number in [0, {MAX_WEIGHT:g}], one of them > 0"
+                f"weights: every weight must be a number in [0, {MAX_WEIGHT:g}] (not -0), "
+                "one of them > 0"
             )
         for d in versions:
             d.shared.set_weight(float(weights.get(d.version, 0.0)))
         return versions
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    """The first ``shown`` of ``names``, each quoted short and safe, and how many more."""
+    head = ", ".join(field_name(n) for n in names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def load_failed(deployment: Deployment) -> OpenAIError | None:
@@ -190,8 +240,14 @@ def load_failed(deployment: Deployment) -> OpenAIError | None:
     error = deployment.load_error()
     if error is None:
         return None
+    # an on-demand model is tried again LOAD_RETRY_S after its failure; an eager one is not
+    # before a restart, and LOAD_RETRY_S is as good a pace as any to look again
+    retry = LOAD_RETRY_S
+    if deployment.load is LoadMode.on_demand:
+        retry -= time.time() - float(deployment.shared.info().get("failed_at") or time.time())
     return OpenAIError.of(
-        503, f"The model `{deployment.model_id}` failed to load: {error}", code="model_load_failed"
+        503, f"The model `{deployment.model_id}` failed to load: {error}",
+        code="model_load_failed", retry_after_s=max(1.0, retry),
     )
 
 
@@ -235,31 +291,37 @@ async def wait_until_serving(
 _REPOSITORY_METRICS = (
     # (name, type, help, value of a deployment)
     ("inferflow:model_loaded", "gauge", "1 while the model version serves requests.",
-     lambda d: 1 if d.serving else 0),
+     lambda r, d: 1 if d.serving else 0),
     ("inferflow:model_memory_bytes", "gauge",
      "What server.model_memory_budget counts the model version for (bytes).",
-     lambda d: d.shared.memory_bytes),
-    ("inferflow:model_weight", "gauge", "The version's share of unpinned traffic (canary).",
-     lambda d: d.shared.weight),
+     lambda r, d: d.shared.memory_bytes),
+    ("inferflow:model_weight", "gauge", "The version's configured weight (canary split).",
+     lambda r, d: d.shared.weight),
+    ("inferflow:model_effective_weight", "gauge",
+     "The version's share of unpinned requests now: its weight renormalised over the versions "
+     "that can serve (0 while it cannot).", lambda r, d: r.effective_weight(d)),
+    ("inferflow:model_routable", "gauge",
+     "1 while the version may take unpinned requests (ready, or on demand and not failed).",
+     lambda r, d: 1 if d.routable else 0),
     ("inferflow:model_load_waiters", "gauge", "Requests waiting for the model to load.",
-     lambda d: d.shared.load_waiters),
+     lambda r, d: d.shared.load_waiters),
     ("inferflow:model_loads_total", "counter", "Engine worker starts of the model version.",
-     lambda d: d.shared.loads),
+     lambda r, d: d.shared.loads),
     ("inferflow:model_unloads_total", "counter",
      "Unloads of the model version to make room within the memory budget.",
-     lambda d: d.shared.unloads),
+     lambda r, d: d.shared.unloads),
 )
 
 
-def repository_metrics(deployments: list[Deployment]) -> bytes:
+def repository_metrics(router: DeploymentRouter) -> bytes:
     """Prometheus text of the repository's state, read from shared memory when scraped (so
     every API process answers the same)."""
     lines = []
     for name, kind, text, value in _REPOSITORY_METRICS:
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
-        for d in deployments:
+        for d in router.deployments:
             labels = f'model_name="{_label(d.name)}",version="{_label(d.version)}"'
-            lines.append(f"{name}{{{labels}}} {float(value(d))}")
+            lines.append(f"{name}{{{labels}}} {float(value(router, d))}")
     return ("\n".join(lines) + "\n").encode()
 
 

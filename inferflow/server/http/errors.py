@@ -3,6 +3,12 @@
 ``ErrorInfo`` is a plain picklable dataclass, so the engine worker can send one through
 LitServe's queues (a 504 timeout, a 500 engine failure); ``OpenAIError`` is the exception the
 frontend raises and FastAPI turns into a JSON response (see ``install_error_handlers``).
+
+An error names what the client sent (a field, a key, a version), and what a client sends can be
+anything: a lone surrogate escape (not encodable as UTF-8, so rendering the error would fail
+and turn a 400 into a 500), a NUL, a 10 KB key. ``ErrorInfo`` therefore stores its ``message``
+and ``param`` already safe: lone surrogates written as ``\\udXXX`` escapes, and each bounded
+(``MAX_MESSAGE_CHARS``, ``MAX_PARAM_CHARS``); ``field_name`` does the same for one key.
 """
 
 from __future__ import annotations
@@ -17,8 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 logger = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 4096  # an error message echoing a client's input stays this short
+MAX_PARAM_CHARS = 256
+MAX_NAME_CHARS = 64  # one key or name quoted from a request
 
 # HTTP status -> OpenAI error ``type`` when the raiser does not name one.
 _DEFAULT_TYPES = {
@@ -37,6 +48,23 @@ _DEFAULT_TYPES = {
 }
 
 
+def safe_text(text: str, limit: int) -> str:
+    """``text`` encodable as UTF-8 (a lone surrogate becomes its ``\\udXXX`` escape) and at
+    most ``limit`` characters (cut ones end in ``...``)."""
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+def field_name(key: object) -> str:
+    """One key of a request body as an error may quote it: safe and short."""
+    return safe_text(str(key), MAX_NAME_CHARS)
+
+
+def field_path(parts: list[str]) -> str:
+    """A field's path (``messages.0.content``) from its keys, each quoted safely."""
+    return ".".join(field_name(p) for p in parts)
+
+
 @dataclass(frozen=True)
 class ErrorInfo:
     """One API error. ``param`` names the offending request field (400s), ``retry_after_s``
@@ -49,6 +77,11 @@ class ErrorInfo:
     code: str | None = None
     retry_after_s: float | None = None
     headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", safe_text(self.message, MAX_MESSAGE_CHARS))
+        if self.param is not None:
+            object.__setattr__(self, "param", safe_text(self.param, MAX_PARAM_CHARS))
 
     @property
     def error_type(self) -> str:
@@ -123,8 +156,18 @@ async def _validation_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     first = exc.errors()[0] if exc.errors() else {}
     loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-    info = ErrorInfo(400, first.get("msg", "invalid request"), param=".".join(loc) or None)
+    info = ErrorInfo(400, first.get("msg", "invalid request"), param=field_path(loc) or None)
     return error_response(info)
+
+
+CLIENT_CLOSED = ErrorInfo(499, "the client closed the connection", code="client_closed")
+
+
+async def _client_disconnect_handler(request: Request, exc: Exception) -> JSONResponse:
+    """A client that hung up while sending its body: one debug line, no traceback (nobody is
+    left to read the 499)."""
+    logger.debug("client disconnected during %s %s", request.method, request.url.path)
+    return error_response(CLIENT_CLOSED)
 
 
 async def _unhandled_handler(request: Request, exc: Exception) -> JSONResponse:
@@ -137,4 +180,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(OpenAIError, _openai_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_exception_handler)
     app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect_handler)
     app.add_exception_handler(Exception, _unhandled_handler)

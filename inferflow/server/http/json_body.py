@@ -4,17 +4,23 @@
 enough to exhaust the recursion limit, integer literals past Python's 4,300-digit limit, and
 strings holding lone surrogates (valid JSON escapes such as ``"\\ud800"`` that are not Unicode
 text and break every later ``encode``). :func:`parse_json_body` turns each into a 400: the
-whole body is named for malformed JSON, the offending field for a bad string.
+whole body is named for malformed JSON, the offending field for a bad string or key (at any
+depth; the path quotes each key safely: ``errors.field_name``). A client that hangs up while
+sending the body is one debug line and a 499 nobody reads, not a traceback.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
-from inferflow.server.http.errors import bad_request
+from inferflow.server.http.errors import CLIENT_CLOSED, OpenAIError, bad_request, field_name
+
+logger = logging.getLogger(__name__)
 
 MAX_DEPTH = 32  # no OpenAI request nests deeper than a handful of levels
 
@@ -34,7 +40,12 @@ def parse_json_body(raw: bytes) -> Any:
 
 
 async def read_json_body(request: Request) -> Any:
-    return parse_json_body(await request.body())
+    try:
+        raw = await request.body()
+    except ClientDisconnect:
+        logger.debug("client disconnected while sending the body of %s", request.url.path)
+        raise OpenAIError(CLIENT_CLOSED) from None
+    return parse_json_body(raw)
 
 
 def _check(value: Any) -> None:
@@ -48,18 +59,20 @@ def _check(value: Any) -> None:
             _check_text(node, where)
         elif isinstance(node, dict):
             for key, item in node.items():
-                _check_text(key, f"{where}.{key}" if where else "<key>")
-                stack.append((item, f"{where}.{key}" if where else str(key), depth + 1))
+                path = f"{where}.{field_name(key)}" if where else field_name(key)
+                _check_text(key, path, "key")
+                stack.append((item, path, depth + 1))
         elif isinstance(node, list):
             stack.extend((item, f"{where}[{i}]", depth + 1) for i, item in enumerate(node))
 
 
-def _check_text(text: str, where: str) -> None:
+def _check_text(text: str, where: str, what: str = "string") -> None:
+    """``where`` is already safe to quote (``field_name``), ``text`` may not be."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         raise bad_request(
-            f"{where or 'the request body'}: the string is not valid Unicode (it holds a lone "
+            f"{where or 'the request body'}: the {what} is not valid Unicode (it holds a lone "
             "surrogate escape such as \\ud800)",
             where or None,
         ) from None

@@ -103,7 +103,9 @@ class ChatCompletionResponse(BaseModel):
 
 class ModelVersionCard(BaseModel):
     version: str
-    weight: float  # its share of unpinned traffic
+    weight: float  # its configured weight (the canary split)
+    effective_weight: float | None = None  # LLMs: its share of unpinned requests now
+    routable: bool | None = None  # LLMs: it may take unpinned requests (ready, or on demand)
     status: str
 
 
@@ -147,6 +149,8 @@ class ModelReadiness(BaseModel):
     load: Literal["eager", "on_demand"]
     status: Literal["ready", "loading", "unloaded", "unloading", "failed", "not_ready", "stalled"]
     weight: float
+    effective_weight: float  # its share of unpinned requests now (0 while it cannot serve)
+    routable: bool  # it may take unpinned requests: ready, or on demand and not failed
     rss_bytes: int | None = None
     memory_bytes: int | None = None  # what server.model_memory_budget counts it for
     error: str | None = None  # why it failed to load

@@ -67,10 +67,18 @@ def readiness(frontend: Frontend) -> str:
     return "stalled" if any(s == "stalled" for _, s in statuses) else "not_ready"
 
 
+def describe_model(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+    """One version for ``/ready``, ``/version``, ``/admin/stats`` and the admin answers: its
+    ``describe()``, its status and its share of unpinned requests now (``effective_weight``)."""
+    return {
+        **deployment.describe(),
+        "status": model_status(frontend, deployment),
+        "effective_weight": frontend.router.effective_weight(deployment),
+    }
+
+
 def models_status(frontend: Frontend) -> list[dict[str, Any]]:
-    return [
-        {**d.describe(), "status": model_status(frontend, d)} for d in frontend.deployments
-    ]
+    return [describe_model(frontend, d) for d in frontend.deployments]
 
 
 Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint
@@ -100,7 +108,7 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
             frontend.auth.authenticate(request.headers)
         body, content_type = frontend.telemetry.render_metrics()
         if frontend.deployments[0].key:  # a model repository: its state per version too
-            body += repository_metrics(frontend.deployments)
+            body += repository_metrics(frontend.router)
         return Response(content=body, media_type=content_type)
 
     return [
@@ -166,7 +174,9 @@ def _set_weights(
         ) from None
     except ValueError as exc:
         raise OpenAIError.of(400, str(exc), param=param) from None
-    return JSONResponse({"model": name, "versions": [d.describe() for d in versions]})
+    return JSONResponse(
+        {"model": name, "versions": [describe_model(frontend, d) for d in versions]}
+    )
 
 
 def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], Any]:
@@ -197,8 +207,7 @@ def _model_versions(frontend: Frontend, deployment: Deployment) -> dict[str, Any
     """One LLM version with its engine's versions (once loaded) for ``/version``."""
     info = deployment.shared.info()
     return {
-        **deployment.describe(),
-        "status": model_status(frontend, deployment),
+        **describe_model(frontend, deployment),
         "path": Path(deployment.model_path).name,
         "max_model_len": deployment.pipeline.max_model_len,
         "model": info.get("model"),
@@ -226,8 +235,7 @@ def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
                 },
                 "models": {
                     d.model_id: {
-                        **d.describe(),
-                        "status": model_status(frontend, d),
+                        **describe_model(frontend, d),
                         "in_flight": d.shared.in_flight,
                         **_ints(d.shared.stats()),
                     }

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from inferflow.models.generation_config import GenerationDefaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
-from inferflow.server.http.errors import OpenAIError, bad_request
+from inferflow.server.http.errors import OpenAIError, bad_request, field_path
 from inferflow.server.http.guided_fields import GuidedFields
 from inferflow.server.http.tool_calls import ToolCall, ToolFields
 
@@ -263,7 +263,7 @@ def _first_error(exc: ValidationError) -> OpenAIError:
     loc = [str(p) for p in err["loc"]]
     # Union members add their type name to the location (e.g. prompt.str); keep the field path.
     path = [p for p in loc if not _is_type_tag(p)]
-    param = ".".join(path) or None
+    param = field_path(path) or None  # (a key the client sent is quoted safely and short)
     message = err["msg"] if param is None else f"{param}: {err['msg']}"
     if err["type"] == "missing":
         message = f"{param} is required"

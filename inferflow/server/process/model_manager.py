@@ -217,8 +217,9 @@ class ModelManager:
             return None
         if process.pid is not None and multiprocess_active():
             mark_process_dead(process.pid)  # its running/waiting gauges are stale
-        # the dead writer's snapshot is stale too; with no worker this process may write it
-        m.shared.publish_stats({"running": 0, "waiting": 0})
+        # the dead writer's snapshot is stale too (its pid, slots, KV, counters; an unloaded
+        # model has none); with no worker this process may write it
+        m.shared.clear_stats()
         was_ready = m.shared.ready
         m.shared.set_ready(False)
         killed, m.process, m.killed = m.killed, None, False

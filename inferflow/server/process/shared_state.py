@@ -11,7 +11,8 @@ the API processes are forked (they inherit the shared memory).
   worker any more, so in-flight requests fail at once instead of draining.
 - ``in_flight``: admitted requests across all API processes (the waiting-queue bound).
 - ``stats``: a snapshot the worker writes after every engine step (running, waiting, slots,
-  KV blocks, counters) — what ``GET /admin/stats`` shows.
+  KV blocks, counters) — what ``GET /admin/stats`` shows; zeroed by the main process when the
+  worker exits (``clear_stats``: a dead worker's pid and counters are not live).
 - ``info``: a JSON blob the worker writes once (engine and runtime versions, ``max_model_len``).
 - ``executor``: a small JSON blob of the executor stage's own counters (``ExecutorStage.stats``),
   rewritten only when they change.
@@ -227,6 +228,14 @@ class SharedState:
         self._stats[0] = seq + 1  # odd: a write is in progress
         self._stats[1:] = merged  # one copy: keeps the write window short
         self._stats[0] = seq + 2
+
+    def clear_stats(self) -> None:
+        """Zero the snapshot and the executor's counters (``worker_pid`` 0: no live worker).
+        Only while no worker of this model is alive: its replacement is then the next (single)
+        writer, and counts from zero."""
+        self.publish_stats({**dict.fromkeys(STATS_FIELDS, 0.0), "updated_at": time.time()})
+        self._last_executor = {}
+        _write_blob(self._executor_seq, self._executor, {}, _EXECUTOR_BYTES)
 
     def stats(self) -> dict[str, float]:
         """A consistent snapshot (or, if the writer stalls mid-write, the last one seen here)."""
