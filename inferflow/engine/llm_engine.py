@@ -143,7 +143,8 @@ class LLMEngine:
         ``max_model_len``), lowered with a warning when the slots and the prefix pool would not
         fit the KV budget: ``kv_cache_memory`` as ``executor.kv_cache_memory`` takes it
         (``"8GiB"``; the default ``"auto"`` is half of the memory after the weights, ``"auto/2"``
-        a quarter). ``backend="torch"`` builds the torch executor (paged KV; see
+        half of what one engine alone would reserve at ``"auto"``, as each of two models of a
+        repository gets). ``backend="torch"`` builds the torch executor (paged KV; see
         ``torch_from_path``); ``speculative_config={"method": "ngram",
         "num_speculative_tokens": 4, ...}`` (vLLM's form; keys as in ``speculative=ngram``)
         turns speculative decoding on; ``generation_config`` (``"auto"``, ``"none"`` or a
