@@ -28,6 +28,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from inferflow.config import (
+    SLOTS,
     ConfigError,
     LoadMode,
     ModelConfig,
@@ -35,7 +36,7 @@ from inferflow.config import (
     ModelTask,
 )
 
-ENTRY_SLOTS = ("validator", "tokenizer", "cache", "batching", "executor", "detokenizer", "guided")
+ENTRY_SLOTS = SLOTS  # every slot an entry may override (ModelEntryConfig has one field each)
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,28 @@ def test_entries_inherit_slots_and_merge_their_overrides() -> None:
     assert a.config["executor"]["kv_cache_memory"] == "auto/2"
 
 
+def test_every_slot_an_entry_names_is_merged_speculative_too() -> None:
+    """An entry's slot override reaches its graph for every slot ModelEntryConfig accepts (a
+    ``speculative:`` key used to pass validation and be dropped)."""
+    import dataclasses
+
+    from inferflow.config import SLOTS, ModelEntryConfig
+
+    assert set(SLOTS) <= {f.name for f in dataclasses.fields(ModelEntryConfig)}
+    cfg = compose_config([
+        "speculative=ngram",
+        "+models.a.model.builtin=tiny_llama",
+        "+models.a.speculative.num_speculative_tokens=2",
+        "+models.b.model.builtin=tiny_llama",
+        "+models.b.model.version=2",
+        "+models.b.speculative._target_=inferflow.stages.speculative.NoSpeculation",
+    ])
+    a, b = llm_entries(cfg)
+    assert a.config["speculative"]["_target_"].endswith("NgramSpeculation")
+    assert a.config["speculative"]["num_speculative_tokens"] == 2
+    assert b.config["speculative"] == {"_target_": "inferflow.stages.speculative.NoSpeculation"}
+
+
 def test_an_entry_without_model_serves_the_top_level_model() -> None:
     (entry,) = llm_entries(compose_config(["+models.main.load=eager"]))
     assert entry.config["model"]["builtin"] == "tiny_llama"
