@@ -51,6 +51,7 @@ from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
     from inferflow.models.config import ModelArch
+    from inferflow.models.tokenizer import Tokenizer
     from inferflow.scheduling.config import SchedulerConfig
     from inferflow.scheduling.kv_budget import ServedContext
     from inferflow.scheduling.layout import KVLayout
@@ -145,9 +146,17 @@ class ServingGraph:
         with _checkpoint_errors():  # (the worker's load_checkpoint logs what is not applied)
             checkpoint = Checkpoint(self.model_path, self.model.generation_config)
             checkpoint.open_weights().close()
-            _ = checkpoint.tokenizer
-            arch = checkpoint.config
-            arch.check_context(self.model_path / "config.json", self.max_model_len, "model.max_model_len")
+            _ = self.tokenizer
+            checkpoint.config.check_context(
+                self.model_path / "config.json", self.max_model_len, "model.max_model_len")
+
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer, loaded once per process (the check and the stages)."""
+        from inferflow.models.tokenizer import Tokenizer
+
+        with _checkpoint_errors():
+            return Tokenizer(self.model_path)
 
     @property
     def max_model_len(self) -> int:
@@ -168,13 +177,11 @@ class ServingGraph:
 
     def stage_context(self, tokenizer: Any = None) -> StageContext:
         """What stages get at setup; loads config.json and (unless given) the tokenizer."""
-        from inferflow.models.tokenizer import Tokenizer
-
         return StageContext(
             model_name=self.model_name,
             model_path=self.model_path,
             model_config=self.model_arch,
-            tokenizer=tokenizer if tokenizer is not None else Tokenizer(self.model_path),
+            tokenizer=tokenizer if tokenizer is not None else self.tokenizer,
             max_model_len=self.max_model_len,
         )
 

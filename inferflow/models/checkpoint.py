@@ -36,8 +36,10 @@ class LayerWeights:
     def _read(self, name: str, transpose: bool = False) -> np.ndarray:
         return self._w.read(self._prefix + name, transpose)
 
-    def _bias(self, name: str, present: bool) -> np.ndarray | None:
-        return self._read(name) if present else None
+    def _bias(self, name: str) -> np.ndarray | None:
+        """The bias, or None where config.json gives the projection none (``expected_shapes``
+        decides which biases a checkpoint has; ``ModelWeights`` located exactly those)."""
+        return self._read(name) if self._w.has(self._prefix + name) else None
 
     @property
     def input_norm(self) -> np.ndarray:  # (H,)
@@ -75,34 +77,33 @@ class LayerWeights:
     def w_down(self) -> np.ndarray:  # (I, H)
         return self._read("mlp.down_proj.weight", transpose=True)
 
-    # biases: None when config.json says the projection has none
     @property
     def bq(self) -> np.ndarray | None:  # (Hq*D,)
-        return self._bias("self_attn.q_proj.bias", self._w.config.attention_bias)
+        return self._bias("self_attn.q_proj.bias")
 
     @property
     def bk(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.k_proj.bias", self._w.config.attention_bias)
+        return self._bias("self_attn.k_proj.bias")
 
     @property
     def bv(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.v_proj.bias", self._w.config.attention_bias)
+        return self._bias("self_attn.v_proj.bias")
 
     @property
     def bo(self) -> np.ndarray | None:  # (H,)
-        return self._bias("self_attn.o_proj.bias", self._w.config.o_proj_bias)
+        return self._bias("self_attn.o_proj.bias")
 
     @property
     def b_gate(self) -> np.ndarray | None:  # (I,)
-        return self._bias("mlp.gate_proj.bias", self._w.config.mlp_bias)
+        return self._bias("mlp.gate_proj.bias")
 
     @property
     def b_up(self) -> np.ndarray | None:  # (I,)
-        return self._bias("mlp.up_proj.bias", self._w.config.mlp_bias)
+        return self._bias("mlp.up_proj.bias")
 
     @property
     def b_down(self) -> np.ndarray | None:  # (H,)
-        return self._bias("mlp.down_proj.bias", self._w.config.mlp_bias)
+        return self._bias("mlp.down_proj.bias")
 
 
 class ModelWeights:
@@ -160,6 +161,10 @@ class ModelWeights:
             embed = "model.embed_tokens.weight"
             return embed in where and bool(np.array_equal(where[name].read(name), where[embed].read(embed)))
         return False
+
+    def has(self, name: str) -> bool:
+        """Whether the model has tensor ``name`` (as config.json describes it)."""
+        return name in self._where
 
     def read(self, name: str, transpose: bool = False) -> np.ndarray:
         """Tensor ``name`` (a Hugging Face name), transposed to (in, out) when ``transpose``."""
