@@ -2,9 +2,9 @@
 
 import warnings
 
-from inferflow.engine.llm_engine import DetokenizerFactory, LLMEngine, RequestRejected
+from inferflow.engine.llm_engine import LLMEngine, RequestRejected
 
-__all__ = ["DetokenizerFactory", "LLMEngine", "RequestRejected"]
+__all__ = ["LLMEngine", "RequestRejected"]
 
 warnings.warn(
     "inferflow.llm_engine moved to inferflow.engine.llm_engine (or: from inferflow.engine "

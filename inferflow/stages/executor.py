@@ -278,20 +278,3 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
         import tensorrt  # only here: the optional extra
 
         return str(tensorrt.__version__)
-
-
-def executor_for(config: EngineConfig) -> OnnxRuntimeExecutor:
-    """The built-in executor stage for an offline ``EngineConfig`` (``LLMEngine(...)``)."""
-    common: dict[str, Any] = {
-        "precision": Precision(config.precision),
-        "graph_form": GraphForm(config.graph_form),
-        "intra_op_threads": config.intra_op_threads,
-        "inter_op_threads": config.inter_op_threads,
-        "allow_spinning": config.allow_spinning,
-        "cache_dir": config.cache_dir,
-        "quant_block_size": config.quant_block_size,
-        "quant_accuracy_level": config.quant_accuracy_level,
-    }
-    if config.backend == "tensorrt":
-        return TensorRTExecutor(**common, device_id=config.device_id)
-    return OnnxRuntimeExecutor(**common)

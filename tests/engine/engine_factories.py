@@ -83,6 +83,7 @@ def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4
                       max_num_batched_tokens: int = 48, cache_dir: Path | None = None) -> LLMEngine:
     """An ``LLMEngine`` over ``executor=torch`` (paged KV, ``num_blocks`` physical blocks)."""
     from inferflow.scheduling.config import SchedulerConfig
+    from inferflow.scheduling.kv_cache_manager import KVCacheManager
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.scheduler import Scheduler
     from inferflow.stages.detokenizer import StreamingDetokenizer
@@ -93,11 +94,11 @@ def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4
     executor = TorchExecutor(compile=compile, dtype=dtype,  # type: ignore[arg-type]
                              cache_dir=str(cache_dir) if cache_dir else None)
     executor.load(checkpoint, layout)
-    config = SchedulerConfig.for_layout(layout, max_num_seqs=max_num_seqs,
-                                        max_num_batched_tokens=max_num_batched_tokens,
-                                        enable_prefix_caching=prefix)
-    return LLMEngine.from_components(checkpoint, executor, Scheduler(config),
-                                     StreamingDetokenizer())
+    budgets = SchedulerConfig(max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens)
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix)
+    return LLMEngine(checkpoint, executor, Scheduler(budgets, layout, kv=kv),
+                     StreamingDetokenizer())
 
 
 def torch_greedy(runner: object, prompt: list[int], n: int,
