@@ -13,9 +13,9 @@ from inferflow.config import (
     ModelTask,
 )
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-from inferflow.embeddings.http_api import EmbeddingModelSpec
 from inferflow.model_lookup import resolve_model
 from inferflow.model_repository import embedding_entries
+from inferflow.server.http.embeddings import EmbeddingModelSpec
 from inferflow.server.http.errors import OpenAIError
 
 

@@ -25,7 +25,7 @@ from inferflow.server.messages import (
     SubmitRequest,
     UpdateBatch,
 )
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.api import EngineAPI
 
 WAIT_S = 60.0

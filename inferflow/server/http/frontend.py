@@ -52,7 +52,7 @@ from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
 from inferflow.server.messages import CancelRequest, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.shared_state import LoadState, SharedState
 
 logger = logging.getLogger(__name__)
 

@@ -28,13 +28,13 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from inferflow.embeddings.dynamic_batcher import BatcherClosed, DynamicBatchingConfig, QueueFull
-from inferflow.embeddings.routing import ModelRouter, ModelVersion
 from inferflow.embeddings.service import EmbeddingInputError, EmbeddingService
-from inferflow.embeddings.trace import EmbeddingTrace
+from inferflow.server.http.embedding_trace import EmbeddingTrace
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.protocol import _first_error
+from inferflow.server.routing import ModelRouter, ModelVersion
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
 
 logger = logging.getLogger(__name__)
