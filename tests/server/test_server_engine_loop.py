@@ -17,9 +17,9 @@ import pytest
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
+    ErrorInfo,
     RequestUpdate,
     StopWorker,
     SubmitRequest,

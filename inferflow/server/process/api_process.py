@@ -21,8 +21,8 @@ from types import FrameType
 
 import uvicorn
 
-from inferflow.server.http.errors import QUEUE_LOST, ErrorInfo
 from inferflow.server.http.frontend import Frontend
+from inferflow.server.messages import QUEUE_LOST, ErrorInfo
 from inferflow.server.process_utils import die_with_parent, name_process
 
 logger = logging.getLogger(__name__)

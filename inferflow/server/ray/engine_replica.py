@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
+    ErrorInfo,
     RequestUpdate,
     StopWorker,
     SubmitRequest,
