@@ -18,7 +18,7 @@ import pytest
 
 from inferflow.bench.client import EndpointSpec
 from inferflow.bench.datasets import DatasetConfig, build_dataset
-from inferflow.bench.fake_server import FakeServer
+from inferflow.testing.fake_server import FakeServer
 from inferflow.bench.metrics import compute_metrics
 from inferflow.bench.records import SampleRequest
 from inferflow.bench.runner import LoadConfig, RunOutput, run_load

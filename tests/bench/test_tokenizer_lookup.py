@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from inferflow.bench.cli import main
-from inferflow.bench.fake_server import FakeServer
+from inferflow.testing.fake_server import FakeServer
 from inferflow.bench.text import TokenizerTextSource
 from inferflow.bench.tokenizer_lookup import choose_token_counting
 from inferflow.models.tiny import TRAINED

@@ -17,7 +17,7 @@ tokens without ``finish_reason`` or ``[DONE]``.
 ``FakeServer`` runs it in a background thread on a socket bound before start (port 0 → free
 port), so clients can connect as soon as the object exists. ``received`` lists what arrived
 (headers and body), for tests to check what a client sent.
-``python -m inferflow.bench.fake_server --port 8000 --ttft-ms 50`` runs it in the foreground.
+``python -m inferflow.testing.fake_server --port 8000 --ttft-ms 50`` runs it in the foreground.
 """
 
 from __future__ import annotations
@@ -247,7 +247,7 @@ class FakeServer:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m inferflow.bench.fake_server")
+    p = argparse.ArgumentParser(prog="python -m inferflow.testing.fake_server")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--ttft-ms", type=float, default=50.0)
     p.add_argument("--token-delay-ms", type=float, default=20.0)
