@@ -18,8 +18,8 @@ from litserve.loops import loops as ls_loops
 from litserve.specs import base as ls_spec
 from litserve.transport import base as ls_transport_base
 
-from inferflow.server.process.litserver import InferflowServer
-from inferflow.server.worker.api import EngineAPI
+from inferflow.server.litserve.engine_api import EngineAPI
+from inferflow.server.litserve.litserver import InferflowServer
 from inferflow.server.worker.loop import EngineLoop
 
 # name: (object, parameters with defaults, sha256[:12] of its source or None: signature only)

@@ -17,6 +17,7 @@ import pytest
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
+from inferflow.server.litserve.engine_api import EngineAPI
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,
@@ -26,7 +27,6 @@ from inferflow.server.messages import (
     UpdateBatch,
 )
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import EngineAPI
 
 WAIT_S = 60.0
 

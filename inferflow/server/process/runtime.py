@@ -27,12 +27,12 @@ from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.settings import ServerSettings
-from inferflow.server.http.spec import OpenAICompatibleSpec
+from inferflow.server.litserve.engine_api import API_PATH, EngineAPI
+from inferflow.server.litserve.litserver import InferflowServer, QueueOnlySpec
+from inferflow.server.litserve.spec import OpenAICompatibleSpec
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
 from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import API_PATH, EngineAPI
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
 if TYPE_CHECKING:

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+from inferflow.server.litserve.engine_api import EngineAPI
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,
@@ -39,7 +40,6 @@ from inferflow.server.observability import TelemetrySettings
 from inferflow.server.process.runtime import GraphEngineFactory
 from inferflow.server.ray.board import report_forever
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import EngineAPI
 from inferflow.server.worker.loop import EngineLoop
 
 logger = logging.getLogger(__name__)

@@ -37,7 +37,7 @@ from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.settings import ServerSettings
-from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
+from inferflow.server.litserve.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,

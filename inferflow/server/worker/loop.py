@@ -44,7 +44,7 @@ from inferflow.server.messages import (
 from inferflow.server.worker.queues import Inbox, Outbox, pump_requests
 
 if TYPE_CHECKING:
-    from inferflow.server.worker.api import EngineAPI
+    from inferflow.server.litserve.engine_api import EngineAPI
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ class EngineLoop(LitLoop):
         if not lit_api.stream:
             raise ValueError("EngineLoop streams its outputs: the LitAPI needs stream=True")
         if not hasattr(lit_api, "engine_factory"):
-            raise TypeError("EngineLoop runs an inferflow.server.worker.api.EngineAPI")
+            raise TypeError("EngineLoop runs an inferflow.server.litserve.engine_api.EngineAPI")
 
     def __call__(
         self,

@@ -57,14 +57,14 @@ from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.settings import ServerSettings
+from inferflow.server.litserve.direct_transport import DirectTransport
+from inferflow.server.litserve.engine_api import EngineAPI
+from inferflow.server.litserve.startup import ApiProcessStartup
 from inferflow.server.process.api_process import DrainingServer, run_api_process
-from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
-from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.process.uvicorn_logs import uvicorn_log_config
 from inferflow.server.process_utils import init_queue_process
-from inferflow.server.worker.api import EngineAPI
 
 logger = logging.getLogger(__name__)
 
