@@ -30,6 +30,7 @@ from inferflow.outputs import RequestMetrics
 from inferflow.server.messages import SubmitRequest
 from inferflow.stages.base import StageRequest
 from inferflow.telemetry import attributes as A
+from inferflow.telemetry.timings import RequestTimings
 
 logger = logging.getLogger(__name__)
 
@@ -203,8 +204,8 @@ class WorkerTelemetry:
         metrics: RequestMetrics | None,
         num_output_tokens: int | None,
         error: str | None = None,
-    ) -> dict[str, Any] | None:
-        """Emit the request's spans and metrics; returns its timings as a plain dict."""
+    ) -> RequestTimings | None:
+        """Emit the request's spans and metrics; returns its timings."""
         timings = self.telemetry.on_request_finished(
             request_id,
             finish_reason,
@@ -213,7 +214,7 @@ class WorkerTelemetry:
             num_output_tokens=num_output_tokens,
             error=error,
         )
-        return timings.to_dict() if timings is not None else None
+        return timings
 
     def metrics_text(self) -> str:
         """This engine's Prometheus samples (its in-memory registry), as exposition text."""

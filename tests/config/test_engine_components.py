@@ -15,8 +15,8 @@ from inferflow.engine.llm_engine import LLMEngine
 from inferflow.graph import build_graph
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.litserve.engine_api import describe_engine
 from inferflow.server.messages import ErrorInfo, RequestUpdate
+from inferflow.server.worker.service import describe_engine
 from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.executor import OnnxRuntimeExecutor
 from inferflow.stages.response import ResponseDelta, ResponseStage

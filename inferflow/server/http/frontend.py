@@ -58,6 +58,10 @@ logger = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-inferflow-model-version"  # which version of the model answered
 ROUTE_KEY_HEADER = "x-inferflow-route-key"  # sticky canary key (else the body's ``user``)
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
 CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
 
 _ROUTES: dict[

@@ -28,7 +28,7 @@ class Accumulated:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    timings: dict[str, Any] | None = None  # RequestTimings.to_dict() from the worker
+    timings: RequestTimings | None = None  # from the worker, on the last update
 
     def add(self, update: RequestUpdate) -> None:
         self.text += update.text
@@ -41,9 +41,7 @@ class Accumulated:
 
     def timing_headers(self) -> dict[str, str]:
         """Queue vs inference time (and a ``server-timing`` header) for a non-streamed reply."""
-        if not self.timings:
-            return {}
-        return timing_headers(RequestTimings.from_dict(self.timings))
+        return {} if self.timings is None else timing_headers(self.timings)
 
     def usage(self) -> dict[str, Any]:
         return {

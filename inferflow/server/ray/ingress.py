@@ -30,14 +30,13 @@ from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.errors import install_error_handlers
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.settings import ServerSettings
-from inferflow.server.litserve.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,

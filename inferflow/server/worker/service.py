@@ -1,0 +1,208 @@
+"""``WorkerService``: what the engine loop needs beside the engine, whichever host runs it.
+
+It builds the engine (``load``: build, warm up, start telemetry, publish ``/version``'s
+description), and is the loop's one door to the rest of the server: the heartbeat and
+readiness in ``SharedState``, the engine's stats, a request's telemetry from accepted to done,
+and the text of a token. LitServe's engine worker (``server/litserve/engine_api.py``) and the
+Ray replica (``server/ray/engine_replica.py``) each hold one; neither the service nor the loop
+knows which host runs them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
+from inferflow.outputs import RequestMetrics
+from inferflow.sampling_params import SamplingParams
+from inferflow.server.messages import SubmitRequest
+from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
+from inferflow.server.shared_state import LoadState, SharedState
+from inferflow.telemetry.timings import RequestTimings
+
+logger = logging.getLogger(__name__)
+
+WARMUP_REQUEST_ID = "inferflow-warmup"
+
+EngineFactory = Callable[[ExecutorWrapper | None], LLMEngine]
+
+
+@dataclass(frozen=True)
+class GraphEngineFactory:
+    """Rebuilds the graph from its plain config in the worker process and creates the engine."""
+
+    config: dict[str, Any]
+
+    def __call__(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
+        from inferflow.graph import build_graph  # the engine's modules load where it runs
+
+        return build_graph(self.config).create_engine(wrap_executor)
+
+
+class WorkerService:
+    """Holds ``engine_factory`` (picklable, called once where the engine runs) and the shared
+    state of the model; the engine and its telemetry exist after ``load``."""
+
+    def __init__(
+        self,
+        engine_factory: EngineFactory,
+        shared: SharedState,
+        telemetry: TelemetrySettings | None = None,
+    ) -> None:
+        self.engine_factory = engine_factory
+        self.shared = shared
+        self.telemetry_settings = telemetry
+        self.engine: LLMEngine | None = None
+        self.telemetry: WorkerTelemetry | None = None
+
+    def load(self) -> None:
+        """Build the engine, warm it up, start telemetry and publish ``/version``'s
+        description."""
+        started = time.time()
+        logger.info("worker %d: loading the engine", os.getpid())
+        telemetry = None
+        if self.telemetry_settings is not None:
+            telemetry = WorkerTelemetry(self.telemetry_settings)
+        # telemetry wraps the executor as the engine is built, and records from after warm-up
+        engine = self.engine = self.engine_factory(telemetry.wrap_executor if telemetry else None)
+        warm_up(engine)  # the warm-up is not a request: nothing of it is recorded
+        if telemetry is not None:
+            telemetry.start_recording()
+        self.telemetry = telemetry
+        self.shared.publish_info(describe_engine(engine, load_time_s=time.time() - started))
+        logger.info("engine ready in %.2f s", time.time() - started)
+
+    @property
+    def live_engine(self) -> LLMEngine:
+        """The engine (after ``load``)."""
+        if self.engine is None:
+            raise RuntimeError("the engine is not loaded: load() runs where the engine runs")
+        return self.engine
+
+    def heartbeat(self) -> None:
+        """The engine thread is alive (read by readiness and the supervisor's watchdog)."""
+        self.shared.beat()
+
+    def mark_ready(self) -> None:
+        self.shared.set_ready(True)
+        self.shared.set_load_state(LoadState.LOADED)  # the one load_state write of the worker
+
+    def close(self) -> None:
+        """Flush telemetry: a multiprocessing child exits without running atexit hooks."""
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
+
+    def request_added(self, request: SubmitRequest, accepted_time: float) -> None:
+        """The engine accepted ``request`` at ``accepted_time`` (telemetry: its queue time
+        starts)."""
+        if self.telemetry is not None:
+            self.telemetry.request_added(request, accepted_time)
+
+    def request_done(
+        self,
+        request_id: str,
+        finish_reason: str,
+        metrics: RequestMetrics | None,
+        num_output_tokens: int | None,
+        error: str | None = None,
+    ) -> RequestTimings | None:
+        """The request left the engine; returns its timings."""
+        if self.telemetry is not None:
+            timings = self.telemetry.request_done(
+                request_id, finish_reason, metrics, num_output_tokens, error
+            )
+            if timings is not None:
+                return timings
+        if metrics is None:
+            return None
+        return RequestTimings.from_metrics(metrics, num_output_tokens or 0)
+
+    def publish_stats(self, counters: dict[str, float]) -> None:
+        engine = self.live_engine
+        stats = engine.stats()
+        slots = engine.scheduler_config.max_running  # slots a request can run in
+        self.shared.publish_stats(
+            {
+                **counters,
+                "running": stats.num_running,
+                "waiting": stats.num_waiting,
+                "total_slots": slots,
+                "free_slots": slots - stats.num_running,
+                "kv_blocks_total": stats.num_kv_blocks_total,
+                "kv_blocks_free": stats.num_kv_blocks_free,
+                "num_steps": stats.num_steps,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits,
+                "updated_at": time.time(),
+            },
+            executor=engine.model_executor.stats(),
+        )
+        if self.telemetry is not None:
+            self.telemetry.engine_state(
+                stats.num_running,
+                stats.num_waiting,
+                stats.num_kv_blocks_used,
+                stats.num_kv_blocks_total,
+            )
+
+    def token_text(self, token_id: int) -> str:
+        return _token_text(self.live_engine.tokenizer, token_id)
+
+
+@lru_cache(maxsize=65536)
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _folder_name(path: str | None) -> str | None:
+    """A folder's name only: ``/version`` shows no filesystem paths."""
+    return None if path is None else os.path.basename(path.rstrip("/"))
+
+
+def warm_up(engine: LLMEngine) -> None:
+    """Run one short greedy request to completion (compiles kernels, touches every buffer)."""
+    tokenizer = engine.tokenizer
+    prompt = tokenizer.encode("warm up") or [0]
+    engine.add_request(WARMUP_REQUEST_ID, prompt, SamplingParams(max_tokens=2, temperature=0.0))
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+def describe_engine(engine: LLMEngine, load_time_s: float) -> dict[str, Any]:
+    """Versions and shape of the engine, for ``GET /version``: read back from the live
+    components, so the backend is the one that runs and every setting the one in effect."""
+    described = engine.describe()
+    layout = engine.layout
+    return {
+        "engine": {
+            "backend": described.pop("backend"),
+            "runtime_version": described.pop("runtime_version"),
+            "compiled_engine": _folder_name(described.pop("compiled_engine", None)),
+            "max_model_len": layout.max_model_len,
+            "max_slots": layout.max_slots,
+            "block_size": layout.block_size,
+            "num_kv_blocks": layout.num_blocks,
+            "load_time_s": round(load_time_s, 3),
+            **described,  # layout, scheduler, executor and detokenizer settings
+        },
+        "model": {
+            "architecture": engine.model_config.architecture,
+            "vocab_size": engine.model_config.vocab_size,
+            "num_layers": engine.model_config.num_layers,
+            # request defaults and extra EOS ids in effect (source: auto, none or a folder name)
+            "generation_config": engine.checkpoint.generation.describe(),
+        },
+        "worker": {
+            "pid": os.getpid(),
+            "python": platform.python_version(),
+            "platform": sys.platform,
+        },
+    }
