@@ -69,9 +69,9 @@ class EngineClient:
             task = asyncio.get_running_loop().create_task(self._run(message))
             self._calls[message.request_id] = task
         elif isinstance(message, CancelRequest):
-            task = self._calls.pop(message.request_id, None)
-            if task is not None:
-                task.cancel()
+            running = self._calls.pop(message.request_id, None)
+            if running is not None:
+                running.cancel()
 
     def _deliver(self, update: RequestUpdate) -> None:
         self.frontend.registry.dispatch(UpdateBatch((update,)))
