@@ -28,6 +28,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
+from inferflow.compose import RENAMED_KEYS as RENAMED_KEYS  # (re-exported: cli's names)
+from inferflow.compose import defaulted_groups as defaulted_groups
+from inferflow.compose import prepare_overrides
 from inferflow.config import (
     CONF_PACKAGE,
     CONF_SOURCE,
@@ -40,9 +43,6 @@ from inferflow.config import (
 from inferflow.dry_run import check
 from inferflow.graph import ServingGraph, build_graph
 from inferflow.models.errors import CheckpointError
-from inferflow.overrides import RENAMED_KEYS as RENAMED_KEYS  # (re-exported: cli's names)
-from inferflow.overrides import defaulted_groups as defaulted_groups
-from inferflow.overrides import prepare_overrides
 
 SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
 PROG = "inferflow"

@@ -40,7 +40,7 @@ def check(graph: ServingGraph) -> str:
             *(_line(graph, name, stage) for name, stage in graph.engine_slots.items()),
         ]
     elif graph.config.get("models"):  # the model repository: every LLM entry's own graph
-        from inferflow.model_repository import check_repository
+        from inferflow.graph.repository import check_repository
 
         lines = check_repository(graph, check_llm) + stage_lines(graph)
     else:

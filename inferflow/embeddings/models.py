@@ -14,8 +14,8 @@ from inferflow.config import (
 )
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
 from inferflow.embeddings.http_api import EmbeddingModelSpec
-from inferflow.model_lookup import resolve_model
-from inferflow.model_repository import embedding_entries
+from inferflow.graph.repository import embedding_entries
+from inferflow.models.lookup import resolve_model
 from inferflow.server.http.errors import OpenAIError
 
 

@@ -1,4 +1,4 @@
-"""What inferflow does to the command line before Hydra sees it (``inferflow.overrides``)."""
+"""What inferflow does to the command line before Hydra sees it (``inferflow.compose``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from inferflow import overrides
+from inferflow.compose import merge_stage_overrides, prepare_overrides
 from inferflow.config import discover_plugins
-from inferflow.overrides import merge_stage_overrides, prepare_overrides
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ Process tree of a running server (all bound to the main process with PR_SET_PDEA
     ├── engine worker per loaded LLM (spawned): EngineAPI + EngineLoop, owns the engine
     └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
 
-The LLMs are the model repository's entries (``inferflow.model_repository``; without
+The LLMs are the model repository's entries (``inferflow.graph.repository``; without
 ``models:`` the one ``model``): each gets its own serving graph, request stages, shared state
 and engine worker.
 """
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from inferflow.config import ConfigError
 from inferflow.embeddings.http_api import EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
-from inferflow.model_repository import build_entry_graph, llm_entries
+from inferflow.graph.repository import build_entry_graph, llm_entries
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline

@@ -24,7 +24,7 @@ import time
 import urllib.request
 from typing import Any
 
-from inferflow.server_schema import RayRouting, RayServerConfig
+from inferflow.config.server import RayRouting, RayServerConfig
 
 logger = logging.getLogger(__name__)
 

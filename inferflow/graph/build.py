@@ -5,7 +5,7 @@ embedded tiny model is generated on first use): LitServe workers call it again f
 dict (``graph.to_container()``). Expensive work happens later: ``setup_stages()`` loads the
 tokenizer, ``create_engine()`` loads the weights and builds or loads the compiled engine.
 
-Each stage is built from its node by ``inferflow.targets`` (the ``_target_`` allowlist, typed
+Each stage is built from its node by ``inferflow.graph.targets`` (the ``_target_`` allowlist, typed
 config keys, the slot's contract); this module places the stages on their side of the engine
 and computes the engine's layout.
 """
@@ -35,8 +35,9 @@ from inferflow.config import (
     TracingConfig,
     describe_omegaconf_error,
 )
-from inferflow.model_lookup import resolve_model
-from inferflow.pipeline_order import place_stages, splice_order
+from inferflow.graph.order import place_stages, splice_order
+from inferflow.graph.targets import allowed_prefixes, instantiate_stage, keyed_error
+from inferflow.models.lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
 from inferflow.stages.batching import BatchingStage, NoBatching
 from inferflow.stages.cache import CacheStage, NoPrefixCache
@@ -46,7 +47,6 @@ from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 from inferflow.stages.response import ResponseStage
 from inferflow.stages.speculative import NoSpeculation, SpeculativeStage
-from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine

@@ -28,7 +28,8 @@ from omegaconf.errors import (
     OmegaConfBaseException,
 )
 
-from inferflow.server_schema import LogLevel, RayServerConfig, ServerConfig, ServerRuntime
+from inferflow.config.server import LogLevel, RayServerConfig, ServerConfig, ServerRuntime
+from inferflow.config.tracing import OtlpProtocol, TracingConfig, TracingExporter
 from inferflow.stages.base import ConfigEnum, PassThroughStage
 from inferflow.stages.batching import (
     ContinuousBatching,
@@ -44,7 +45,6 @@ from inferflow.stages.speculative import NgramSpeculation, NoSpeculation
 from inferflow.stages.tokenizer import CheckpointTokenizer
 from inferflow.stages.torch_executor import TorchExecutor
 from inferflow.stages.validator import RequestValidator
-from inferflow.telemetry.config import OtlpProtocol, TracingConfig, TracingExporter
 
 # re-exported: the schemas of `tracing` and `server`
 __all__ = ["LogLevel", "OtlpProtocol", "RayServerConfig", "ServerConfig", "ServerRuntime", "TracingConfig",
@@ -135,7 +135,7 @@ class LoadMode(ConfigEnum):
 
 @dataclass
 class ModelEntryConfig:
-    """One entry of the model repository (``models:``; ``inferflow.model_repository``).
+    """One entry of the model repository (``models:``; ``inferflow.graph.repository``).
 
     ``model``: what it serves (null: the top-level ``model``); its ``name``/``version``/``weight``
     place it in a canary split. Each slot key (``executor``, ``batching``, ...) is merged onto
@@ -179,7 +179,7 @@ class InferflowConfig:
     model: ModelConfig = MISSING
     # More models served beside ``model`` (``+extra_models=minilm``): key -> model entry.
     extra_models: dict[str, ModelConfig] = field(default_factory=dict)
-    # the model repository: NAME -> ModelEntryConfig (checked by inferflow.model_repository;
+    # the model repository: NAME -> ModelEntryConfig (checked by inferflow.graph.repository;
     # typed Any so that `+models.NAME.model.path=...` can create an entry from the command line)
     models: dict[str, Any] = field(default_factory=dict)
     validator: Any = None
