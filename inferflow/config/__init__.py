@@ -1,26 +1,42 @@
-"""The user-facing config schemas (moved here from ``inferflow/config.py``)."""
+"""The user-facing config schemas and the utilities they share. A leaf package: it imports
+nothing of inferflow but ``inferflow.paths`` (``tests/config/test_config_leaf.py`` checks it).
 
-from inferflow.config.schema import *  # noqa: F403
-from inferflow.config.schema import (  # noqa: F401
-    BUILTIN_OPTIONS,
-    CONF_PACKAGE,
-    CONF_SOURCE,
-    CONFIG_NAME,
+- ``base.py``: ``ConfigEnum``, ``ConfigError``, ``typed_config`` (a node checked against a
+  dataclass), one-line OmegaConf errors, memory sizes (``4GiB``, ``auto/N``);
+- ``schema.py``: the root ``InferflowConfig``, ``ModelConfig``, a ``models:`` entry, and the
+  one ``SLOTS`` table every slot list is derived from;
+- ``server.py``: the ``server`` group (``ServerConfig``, ``RayServerConfig``);
+- ``tracing.py``: the ``tracing`` group (``TracingConfig``).
+
+Composing the config (Hydra, plugins, the command line) is ``inferflow.compose``; building the
+serving graph from it is ``inferflow.graph``.
+"""
+
+from inferflow.config.base import (
+    ConfigEnum,
+    ConfigError,
+    describe_omegaconf_error,
+    stage_schema,
+    typed_config,
+)
+from inferflow.config.schema import (
     ENGINE_SLOTS,
     REQUEST_SLOTS,
     SLOTS,
-    ConfigError,
     InferflowConfig,
     LoadMode,
     ModelConfig,
     ModelEntryConfig,
     ModelTask,
     OfflineConfig,
-    Plugin,
     Task,
-    describe_omegaconf_error,
-    discover_plugins,
-    env_search_paths,
-    register_configs,
-    stage_schema,
 )
+from inferflow.config.server import LogLevel, RayServerConfig, ServerConfig, ServerRuntime
+from inferflow.config.tracing import OtlpProtocol, TracingConfig, TracingExporter
+
+__all__ = [
+    "ENGINE_SLOTS", "REQUEST_SLOTS", "SLOTS", "ConfigEnum", "ConfigError", "InferflowConfig",
+    "LoadMode", "LogLevel", "ModelConfig", "ModelEntryConfig", "ModelTask", "OfflineConfig",
+    "OtlpProtocol", "RayServerConfig", "ServerConfig", "ServerRuntime", "Task", "TracingConfig",
+    "TracingExporter", "describe_omegaconf_error", "stage_schema", "typed_config",
+]

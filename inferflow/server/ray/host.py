@@ -106,9 +106,7 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
 def serve_on_ray(graph: Any) -> None:
     """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
     and, if this process started Ray, shut it down."""
-    from inferflow.embeddings.models import is_embedding_model
-
-    if is_embedding_model(graph.model):
+    if graph.model.is_embedding:
         raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
                          "models beside it); an embedding-only server runs with server=default")
     if graph.config.get("models"):
