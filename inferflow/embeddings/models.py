@@ -3,6 +3,7 @@ plus every ``extra_models`` entry (all ``task=embed`` in this version)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -13,10 +14,23 @@ from inferflow.config import (
     ModelTask,
 )
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-from inferflow.embeddings.http_api import EmbeddingModelSpec
 from inferflow.model_lookup import resolve_model
 from inferflow.model_repository import embedding_entries
-from inferflow.server.http.errors import OpenAIError
+
+
+@dataclass(frozen=True)
+class EmbeddingModelSpec:
+    """One served embedding model version (picklable: built before the API process forks)."""
+
+    name: str
+    version: str
+    path: str
+    weight: float
+    batching: DynamicBatchingConfig
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.version}"
 
 
 def is_embedding_model(model: ModelConfig) -> bool:
@@ -60,20 +74,9 @@ def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
     for entry in entries:
         path, name = resolve_model(entry)
         spec = EmbeddingModelSpec(name, str(entry.version), str(path), entry.weight, batching)
-        model_id = spec.model_version.model_id
+        model_id = spec.model_id
         if model_id in seen:
             raise ConfigError(f"extra_models: {model_id} is served twice", "extra_models")
         seen.add(model_id)
         specs.append(spec)
     return specs
-
-
-def unsupported_route(model: str, route: str) -> OpenAIError:
-    """An embedding model asked for completions/chat."""
-    return OpenAIError.of(
-        400,
-        f"The model `{model}` is an embedding model and does not support {route}; "
-        "use /v1/embeddings.",
-        param="model",
-        code="model_not_supported",
-    )

@@ -24,14 +24,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import inferflow
-from inferflow.embeddings.http_api import (
+from inferflow.embeddings.models import embedding_specs
+from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
+from inferflow.server.http.embeddings import (
     EMBEDDINGS_PATH,
     EmbeddingModels,
     EmbeddingsFrontend,
     model_not_found,
+    unsupported_route,
 )
-from inferflow.embeddings.models import embedding_specs, unsupported_route
-from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import (
@@ -158,7 +159,7 @@ class EmbeddingApp:
     async def version(self, request: Request) -> JSONResponse:
         self.frontend.auth.authenticate(request.headers)
         models = [
-            {"id": s.model_version.model_id, "path": Path(s.path).name} for s in self.models.specs
+            {"id": s.model_id, "path": Path(s.path).name} for s in self.models.specs
         ]
         return JSONResponse({"inferflow": inferflow.__version__, "models": models})
 
