@@ -48,7 +48,7 @@ def check(graph: ServingGraph) -> str:
         if note is not None:
             lines.append(f"note: {note}")
     lines += [
-        f"extra model: {s.model_version.model_id} ({s.path}) weight={s.weight}"
+        f"extra model: {s.model_id} ({s.path}) weight={s.weight}"
         for s in embedding_specs(graph)
         if s.path != str(graph.model_path)
     ]

@@ -3,6 +3,7 @@ plus every ``extra_models`` entry (all ``task=embed`` in this version)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
@@ -10,10 +11,23 @@ from omegaconf import DictConfig
 from inferflow.config.base import ConfigError, typed_config
 from inferflow.config.schema import ModelConfig, ModelTask
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-from inferflow.embeddings.http_api import EmbeddingModelSpec
 from inferflow.graph.repository import embedding_entries
 from inferflow.models.lookup import resolve_model
-from inferflow.server.http.errors import OpenAIError
+
+
+@dataclass(frozen=True)
+class EmbeddingModelSpec:
+    """One served embedding model version (picklable: built before the API process forks)."""
+
+    name: str
+    version: str
+    path: str
+    weight: float
+    batching: DynamicBatchingConfig
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.version}"
 
 
 def batching_config(graph: Any) -> DynamicBatchingConfig:
@@ -51,20 +65,9 @@ def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
     for entry in entries:
         path, name = resolve_model(entry)
         spec = EmbeddingModelSpec(name, str(entry.version), str(path), entry.weight, batching)
-        model_id = spec.model_version.model_id
+        model_id = spec.model_id
         if model_id in seen:
             raise ConfigError(f"extra_models: {model_id} is served twice", "extra_models")
         seen.add(model_id)
         specs.append(spec)
     return specs
-
-
-def unsupported_route(model: str, route: str) -> OpenAIError:
-    """An embedding model asked for completions/chat."""
-    return OpenAIError.of(
-        400,
-        f"The model `{model}` is an embedding model and does not support {route}; "
-        "use /v1/embeddings.",
-        param="model",
-        code="model_not_supported",
-    )

@@ -27,12 +27,13 @@ from typing import Any
 
 from inferflow.engine.step import Executor
 from inferflow.outputs import RequestMetrics
-from inferflow.server.http.pipeline import ATTR_TRACE_CONTEXT
 from inferflow.server.messages import SubmitRequest
 from inferflow.stages.base import StageRequest
 from inferflow.telemetry import attributes as A
 
 logger = logging.getLogger(__name__)
+
+ATTR_TRACE_CONTEXT = "trace_context"  # StageRequest.attributes: the root span's W3C carrier
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import RequestUpdate, UpdateBatch
+from inferflow.server.messages import ErrorInfo, RequestUpdate, UpdateBatch
 from inferflow.server.process.direct_transport import DirectTransport
 
 SENDER = """

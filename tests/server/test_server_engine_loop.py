@@ -17,15 +17,15 @@ import pytest
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
+    ErrorInfo,
     RequestUpdate,
     StopWorker,
     SubmitRequest,
     UpdateBatch,
 )
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.api import EngineAPI
 
 WAIT_S = 60.0

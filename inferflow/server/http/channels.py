@@ -15,8 +15,7 @@ from collections.abc import Callable
 
 from litserve.transport.base import MessageTransport
 
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import RequestUpdate, UpdateBatch, WorkerLost
+from inferflow.server.messages import ErrorInfo, RequestUpdate, UpdateBatch, WorkerLost
 
 logger = logging.getLogger(__name__)
 

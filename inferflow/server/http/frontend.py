@@ -40,7 +40,7 @@ from inferflow.server.http.deployments import (
     load_failed,
     wait_until_serving,
 )
-from inferflow.server.http.errors import ErrorInfo, OpenAIError
+from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.pipeline import PreparedRequest, RequestPipeline
@@ -50,9 +50,9 @@ from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
-from inferflow.server.messages import CancelRequest, SubmitRequest, WorkerLost
+from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.shared_state import LoadState, SharedState
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +236,7 @@ class Frontend:
         )
         if deployment is None:
             if self.embeddings is not None and self.embeddings.models.serves(body.model):
-                from inferflow.embeddings.models import unsupported_route
+                from inferflow.server.http.embeddings import unsupported_route
 
                 raise unsupported_route(body.model, request.url.path)
             raise self._unknown_model(body.model)

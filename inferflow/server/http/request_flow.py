@@ -19,11 +19,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.server.http.channels import RequestChannel
-from inferflow.server.http.errors import ErrorInfo, OpenAIError
+from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.response_pipeline import ResponseRun
 from inferflow.server.http.responses import Accumulated, ResponseFormatter
 from inferflow.server.http.sse import wait_for_disconnect
-from inferflow.server.messages import RequestUpdate
+from inferflow.server.messages import ErrorInfo, RequestUpdate
 
 WORKER_GRACE_S = 5.0  # how long past its deadline we wait for the worker's own 504
 DONE_EVENT = "data: [DONE]\n\n"

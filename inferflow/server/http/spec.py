@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from litserve.specs.base import LitSpec
 
-from inferflow.embeddings.http_api import EMBEDDINGS_PATH
+from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.ops import ops_routes
 

@@ -60,10 +60,10 @@ from inferflow.server.http.openapi import install_openapi
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
-from inferflow.server.process.process_utils import init_queue_process
 from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.process.uvicorn_logs import uvicorn_log_config
+from inferflow.server.process_utils import init_queue_process
 from inferflow.server.worker.api import EngineAPI
 
 logger = logging.getLogger(__name__)

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
-from inferflow.embeddings.http_api import EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
 from inferflow.graph import build_entry_graph
 from inferflow.graph.repository import llm_entries
 from inferflow.server.http.deployments import Deployment
+from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
@@ -32,7 +32,7 @@ from inferflow.server.http.spec import OpenAICompatibleSpec
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
 from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
-from inferflow.server.process.shared_state import SharedState
+from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.api import API_PATH, EngineAPI
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
@@ -223,7 +223,7 @@ def serve(graph: Any) -> None:
     """
     if graph.model.is_embedding and not graph.config.get("models"):
         # no LLM: one process, no engine worker
-        from inferflow.embeddings.server import serve_embeddings
+        from inferflow.server.process.embedding_server import serve_embeddings
 
         serve_embeddings(graph)
         return

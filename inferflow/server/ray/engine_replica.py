@@ -27,9 +27,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
+    ErrorInfo,
     RequestUpdate,
     StopWorker,
     SubmitRequest,
@@ -37,8 +37,8 @@ from inferflow.server.messages import (
 )
 from inferflow.server.observability import TelemetrySettings
 from inferflow.server.process.runtime import GraphEngineFactory
-from inferflow.server.process.shared_state import SharedState
 from inferflow.server.ray.board import report_forever
+from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.api import EngineAPI
 from inferflow.server.worker.loop import EngineLoop
 

@@ -157,9 +157,7 @@ def serve_on_ray(graph: Any) -> None:
 
 
 def graph_settings(graph: Any) -> Any:
-    from inferflow.server.http.settings import ServerSettings
-
-    return ServerSettings.from_config(graph.server)
+    return graph.server.with_env_api_keys()
 
 
 def _block_size(graph: Any) -> int:

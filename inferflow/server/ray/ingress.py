@@ -27,10 +27,10 @@ from fastapi.responses import JSONResponse, Response
 
 from inferflow.config import LoadMode
 from inferflow.config.server import ServerConfig
-from inferflow.embeddings.http_api import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
-from inferflow.server.http.errors import ErrorInfo, install_error_handlers
+from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
+from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
@@ -38,10 +38,16 @@ from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
-from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, UpdateBatch
+from inferflow.server.messages import (
+    CancelRequest,
+    ErrorInfo,
+    RequestUpdate,
+    SubmitRequest,
+    UpdateBatch,
+)
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.shared_state import STATS_FIELDS, LoadState, SharedState
 from inferflow.server.ray.board import board_actor, merge_metrics
+from inferflow.server.shared_state import STATS_FIELDS, LoadState, SharedState
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
-from inferflow.server.process.process_utils import die_with_parent, name_process
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.process_utils import die_with_parent, name_process
+from inferflow.server.shared_state import LoadState, SharedState
 from inferflow.server.worker.loop import EngineLoop
 from inferflow.telemetry.timings import RequestTimings
 

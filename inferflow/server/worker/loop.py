@@ -32,9 +32,9 @@ from litserve.transport.base import MessageTransport
 
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import RequestOutputKind
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.messages import (
     CancelRequest,
+    ErrorInfo,
     LogprobEntry,
     RequestUpdate,
     StopWorker,

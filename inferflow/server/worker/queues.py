@@ -21,8 +21,14 @@ from typing import Any
 
 from litserve.transport.base import MessageTransport
 
-from inferflow.server.http.errors import QUEUE_LOST, ErrorInfo
-from inferflow.server.messages import RequestUpdate, StopWorker, UpdateBatch, WorkerInbound
+from inferflow.server.messages import (
+    QUEUE_LOST,
+    ErrorInfo,
+    RequestUpdate,
+    StopWorker,
+    UpdateBatch,
+    WorkerInbound,
+)
 
 logger = logging.getLogger(__name__)
 
