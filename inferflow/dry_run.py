@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from collections.abc import Sequence
 
 from inferflow.config.schema import REQUEST_SLOTS
 from inferflow.graph.build import ServingGraph, build_entry_graph
 from inferflow.graph.repository import llm_entries
+from inferflow.stages.base import RequestStage
 from inferflow.stages.batching import BatchingStage
+from inferflow.stages.response import ResponseStage
 
 # dataclass field metadata key: the field is an old spelling of the named one (not shown)
 RENAMED_TO = "renamed_to"
@@ -96,7 +98,7 @@ def check_repository(graph: ServingGraph) -> list[str]:
     return lines
 
 
-def _chain(stages: list[Any]) -> str:
+def _chain(stages: Sequence[RequestStage | ResponseStage]) -> str:
     return " -> ".join(f"{s.name} ({type(s).__name__})" for s in stages)
 
 
@@ -116,7 +118,7 @@ def stage_lines(graph: ServingGraph) -> list[str]:
     return lines
 
 
-def _line(graph: ServingGraph, name: str, stage: Any, added_by: str | None = None) -> str:
+def _line(graph: ServingGraph, name: str, stage: object, added_by: str | None = None) -> str:
     text = f"  {name}: {type(stage).__name__} _target_={_target(graph, name, stage)}"
     if added_by is not None:
         text += f" (added by {added_by})"
@@ -124,7 +126,7 @@ def _line(graph: ServingGraph, name: str, stage: Any, added_by: str | None = Non
     return f"{text} {settings}" if settings else text
 
 
-def _target(graph: ServingGraph, name: str, stage: Any) -> str:
+def _target(graph: ServingGraph, name: str, stage: object) -> str:
     """The ``_target_`` the stage was built from (its class's path when another stage made it)."""
     node = graph.config.get(name) if name in graph.engine_slots or name in REQUEST_SLOTS else None
     if node is None:
@@ -133,7 +135,7 @@ def _target(graph: ServingGraph, name: str, stage: Any) -> str:
     return str(target) if target else f"{type(stage).__module__}.{type(stage).__qualname__}"
 
 
-def stage_settings(stage: Any) -> str:
+def stage_settings(stage: object) -> str:
     """``key=value`` for each config key of ``stage`` (a dataclass's init fields), as built."""
     if not dataclasses.is_dataclass(stage) or isinstance(stage, type):
         return ""
@@ -147,7 +149,7 @@ def stage_settings(stage: Any) -> str:
     return " ".join(f"{k}={_show(_plain(v))}" for k, v in items)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value on one line: a string quoted unless it is one plain word (``fp32``, ``auto``)."""
     if isinstance(value, str) and not _WORD.fullmatch(value):
         return repr(value)
@@ -163,7 +165,7 @@ def _policy(stage: BatchingStage) -> str:
     return sort_key.__qualname__
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     value = getattr(value, "value", value)  # enums
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
