@@ -167,6 +167,16 @@ def test_every_child_of_a_layered_package_has_a_tier() -> None:
         assert len(named) == len(set(named)), f"LAYERS[{package!r}] names a child twice"
 
 
+def test_every_folder_says_what_lives_there_and_what_it_may_import() -> None:
+    undocumented = []
+    for init in sorted(ROOT.rglob("__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        data_only = not any(p.suffix == ".py" and p != init for p in init.parent.iterdir())
+        if not data_only and "import" not in doc:
+            undocumented.append(str(init.relative_to(ROOT.parent)))
+    assert not undocumented, f"say what these folders may import: {undocumented}"
+
+
 @pytest.mark.xfail(strict=False, reason="issue 38: passes once the consolidation has landed")
 def test_no_import_cycles() -> None:
     edges = import_edges()

@@ -1,5 +1,7 @@
 """inferflow observability: OpenTelemetry tracing (queue vs compute, per stage), Prometheus
-metrics across LitServe's processes, and a trace viewer. See docs/observability.md.
+metrics across LitServe's processes, and a trace viewer. See docs/observability.md. It wraps the
+engine from outside (imports ``engine/``, ``scheduling/``, ``outputs``, ``config/``); only
+``server/`` (and ``testing/``) import it, the engine and the stages never do.
 
 API process (frontend)::
 
