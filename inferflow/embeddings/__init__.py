@@ -6,7 +6,8 @@
 - ``models``: which embedding models a graph hosts (``EmbeddingModelSpec``).
 
 The HTTP half (``/v1/embeddings``, version routing, spans, the embedding-only server) lives in
-``inferflow.server``; this package is the engine side and imports nothing of ``server/``.
+``inferflow.server``; this package is the engine side: it imports ``config/``, ``models/``,
+``runtimes/``, ``stages/`` and ``graph/``'s repository, and nothing of ``server/``.
 
 ``from inferflow.embeddings import Embedder, EmbeddingService, EmbeddingInputError,
 EmbeddingResult`` keeps working (loaded on first use: importing the package stays cheap).
