@@ -5,6 +5,6 @@ loads ``pkg://inferflow.conf`` (``initialize_config_module("inferflow.conf")``, 
 gets the same typed configs as ``python -m inferflow``. It imports only what registers them.
 """
 
-from inferflow.config import register_configs
+from inferflow.stages.registry import register_configs
 
 register_configs()

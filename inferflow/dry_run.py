@@ -13,8 +13,9 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from inferflow.config import REQUEST_SLOTS
-from inferflow.graph import ServingGraph
+from inferflow.config.schema import REQUEST_SLOTS
+from inferflow.graph.build import ServingGraph, build_entry_graph
+from inferflow.graph.repository import llm_entries
 from inferflow.stages.base import RequestStage
 from inferflow.stages.batching import BatchingStage
 from inferflow.stages.response import ResponseStage
@@ -30,9 +31,9 @@ def check(graph: ServingGraph) -> str:
     An embedding model (``model.task=embed``) is checked by loading its checkpoint and
     tokenizing the probe; extra embedding models (``extra_models``) are listed.
     """
-    from inferflow.embeddings.models import embedding_specs, is_embedding_model
+    from inferflow.embeddings.models import embedding_specs
 
-    if is_embedding_model(graph.model):
+    if graph.model.is_embedding:
         from inferflow.models.bert import load_bert_checkpoint
 
         bert = load_bert_checkpoint(graph.model_path)
@@ -42,9 +43,7 @@ def check(graph: ServingGraph) -> str:
             *(_line(graph, name, stage) for name, stage in graph.engine_slots.items()),
         ]
     elif graph.config.get("models"):  # the model repository: every LLM entry's own graph
-        from inferflow.model_repository import check_repository
-
-        lines = check_repository(graph, check_llm) + stage_lines(graph)
+        lines = check_repository(graph) + stage_lines(graph)
     else:
         lines = check_llm(graph)
         note = graph.kv_budget_note()
@@ -77,6 +76,26 @@ def check_llm(graph: ServingGraph) -> list[str]:
         "stages in the order a request meets them (_target_, settings):",
         *stage_lines(graph),
     ]
+
+
+def check_repository(graph: ServingGraph) -> list[str]:
+    """``task=check`` of a model repository: each LLM entry's graph built and probed (the
+    embedding entries are listed by the caller)."""
+    entries = llm_entries(graph.config)
+    lines = [f"model repository: {len(entries)} LLM(s)"]
+    for entry in entries:
+        entry_graph = build_entry_graph(entry)
+        entry_graph.check_engine_settings()
+        model = entry_graph.model
+        precision = getattr(entry_graph.executor, "precision", None)
+        lines.append(
+            f"models.{entry.key}: {entry_graph.model_name}@{model.version} weight={model.weight} "
+            f"load={entry.load.value} executor={entry_graph.executor.backend}"
+            + (f" {getattr(precision, 'value', precision)}" if precision is not None else "")
+        )
+        lines += [f"  {line}" for line in check_llm(entry_graph)]
+    lines.append("the top-level slots each entry inherits:")
+    return lines
 
 
 def _chain(stages: Sequence[RequestStage | ResponseStage]) -> str:

@@ -8,14 +8,11 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from inferflow.config import (
-    ConfigError,
-    ModelConfig,
-    ModelTask,
-)
+from inferflow.config.base import ConfigError, typed_config
+from inferflow.config.schema import ModelConfig, ModelTask
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-from inferflow.model_lookup import resolve_model
-from inferflow.model_repository import embedding_entries
+from inferflow.graph.repository import embedding_entries
+from inferflow.models.lookup import resolve_model
 
 
 @dataclass(frozen=True)
@@ -33,10 +30,6 @@ class EmbeddingModelSpec:
         return f"{self.name}@{self.version}"
 
 
-def is_embedding_model(model: ModelConfig) -> bool:
-    return ModelTask(model.task) is ModelTask.embed
-
-
 def batching_config(graph: Any) -> DynamicBatchingConfig:
     """``batching=dynamic``'s window when chosen, else the dynamic batcher's defaults."""
     slot = graph.engine_slots.get("batching")
@@ -46,11 +39,9 @@ def batching_config(graph: Any) -> DynamicBatchingConfig:
 
 
 def _entry(key: str, node: Any) -> ModelConfig:
-    from inferflow.graph import typed_config
-
     entry = typed_config(ModelConfig, node, f"extra_models.{key}")
     assert isinstance(entry, ModelConfig)
-    if not is_embedding_model(entry):
+    if not entry.is_embedding:
         raise ConfigError(
             f"extra_models.{key}.task: only embed models can be served beside the main model "
             f"(got {ModelTask(entry.task).value})",
@@ -64,7 +55,7 @@ def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
     repository's embedding entries; ``ConfigError`` for a bad entry
     or two entries with the same ``name@version``."""
     batching = batching_config(graph)
-    entries: list[ModelConfig] = [graph.model] if is_embedding_model(graph.model) else []
+    entries: list[ModelConfig] = [graph.model] if graph.model.is_embedding else []
     extra = graph.config.get("extra_models") or {}
     if isinstance(extra, DictConfig):
         entries += [_entry(str(k), v) for k, v in extra.items()]

@@ -1,4 +1,4 @@
-"""``models:`` composes into one serving-graph config per entry (``inferflow.model_repository``)."""
+"""``models:`` composes into one serving-graph config per entry (``inferflow.graph.repository``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from cfg_helpers import run_cli
 
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError, LoadMode
-from inferflow.model_repository import embedding_entries, llm_entries, repository_entries
+from inferflow.config.server import ServerConfig
+from inferflow.graph.repository import embedding_entries, llm_entries, repository_entries
 from inferflow.scheduling.kv_budget import KVBudget, auto_share, parse_memory
-from inferflow.server_schema import ServerConfig
 
 
 def test_without_models_the_top_level_model_is_the_only_entry() -> None:

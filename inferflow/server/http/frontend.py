@@ -31,6 +31,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.config import LoadMode
+from inferflow.config.server import ServerConfig
 from inferflow.server.http.channels import ChannelRegistry
 from inferflow.server.http.deployments import (
     Deployment,
@@ -47,7 +48,6 @@ from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequ
 from inferflow.server.http.request_flow import RequestFlow
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
 from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, WorkerLost
@@ -80,7 +80,7 @@ class Frontend:
     def __init__(
         self,
         pipeline: RequestPipeline,
-        settings: ServerSettings,
+        settings: ServerConfig,
         shared: SharedState,
         telemetry: FrontendTelemetry | None = None,
         responses: ResponsePipeline | None = None,
@@ -100,7 +100,7 @@ class Frontend:
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
-        self.auth = ApiKeyAuth(settings.api_keys)
+        self.auth = ApiKeyAuth(tuple(settings.api_keys))
         self.limiter = RateLimiter(  # shared by the API processes forked after this
             settings.rate_limit_requests_per_minute,
             settings.rate_limit_tokens_per_minute,

@@ -24,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import inferflow
+from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.embeddings import (
@@ -42,7 +43,6 @@ from inferflow.server.http.limits import (
     RateLimiter,
 )
 from inferflow.server.http.openapi import install_openapi
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.telemetry.metrics_export import render_metrics
 
@@ -55,7 +55,7 @@ class EmbeddingApp:
     def __init__(
         self,
         models: EmbeddingModels,
-        settings: ServerSettings,
+        settings: ServerConfig,
         telemetry: FrontendTelemetry | None = None,
     ) -> None:
         self.models = models
@@ -63,7 +63,7 @@ class EmbeddingApp:
         self.draining = False
         self.created = int(time.time())
         self.telemetry = telemetry or FrontendTelemetry(None)
-        auth = ApiKeyAuth(settings.api_keys)
+        auth = ApiKeyAuth(tuple(settings.api_keys))
         self.frontend = EmbeddingsFrontend(
             models,
             auth,
@@ -166,7 +166,7 @@ class EmbeddingApp:
 
 def serve_embeddings(graph: Any) -> None:
     """Serve the graph's embedding models until SIGTERM/SIGINT (blocking)."""
-    settings = ServerSettings.from_config(graph.server)
+    settings = graph.server.with_env_api_keys()
     settings = replace(settings, max_connections=raise_fd_limit(settings.max_connections))
     models = EmbeddingModels(embedding_specs(graph))
     tracing = dict(graph.to_container().get("tracing") or {})

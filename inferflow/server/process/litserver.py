@@ -51,12 +51,12 @@ from fastapi import FastAPI
 from litserve.specs.base import LitSpec
 from litserve.utils import configure_logging
 
+from inferflow.config.server import ServerConfig
 from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
@@ -93,7 +93,7 @@ class InferflowServer(ls.LitServer):
         self,
         models: list[ManagedModel],
         frontend: Frontend,
-        settings: ServerSettings,
+        settings: ServerConfig,
         model_path: str,
         start_line: str = "",
         memory_budget: int | None = None,

@@ -7,7 +7,7 @@ Process tree of a running server (all bound to the main process with PR_SET_PDEA
     ├── engine worker per loaded LLM (spawned): EngineAPI + EngineLoop, owns the engine
     └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
 
-The LLMs are the model repository's entries (``inferflow.model_repository``; without
+The LLMs are the model repository's entries (``inferflow.graph.repository``; without
 ``models:`` the one ``model``): each gets its own serving graph, request stages, shared state
 and engine worker.
 """
@@ -19,14 +19,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from inferflow.config import ConfigError
+from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
-from inferflow.model_repository import build_entry_graph, llm_entries
+from inferflow.graph import build_entry_graph
+from inferflow.graph.repository import llm_entries
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.spec import OpenAICompatibleSpec
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
@@ -102,9 +103,9 @@ def _deployments(
     return out
 
 
-def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
+def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowServer:
     """Wire the frontend, the LitServe spec and an engine worker per LLM of ``graph``."""
-    settings = settings or ServerSettings.from_config(graph.server)
+    settings = settings or graph.server.with_env_api_keys()
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
     frontend_telemetry = FrontendTelemetry(telemetry)
@@ -181,7 +182,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
 
 
 def start_line(
-    graph: Any, settings: ServerSettings, deployments: list[Deployment] | None = None
+    graph: Any, settings: ServerConfig, deployments: list[Deployment] | None = None
 ) -> str:
     """What is served, where, and where its traces go (printed once the server is ready)."""
     if deployments and deployments[0].key:  # a repository: one line for all its models
@@ -220,9 +221,7 @@ def serve(graph: Any) -> None:
     worker could not start or an API process died. Prometheus samples of every process go to
     a temporary multiprocess directory that is removed on the way out.
     """
-    from inferflow.embeddings.models import is_embedding_model
-
-    if is_embedding_model(graph.model) and not graph.config.get("models"):
+    if graph.model.is_embedding and not graph.config.get("models"):
         # no LLM: one process, no engine worker
         from inferflow.server.process.embedding_server import serve_embeddings
 

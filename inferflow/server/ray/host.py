@@ -24,7 +24,7 @@ import time
 import urllib.request
 from typing import Any
 
-from inferflow.server_schema import RayRouting, RayServerConfig
+from inferflow.config.server import RayRouting, RayServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +106,7 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
 def serve_on_ray(graph: Any) -> None:
     """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
     and, if this process started Ray, shut it down."""
-    from inferflow.embeddings.models import is_embedding_model
-
-    if is_embedding_model(graph.model):
+    if graph.model.is_embedding:
         raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
                          "models beside it); an embedding-only server runs with server=default")
     if graph.config.get("models"):
@@ -159,9 +157,7 @@ def serve_on_ray(graph: Any) -> None:
 
 
 def graph_settings(graph: Any) -> Any:
-    from inferflow.server.http.settings import ServerSettings
-
-    return ServerSettings.from_config(graph.server)
+    return graph.server.with_env_api_keys()
 
 
 def _block_size(graph: Any) -> int:

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.config import LoadMode
+from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
@@ -36,7 +37,6 @@ from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import (
     CancelRequest,
@@ -142,7 +142,7 @@ class IngressDeployment:
         from inferflow.graph import build_graph
 
         graph = build_graph(config)
-        self.settings = ServerSettings.from_config(graph.server)
+        self.settings = graph.server.with_env_api_keys()
         self.telemetry = FrontendTelemetry(telemetry)
         self.shared = SharedState()
         pipeline = RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage)
@@ -171,7 +171,7 @@ class IngressDeployment:
 
 
 def build_app(frontend: Frontend, board: BoardReader, model_path: str,
-              settings: ServerSettings) -> FastAPI:
+              settings: ServerConfig) -> FastAPI:
     """The FastAPI app: the OpenAI routes, the operational routes, our middleware and errors."""
     app = FastAPI(title="inferflow")
     app.add_middleware(DocsKeyMiddleware, auth=frontend.auth)
