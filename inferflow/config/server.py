@@ -84,6 +84,10 @@ class ServerConfig:
         for name in ("num_api_servers", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for f in dataclasses.fields(ServerConfig):  # every limit and timeout: >= 0 or null (off)
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"{f.name}: must be >= 0 or null, got {value}")
         if self.workers != 1:
             raise ValueError(
                 "workers: one engine worker per model is supported (it owns the KV cache and "
@@ -91,24 +95,6 @@ class ServerConfig:
             )
         if self.max_connections is not None and self.max_connections < 1:
             raise ValueError(f"max_connections: must be >= 1, got {self.max_connections}")
-        for name in (
-            "max_payload_bytes",
-            "request_timeout_s",
-            "max_waiting_requests",
-            "shutdown_grace_s",
-            "rate_limit_requests_per_minute",
-            "rate_limit_tokens_per_minute",
-            "worker_stall_timeout_s",
-            "worker_watchdog_s",
-            "max_connections",
-            "timeout_header_s",
-            "timeout_body_s",
-            "timeout_keep_alive_s",
-            "model_load_timeout_s",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name}: must be >= 0 or null, got {value}")
         parse_memory(self.model_memory_budget, "model_memory_budget")  # a bad size fails here
 
     @property

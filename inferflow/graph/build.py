@@ -164,7 +164,7 @@ class ServingGraph:
         """The resolved config as plain picklable data (enums as strings)."""
         data = OmegaConf.to_container(self.config, resolve=True, enum_to_str=True)
         assert isinstance(data, dict)
-        return data  # type: ignore[return-value]
+        return {str(k): v for k, v in data.items()}
 
     # ------------------------------------------------------------------ request path
 
