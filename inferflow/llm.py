@@ -64,7 +64,7 @@ class LLM:
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
         from hydra.errors import MissingConfigException
 
-        from inferflow.cli import compose_config
+        from inferflow.compose import compose_config
         from inferflow.graph import build_graph
 
         overrides = [] if model is None else ["model=local", f"model.path={_value(str(model))}"]

@@ -20,7 +20,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from inferflow.stages.base import ConfigEnum
+from inferflow.config.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inferflow.bench.fake_server import FakeServer, FakeServerConfig
+from inferflow.testing.fake_server import FakeServer, FakeServerConfig
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from inferflow.bench.cli import main
-from inferflow.bench.fake_server import FakeServer
+from inferflow.testing.fake_server import FakeServer
 
 Factory = Callable[..., FakeServer]
 

@@ -18,11 +18,11 @@ import pytest
 
 from inferflow.bench.client import EndpointSpec
 from inferflow.bench.datasets import DatasetConfig, build_dataset
-from inferflow.bench.fake_server import FakeServer
 from inferflow.bench.metrics import compute_metrics
 from inferflow.bench.records import SampleRequest
 from inferflow.bench.runner import LoadConfig, RunOutput, run_load
 from inferflow.bench.text import WordTextSource
+from inferflow.testing.fake_server import FakeServer
 
 TTFT, DELAY, TOKENS = 0.05, 0.02, 6
 EPS = 1e-3  # clock granularity

@@ -11,11 +11,11 @@ from types import ModuleType
 
 import pytest
 
-from inferflow.bench.fake_server import FakeServer
+from inferflow.testing.fake_server import FakeServer
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--num-warmups", "0"]
-FAKE_CMD = "{python} -m inferflow.bench.fake_server --port {port} --ttft-ms 5 --token-delay-ms 1"
+FAKE_CMD = "{python} -m inferflow.testing.fake_server --port {port} --ttft-ms 5 --token-delay-ms 1"
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from inferflow.bench.cli import main
-from inferflow.bench.fake_server import FakeServer
 from inferflow.bench.text import TokenizerTextSource
 from inferflow.bench.tokenizer_lookup import choose_token_counting
 from inferflow.models.tiny import TRAINED
+from inferflow.testing.fake_server import FakeServer
 
 Factory = Callable[..., FakeServer]
 UNREACHABLE = "http://127.0.0.1:9"  # nothing listens: a lookup that asks the server fails

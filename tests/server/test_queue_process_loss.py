@@ -14,7 +14,7 @@ import httpx
 import pytest
 from server_harness import MODEL, gone, start_server
 
-from inferflow.server.process.process_utils import QUEUE_PROCESS_NAME
+from inferflow.server.process_utils import QUEUE_PROCESS_NAME
 
 
 def _named(pids: list[int], name: str) -> list[int]:

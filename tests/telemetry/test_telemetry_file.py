@@ -30,9 +30,9 @@ from inferflow.telemetry.otlp_json import (
     read_otlp_json_lines,
     spans_to_otlp_dict,
 )
-from inferflow.telemetry.simulate import SimConfig, simulate, write_demo_trace
 from inferflow.telemetry.trace_model import load_spans, percentile
 from inferflow.telemetry.trace_viewer import main
+from inferflow.testing.simulate import SimConfig, simulate, write_demo_trace
 
 HEX32, HEX16 = re.compile(r"^[0-9a-f]{32}$"), re.compile(r"^[0-9a-f]{16}$")
 
