@@ -52,7 +52,7 @@ def test_engine_settings_follow_the_stages() -> None:
     graph = graph_for("executor.max_slots=8", "executor.precision=int4", "cache.block_size=32")
     layout = graph.kv_layout()
     assert layout.max_slots == 8 and layout.block_size == 32 and graph.executor.precision == "int4"
-    assert graph.executor.engine_config(layout).precision == "int4"
+    assert graph.executor.settings_for_runner().precision == "int4"
     assert graph.batching.mode == "continuous" and graph.cache.enabled is True
 
 

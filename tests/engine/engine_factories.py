@@ -10,7 +10,7 @@ import numpy as np
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
-from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 from inferflow.runtimes.step_inputs import EngineRow
 
@@ -59,10 +59,14 @@ def transformers_reference(path: Path, prompt: list[int], n_new: int,
     return full[len(prompt):], logits
 
 
-def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeRunner:
-    settings: dict[str, object] = {"max_slots": 4, "max_model_len": 256}
-    settings.update(kwargs)
-    return OnnxRuntimeRunner(load_checkpoint(path), EngineConfig(**settings))  # type: ignore[arg-type]
+def make_engine(path: Path, *, max_slots: int = 4, max_model_len: int = 256, block_size: int = 16,
+                num_blocks: int = 0, **settings: object) -> OnnxRuntimeRunner:
+    """A runner over ``KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)``;
+    ``settings``: ``OrtSettings`` fields."""
+    from inferflow.scheduling.layout import KVLayout
+
+    layout = KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)
+    return OnnxRuntimeRunner(load_checkpoint(path), OrtSettings(**settings), layout)  # type: ignore[arg-type]
 
 
 def greedy(engine: OnnxRuntimeRunner, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:

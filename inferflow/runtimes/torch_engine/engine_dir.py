@@ -27,7 +27,7 @@ from inferflow.runtimes.config import default_engine_dir
 from inferflow.runtimes.engine_cache import MANIFEST, cache_key
 
 if TYPE_CHECKING:
-    from inferflow.runtimes.torch_engine.runner import TorchSettings
+    from inferflow.runtimes.config import TorchSettings
 
 TORCH_ENGINE_VERSION = "2"  # bump when the forward or the compile setup changes (2: biases, rope types)
 
