@@ -4,15 +4,12 @@ really turn prefix caching off."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from cfg_helpers import REPO, run_cli
-
-sys.path.insert(0, str(REPO / "tests" / "server"))
+from cfg_helpers import run_cli
 from server_harness import ServerProcess
 
 # Non-default values for every engine-side knob (executor.cache_dir is left to the test env).

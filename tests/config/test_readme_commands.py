@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from cfg_helpers import ISOLATED_VARS, REPO
+from child_env import pythonpath
 
 README = (REPO / "README.md").read_text()
 NEEDS_A_CHECKPOINT = ("+model=llama_8b", "model.path=/models/")  # placeholders for your files
@@ -42,7 +43,7 @@ def newcomer_env(tmp_path: Path) -> dict[str, str]:
         del env[key]
     home = tmp_path / "home"
     home.mkdir()
-    env.update(HOME=str(home), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    env.update(HOME=str(home), PYTHONPATH=pythonpath(base=env), PYTHONDONTWRITEBYTECODE="1")
     return env
 
 

@@ -95,7 +95,7 @@ def sleepy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     env = {
         "INFERFLOW_CONFIG_PATH": str(SLEEPY / "conf"),
         "INFERFLOW_ALLOWED_TARGETS": "sleepy_stage",
-        "PYTHONPATH": str(SLEEPY),
+        "PYTHONPATH": str(SLEEPY),  # added in front of the current path
     }
     srv = start_server(
         tmp_path_factory,
