@@ -11,6 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL, ServerProcess, start_server, trace_spans
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def spans_of(path, trace_id: str) -> list[dict]:
     return [s for s in trace_spans(path) if s["traceId"] == trace_id]
