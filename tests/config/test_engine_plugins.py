@@ -21,6 +21,8 @@ from inferflow.scheduling.plan import ExecutorOutput, SampledToken
 from inferflow.scheduling.request import Request
 from inferflow.scheduling.scheduler import Scheduler
 
+pytestmark = pytest.mark.server
+
 EXAMPLES = PLUGINS / "engine_examples"
 EXAMPLES_CONF = EXAMPLES / "inferflow_examples" / "conf"
 

@@ -24,6 +24,8 @@ from inferflow.graph import build_graph
 from inferflow.models.tokenizer import Tokenizer
 from inferflow.stages.base import ATTR_API_KEY_ID, ATTR_PRIORITY, ATTR_USER, StageRequest
 
+pytestmark = pytest.mark.server
+
 EMAIL_PROMPT = "Write to jane.doe@example.com or call 415-555-0132 about card 4111 1111 1111 1111."
 REDACTED = "Write to [EMAIL] or call [PHONE] about card [CREDIT_CARD]."
 
