@@ -37,7 +37,7 @@ if str(REPO) not in sys.path:
 
 from inferflow.bench.suite import free_port, managed_server, server_pid, write_report  # noqa: E402
 from inferflow.models.tiny import SPEC_100M, TinySpec, make_checkpoint  # noqa: E402
-from inferflow.server.process.process_utils import descendants, process_rss  # noqa: E402
+from inferflow.server.process_utils import descendants, process_rss  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "engine_build"
 MiB = float(1 << 20)

@@ -36,7 +36,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from inferflow.bench.suite import free_port, managed_server, server_pid, write_report  # noqa: E402
-from inferflow.server.process.process_utils import descendants, process_rss  # noqa: E402
+from inferflow.server.process_utils import descendants, process_rss  # noqa: E402
 
 OUT = REPO / "benchmarks" / "results" / "model_repository"
 

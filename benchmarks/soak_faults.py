@@ -50,7 +50,7 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from inferflow.bench.suite import free_port, stop_process_group, wait_ready  # noqa: E402
-from inferflow.server.process.process_utils import descendants  # noqa: E402
+from inferflow.server.process_utils import descendants  # noqa: E402
 
 WORDS = [
     "the",

@@ -2,9 +2,9 @@
 
 Importing it registers the typed schemas the YAML files extend, so any Hydra entry point that
 loads ``pkg://inferflow.conf`` (``initialize_config_module("inferflow.conf")``, a custom app)
-gets the same typed configs as ``python -m inferflow``.
+gets the same typed configs as ``python -m inferflow``. It imports only what registers them.
 """
 
-from inferflow.config import register_configs
+from inferflow.stages.registry import register_configs
 
 register_configs()

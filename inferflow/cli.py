@@ -21,28 +21,19 @@ from typing import Any
 
 import hydra
 import yaml
-from hydra import compose, initialize_config_module
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from inferflow.config import (
-    CONF_PACKAGE,
-    CONF_SOURCE,
-    CONFIG_NAME,
-    ConfigError,
-    Task,
-    describe_omegaconf_error,
-    register_configs,
-)
+from inferflow.compose import CONF_SOURCE, CONFIG_NAME, prepare_overrides, split_args
+from inferflow.compose import compose_config as compose_config  # (re-exported: cli's names)
+from inferflow.config import ConfigError, Task, describe_omegaconf_error
 from inferflow.dry_run import check
 from inferflow.graph import ServingGraph, build_graph
 from inferflow.models.errors import CheckpointError
-from inferflow.overrides import RENAMED_KEYS as RENAMED_KEYS  # (re-exported: cli's names)
-from inferflow.overrides import defaulted_groups as defaulted_groups
-from inferflow.overrides import prepare_overrides
+from inferflow.stages.registry import register_configs
 
 SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
 PROG = "inferflow"
@@ -93,20 +84,8 @@ def _subcommand(name: str, argv: list[str]) -> int:
         return 0
 
 
-def _split_overrides(args: list[str]) -> tuple[list[str], list[str]]:
-    """(Hydra flags, overrides) as Hydra's own argument parser sees them."""
-    from hydra._internal.utils import get_args_parser
-
-    parsed = get_args_parser().parse_args(args)
-    overrides = list(parsed.overrides or [])
-    flags = list(args)
-    for item in overrides:
-        flags.remove(item)
-    return flags, overrides
-
-
 def _run_hydra(args: list[str]) -> int:
-    flags, overrides = _split_overrides(args)
+    flags, overrides = split_args(args)
     overrides = prepare_overrides(overrides)
     if {"-m", "--multirun"} & set(flags) and not any(
         o.startswith("hydra.output_subdir=") for o in overrides
@@ -179,24 +158,12 @@ def describe_hydra_error(exc: Exception) -> str:
     return text
 
 
-def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
-    """Compose the config as ``python -m inferflow OVERRIDES`` would (tests, notebooks, tools).
-
-    Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
-    """
-    register_configs()
-    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
-        return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
-
-
 # ---------------------------------------------------------------------- tasks
 
 
 def _task(cfg: DictConfig) -> None:
-    from inferflow.embeddings.models import is_embedding_model
-
     graph = build_graph(cfg)
-    if not is_embedding_model(graph.model):
+    if not graph.model.is_embedding:
         if not graph.config.get("models"):  # (a repository reports each model's own failure)
             graph.check_checkpoint()
         graph.check_engine_settings()  # what the worker would refuse, refused here in one line

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any
+from collections.abc import Sequence
 
-from inferflow.config import REQUEST_SLOTS
-from inferflow.graph import ServingGraph
+from inferflow.config.schema import REQUEST_SLOTS
+from inferflow.graph.build import ServingGraph, build_entry_graph
+from inferflow.graph.repository import llm_entries
+from inferflow.stages.base import RequestStage
 from inferflow.stages.batching import BatchingStage
+from inferflow.stages.response import ResponseStage
 
 # dataclass field metadata key: the field is an old spelling of the named one (not shown)
 RENAMED_TO = "renamed_to"
@@ -28,9 +31,9 @@ def check(graph: ServingGraph) -> str:
     An embedding model (``model.task=embed``) is checked by loading its checkpoint and
     tokenizing the probe; extra embedding models (``extra_models``) are listed.
     """
-    from inferflow.embeddings.models import embedding_specs, is_embedding_model
+    from inferflow.embeddings.models import embedding_specs
 
-    if is_embedding_model(graph.model):
+    if graph.model.is_embedding:
         from inferflow.models.bert import load_bert_checkpoint
 
         bert = load_bert_checkpoint(graph.model_path)
@@ -40,16 +43,14 @@ def check(graph: ServingGraph) -> str:
             *(_line(graph, name, stage) for name, stage in graph.engine_slots.items()),
         ]
     elif graph.config.get("models"):  # the model repository: every LLM entry's own graph
-        from inferflow.model_repository import check_repository
-
-        lines = check_repository(graph, check_llm) + stage_lines(graph)
+        lines = check_repository(graph) + stage_lines(graph)
     else:
         lines = check_llm(graph)
         note = graph.kv_budget_note()
         if note is not None:
             lines.append(f"note: {note}")
     lines += [
-        f"extra model: {s.model_version.model_id} ({s.path}) weight={s.weight}"
+        f"extra model: {s.model_id} ({s.path}) weight={s.weight}"
         for s in embedding_specs(graph)
         if s.path != str(graph.model_path)
     ]
@@ -77,7 +78,27 @@ def check_llm(graph: ServingGraph) -> list[str]:
     ]
 
 
-def _chain(stages: list[Any]) -> str:
+def check_repository(graph: ServingGraph) -> list[str]:
+    """``task=check`` of a model repository: each LLM entry's graph built and probed (the
+    embedding entries are listed by the caller)."""
+    entries = llm_entries(graph.config)
+    lines = [f"model repository: {len(entries)} LLM(s)"]
+    for entry in entries:
+        entry_graph = build_entry_graph(entry)
+        entry_graph.check_engine_settings()
+        model = entry_graph.model
+        precision = getattr(entry_graph.executor, "precision", None)
+        lines.append(
+            f"models.{entry.key}: {entry_graph.model_name}@{model.version} weight={model.weight} "
+            f"load={entry.load.value} executor={entry_graph.executor.backend}"
+            + (f" {getattr(precision, 'value', precision)}" if precision is not None else "")
+        )
+        lines += [f"  {line}" for line in check_llm(entry_graph)]
+    lines.append("the top-level slots each entry inherits:")
+    return lines
+
+
+def _chain(stages: Sequence[RequestStage | ResponseStage]) -> str:
     return " -> ".join(f"{s.name} ({type(s).__name__})" for s in stages)
 
 
@@ -97,7 +118,7 @@ def stage_lines(graph: ServingGraph) -> list[str]:
     return lines
 
 
-def _line(graph: ServingGraph, name: str, stage: Any, added_by: str | None = None) -> str:
+def _line(graph: ServingGraph, name: str, stage: object, added_by: str | None = None) -> str:
     text = f"  {name}: {type(stage).__name__} _target_={_target(graph, name, stage)}"
     if added_by is not None:
         text += f" (added by {added_by})"
@@ -105,7 +126,7 @@ def _line(graph: ServingGraph, name: str, stage: Any, added_by: str | None = Non
     return f"{text} {settings}" if settings else text
 
 
-def _target(graph: ServingGraph, name: str, stage: Any) -> str:
+def _target(graph: ServingGraph, name: str, stage: object) -> str:
     """The ``_target_`` the stage was built from (its class's path when another stage made it)."""
     node = graph.config.get(name) if name in graph.engine_slots or name in REQUEST_SLOTS else None
     if node is None:
@@ -114,7 +135,7 @@ def _target(graph: ServingGraph, name: str, stage: Any) -> str:
     return str(target) if target else f"{type(stage).__module__}.{type(stage).__qualname__}"
 
 
-def stage_settings(stage: Any) -> str:
+def stage_settings(stage: object) -> str:
     """``key=value`` for each config key of ``stage`` (a dataclass's init fields), as built."""
     if not dataclasses.is_dataclass(stage) or isinstance(stage, type):
         return ""
@@ -128,7 +149,7 @@ def stage_settings(stage: Any) -> str:
     return " ".join(f"{k}={_show(_plain(v))}" for k, v in items)
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     """A value on one line: a string quoted unless it is one plain word (``fp32``, ``auto``)."""
     if isinstance(value, str) and not _WORD.fullmatch(value):
         return repr(value)
@@ -144,7 +165,7 @@ def _policy(stage: BatchingStage) -> str:
     return sort_key.__qualname__
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     value = getattr(value, "value", value)  # enums
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}

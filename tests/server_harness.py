@@ -21,7 +21,7 @@ import openai
 from child_env import child_env
 
 from inferflow.bench.suite import kv_resident
-from inferflow.server.process.process_utils import descendants
+from inferflow.server.process_utils import descendants
 
 STARTUP_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 60.0

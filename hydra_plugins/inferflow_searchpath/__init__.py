@@ -18,7 +18,7 @@ class InferflowSearchPathPlugin(SearchPathPlugin):
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         if not any(e.path == INFERFLOW_CONF for e in search_path.get_path()):
             return  # another Hydra app
-        from inferflow.config import discover_plugins, env_search_paths
+        from inferflow.compose import discover_plugins, env_search_paths
 
         known = {e.path for e in search_path.get_path()}
         for path in [*env_search_paths(), *(p.search_path for p in discover_plugins())]:

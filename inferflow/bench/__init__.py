@@ -2,7 +2,9 @@
 
 Command line: ``python -m inferflow.bench`` (also ``inferflow bench``), see
 :func:`inferflow.bench.cli.main`. Metric definitions: :mod:`inferflow.bench.metrics` and
-``docs/benchmarks.md``.
+``docs/benchmarks.md``. A client of the HTTP API: it imports nothing of inferflow but
+``paths`` (the deprecated ``fake_server`` path forwards to ``testing/``), and nothing in the
+product imports it (``cli`` runs it by name).
 """
 
 from inferflow.bench.client import EndpointSpec, send_request

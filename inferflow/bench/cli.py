@@ -11,7 +11,6 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
 
 import httpx
 
@@ -179,7 +178,7 @@ def make_samples(
     return build_dataset(fitted, make_text_source(counting.tokenizer)), counting
 
 
-def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def run_from_args(args: argparse.Namespace) -> dict[str, object]:
     """Build the dataset, run the load, and return the result dict (vLLM layout)."""
     dataset = DatasetConfig(
         name=args.dataset_name,
@@ -256,4 +255,5 @@ def main(argv: list[str] | None = None) -> int:
     except ConnectionError as exc:
         print(f"inferflow bench: error: {exc}", file=sys.stderr)
         return 1
-    return 0 if result["completed"] > 0 else 1
+    completed = result["completed"]
+    return 0 if isinstance(completed, int) and completed > 0 else 1

@@ -13,7 +13,6 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 
@@ -38,7 +37,7 @@ class EndpointSpec:
     ignore_eos: bool = False
     force_output_len: bool = False
     include_usage: bool = True
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    extra_body: dict[str, object] = field(default_factory=dict)
     extra_headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -52,9 +51,9 @@ def make_traceparent() -> str:
     return f"00-{trace_id}-{span_id}-01"
 
 
-def build_payload(spec: EndpointSpec, sample: SampleRequest) -> dict[str, Any]:
+def build_payload(spec: EndpointSpec, sample: SampleRequest) -> dict[str, object]:
     """The JSON body for ``sample``: always streamed, output length as the dataset asks."""
-    payload: dict[str, Any] = {"model": spec.model, "stream": True}
+    payload: dict[str, object] = {"model": spec.model, "stream": True}
     if spec.chat:
         payload["messages"] = sample.chat_messages()
         # Newer servers read max_completion_tokens, older ones max_tokens; send both.

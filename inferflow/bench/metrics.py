@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -120,7 +119,7 @@ def compute_metrics(
     percentiles: Sequence[float] = (90.0, 99.0),
     goodput: dict[str, float] | None = None,
     metrics: Sequence[str] = METRIC_NAMES,
-) -> dict[str, Any]:
+) -> dict[str, float | None]:
     """All aggregate figures of one run, keyed as in vLLM's result JSON."""
     if duration <= 0:
         raise ValueError(f"duration must be positive, got {duration}")
@@ -131,7 +130,7 @@ def compute_metrics(
     samples = collect_samples(records)
     total_input = sum(r.prompt_len for r in ok)
     total_output = sum(r.output_tokens for r in ok)
-    result: dict[str, Any] = {
+    result: dict[str, float | None] = {
         "duration": duration,
         "completed": len(ok),
         "failed": len(records) - len(ok),
@@ -153,7 +152,7 @@ def compute_metrics(
     return result
 
 
-def detailed_fields(records: Sequence[RequestRecord]) -> dict[str, list[Any]]:
+def detailed_fields(records: Sequence[RequestRecord]) -> dict[str, list[object]]:
     """Per-request arrays (vLLM ``--save-detailed`` names, plus ids for joining server traces)."""
     return {
         "input_lens": [r.prompt_len for r in records],

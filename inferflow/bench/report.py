@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from inferflow.bench.metrics import percentile_key
 
@@ -30,10 +29,10 @@ def run_header(
     burstiness: float,
     max_concurrency: int | None,
     metadata: dict[str, str] | None = None,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The setup keys vLLM writes before the metrics (``request_rate`` is ``"inf"`` when
     unbounded, since JSON has no infinity)."""
-    header: dict[str, Any] = {
+    header: dict[str, object] = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": backend,
         "backend": backend,
@@ -49,13 +48,13 @@ def run_header(
     return header
 
 
-def _line(name: str, value: Any, fmt: str = "") -> str:
+def _line(name: str, value: object, fmt: str = "") -> str:
     text = format(value, fmt) if value is not None else "n/a"
     return f"{name:<40} {text:<10}"
 
 
 def format_table(
-    result: dict[str, Any], metrics: Sequence[str], percentiles: Sequence[float]
+    result: Mapping[str, object], metrics: Sequence[str], percentiles: Sequence[float]
 ) -> str:
     """The summary vLLM prints, from a result dict (works on a loaded JSON file too)."""
     lines = [
@@ -93,18 +92,19 @@ def format_table(
     return "\n".join(line.rstrip() for line in lines)
 
 
-def default_filename(result: dict[str, Any]) -> str:
+def default_filename(result: Mapping[str, object]) -> str:
     """vLLM's name: ``{label}-{rate}qps[-concurrency{N}]-{model}-{date}.json``."""
     concurrency = result.get("max_concurrency")
     conc = f"-concurrency{concurrency}" if concurrency is not None else ""
     model = str(result.get("model_id") or "model").split("/")[-1]
     label = result.get("label") or result.get("backend")
-    rate = result.get("request_rate")
-    rate_text = "inf" if rate == "inf" else str(float(rate or 0))
+    rate = result.get("request_rate") or 0
+    number = float(rate) if isinstance(rate, int | float | str) and rate != "inf" else 0.0
+    rate_text = "inf" if rate == "inf" else str(number)
     return f"{label}-{rate_text}qps{conc}-{model}-{result['date']}.json"
 
 
-def save_result(result: dict[str, Any], path: Path, append: bool = False) -> Path:
+def save_result(result: Mapping[str, object], path: Path, append: bool = False) -> Path:
     """Write ``result`` as JSON (one object, or one more line with ``append``)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a+" if append else "w", encoding="utf-8") as f:

@@ -18,9 +18,8 @@ without ``[DONE]`` and without any ``finish_reason``.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from inferflow.bench.sse import SSEDecoder, SSEEvent
 
@@ -95,7 +94,7 @@ def _apply_event(result: StreamResult, event: SSEEvent, now: float) -> None:
             result.usage_prompt_tokens = usage["prompt_tokens"]
 
 
-def _apply_choices(result: StreamResult, choices: Any, now: float) -> None:
+def _apply_choices(result: StreamResult, choices: object, now: float) -> None:
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return
     choice = choices[0]
@@ -107,7 +106,7 @@ def _apply_choices(result: StreamResult, choices: Any, now: float) -> None:
         result.finish_reason = str(choice["finish_reason"])
 
 
-def chunk_text(choice: dict[str, Any]) -> str:
+def chunk_text(choice: Mapping[str, object]) -> str:
     """The generated text one streamed choice carries (completions or chat form)."""
     text = choice.get("text")
     if isinstance(text, str):
@@ -122,7 +121,7 @@ def chunk_text(choice: dict[str, Any]) -> str:
     return ""
 
 
-def _error_message(error: Any) -> str:
+def _error_message(error: object) -> str:
     if isinstance(error, dict):
         return str(error.get("message") or error)[:500]
     return str(error)[:500]

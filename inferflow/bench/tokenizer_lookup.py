@@ -125,7 +125,7 @@ def checkpoint_folders(name: str) -> list[Path]:
 
 
 def _hf_hub() -> Path:
-    """The Hugging Face hub cache (as ``model_lookup`` reads it)."""
+    """The Hugging Face hub cache (as ``models/lookup.py`` reads it)."""
     hub = os.environ.get("HF_HUB_CACHE")
     if hub:
         return Path(hub).expanduser()

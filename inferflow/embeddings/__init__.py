@@ -3,8 +3,11 @@
 - ``service``: the offline ``Embedder`` and the ``EmbeddingService`` the server calls;
 - ``encoder_runner``: the compiled BERT-family encoder (ONNX Runtime);
 - ``dynamic_batcher``: the batching window that groups one-shot requests;
-- ``models``, ``routing``, ``http_api``, ``trace``, ``server``: serving them (``/v1/embeddings``,
-  versions and canary routing, spans, the embedding-only server).
+- ``models``: which embedding models a graph hosts (``EmbeddingModelSpec``).
+
+The HTTP half (``/v1/embeddings``, version routing, spans, the embedding-only server) lives in
+``inferflow.server``; this package is the engine side: it imports ``config/``, ``models/``,
+``runtimes/``, ``stages/`` and ``graph/``'s repository, and nothing of ``server/``.
 
 ``from inferflow.embeddings import Embedder, EmbeddingService, EmbeddingInputError,
 EmbeddingResult`` keeps working (loaded on first use: importing the package stays cheap).

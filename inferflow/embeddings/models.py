@@ -3,24 +3,31 @@ plus every ``extra_models`` entry (all ``task=embed`` in this version)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from omegaconf import DictConfig
 
-from inferflow.config import (
-    ConfigError,
-    ModelConfig,
-    ModelTask,
-)
+from inferflow.config.base import ConfigError, typed_config
+from inferflow.config.schema import ModelConfig, ModelTask
 from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-from inferflow.embeddings.http_api import EmbeddingModelSpec
-from inferflow.model_lookup import resolve_model
-from inferflow.model_repository import embedding_entries
-from inferflow.server.http.errors import OpenAIError
+from inferflow.graph.repository import embedding_entries
+from inferflow.models.lookup import resolve_model
 
 
-def is_embedding_model(model: ModelConfig) -> bool:
-    return ModelTask(model.task) is ModelTask.embed
+@dataclass(frozen=True)
+class EmbeddingModelSpec:
+    """One served embedding model version (picklable: built before the API process forks)."""
+
+    name: str
+    version: str
+    path: str
+    weight: float
+    batching: DynamicBatchingConfig
+
+    @property
+    def model_id(self) -> str:
+        return f"{self.name}@{self.version}"
 
 
 def batching_config(graph: Any) -> DynamicBatchingConfig:
@@ -32,11 +39,9 @@ def batching_config(graph: Any) -> DynamicBatchingConfig:
 
 
 def _entry(key: str, node: Any) -> ModelConfig:
-    from inferflow.graph import typed_config
-
     entry = typed_config(ModelConfig, node, f"extra_models.{key}")
     assert isinstance(entry, ModelConfig)
-    if not is_embedding_model(entry):
+    if not entry.is_embedding:
         raise ConfigError(
             f"extra_models.{key}.task: only embed models can be served beside the main model "
             f"(got {ModelTask(entry.task).value})",
@@ -50,7 +55,7 @@ def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
     repository's embedding entries; ``ConfigError`` for a bad entry
     or two entries with the same ``name@version``."""
     batching = batching_config(graph)
-    entries: list[ModelConfig] = [graph.model] if is_embedding_model(graph.model) else []
+    entries: list[ModelConfig] = [graph.model] if graph.model.is_embedding else []
     extra = graph.config.get("extra_models") or {}
     if isinstance(extra, DictConfig):
         entries += [_entry(str(k), v) for k, v in extra.items()]
@@ -60,20 +65,9 @@ def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
     for entry in entries:
         path, name = resolve_model(entry)
         spec = EmbeddingModelSpec(name, str(entry.version), str(path), entry.weight, batching)
-        model_id = spec.model_version.model_id
+        model_id = spec.model_id
         if model_id in seen:
             raise ConfigError(f"extra_models: {model_id} is served twice", "extra_models")
         seen.add(model_id)
         specs.append(spec)
     return specs
-
-
-def unsupported_route(model: str, route: str) -> OpenAIError:
-    """An embedding model asked for completions/chat."""
-    return OpenAIError.of(
-        400,
-        f"The model `{model}` is an embedding model and does not support {route}; "
-        "use /v1/embeddings.",
-        param="model",
-        code="model_not_supported",
-    )

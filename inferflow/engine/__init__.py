@@ -3,7 +3,8 @@
 ``step.py`` is the three calls of one step (schedule -> execute -> update); the components it
 calls are the graph's engine-side stages (``inferflow.stages``): the batching stage's policy
 inside ``inferflow.scheduling.Scheduler``, the cache stage's ``KVCacheManager``, the executor
-stage (which runs a compiled model from ``inferflow.runtimes``) and the detokenizer stage.
+stage (which runs a compiled model from ``inferflow.runtimes``) and the detokenizer stage. It
+imports the core and ``stages/``; ``graph/`` builds it and ``llm``/``server/`` drive it.
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from typing import Any
 import jinja2
 import jinja2.ext
 import jinja2.nodes
+import jinja2.parser
 from jinja2.exceptions import SecurityError, TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -45,7 +46,7 @@ _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 ChatTemplates = str | dict[str, str]
 
 
-def load_chat_templates(folder: Path, config: Mapping[str, Any]) -> ChatTemplates | None:
+def load_chat_templates(folder: Path, config: Mapping[str, object]) -> ChatTemplates | None:
     """The checkpoint's chat template(s) (see the module docstring); ``config`` is its
     ``tokenizer_config.json``. None when it has none."""
     files: dict[str, str] = {}
@@ -61,7 +62,7 @@ def load_chat_templates(folder: Path, config: Mapping[str, Any]) -> ChatTemplate
     return _config_templates(folder / "tokenizer_config.json", config.get("chat_template"))
 
 
-def _config_templates(path: Path, value: Any) -> ChatTemplates | None:
+def _config_templates(path: Path, value: object) -> ChatTemplates | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list):  # legacy form of several templates
@@ -98,17 +99,18 @@ def select_template(templates: ChatTemplates | None, tools: object | None = None
     )
 
 
-def special_tokens(folder: Path, config: Mapping[str, Any]) -> dict[str, str]:
+def special_tokens(folder: Path, config: Mapping[str, object]) -> dict[str, str]:
     """The named special tokens transformers passes to the template (its ``special_tokens_map``):
     the standard ones and model-specific ``*_token`` strings of ``tokenizer_config.json``; a
     legacy ``special_tokens_map.json`` (read when the config has no ``added_tokens_decoder``)
     overrides them."""
-    found: dict[str, Any] = {
+    found: dict[str, object] = {
         k: v for k, v in config.items()
         if k in SPECIAL_TOKENS_ATTRIBUTES or (k.endswith("_token") and isinstance(v, str))
     }
-    if isinstance(config.get("extra_special_tokens"), dict):
-        found.update(config["extra_special_tokens"])
+    extra = config.get("extra_special_tokens")
+    if isinstance(extra, dict):
+        found.update(extra)
     legacy = folder / "special_tokens_map.json"
     if "added_tokens_decoder" not in config and legacy.is_file():
         try:
@@ -121,7 +123,7 @@ def special_tokens(folder: Path, config: Mapping[str, Any]) -> dict[str, str]:
     return {k: v for k, v in out.items() if v is not None}
 
 
-def token_text(value: Any) -> str | None:
+def token_text(value: object) -> str | None:
     """Special tokens are stored as strings or AddedToken dicts (``{"content": ...}``)."""
     if isinstance(value, dict):
         content = value.get("content")
@@ -129,7 +131,7 @@ def token_text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def normalize_messages(messages: Sequence[Mapping[str, object]]) -> list[dict[str, object]]:
     """Messages as transformers hands them to the template: keys whose value is None dropped
     (OpenAI clients send ``content: null``), the reasoning under ``reasoning_content`` and
     ``thinking`` when given under any of their names."""
@@ -145,8 +147,8 @@ def normalize_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, 
 
 def render_chat(
     template: jinja2.Template,
-    messages: Sequence[Mapping[str, Any]],
-    tools: Sequence[Mapping[str, Any]] | None,
+    messages: Sequence[Mapping[str, object]],
+    tools: Sequence[Mapping[str, object]] | None,
     add_generation_prompt: bool,
     tokens: Mapping[str, str],
 ) -> str:
@@ -166,7 +168,7 @@ class _GenerationTag(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser: Any) -> jinja2.nodes.Node:
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         call = self.call_method("_body")
@@ -177,7 +179,7 @@ class _GenerationTag(jinja2.ext.Extension):
 
 
 def _tojson(
-    x: Any, ensure_ascii: bool = False, indent: int | None = None,
+    x: object, ensure_ascii: bool = False, indent: int | None = None,
     separators: tuple[str, str] | None = None, sort_keys: bool = False,
 ) -> str:
     # transformers' override: no HTML escaping, json.dumps' options exposed
@@ -214,7 +216,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
             _TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__init__(self, attrs)
 
-    def __setitem__(self, name: str, value: Any) -> None:
+    def __setitem__(self, name: str, value: object) -> None:
         _TemplateNamespace._check_name(name)
         jinja2.utils.Namespace.__setitem__(self, name, value)
 

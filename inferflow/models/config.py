@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferflow.json_types import JSONObject
 from inferflow.models.config_fields import (
     ACTIVATIONS,
     ARCHITECTURES,
@@ -53,7 +54,7 @@ class ModelArch:
     hidden_act: str = "silu"  # what the MLP's gate goes through: silu | gelu | gelu_tanh | relu
     o_proj_bias: bool = False  # the attention's output projection has a bias (Llama)
     mlp_bias: bool = False  # gate, up and down projections have biases (Llama's mlp_bias)
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    raw: JSONObject = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def rope_theta(self) -> float:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from inferflow.json_types import JSONValue
 from inferflow.models.errors import CheckpointError
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 
@@ -39,7 +40,7 @@ MODES = ("auto", "none")
 APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
            "max_new_tokens": "max_tokens"}
 # Sampling settings a file may hold that inferflow cannot apply -> their neutral value.
-NOT_APPLIED: dict[str, Any] = {
+NOT_APPLIED: dict[str, float | None] = {
     "repetition_penalty": 1.0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0, "min_new_tokens": 0, "min_length": 0, "num_beams": 1,
@@ -59,10 +60,10 @@ class GenerationDefaults:
 
     source: str = "auto"
     applied: Mapping[str, Any] = field(default_factory=dict)
-    not_applied: Mapping[str, Any] = field(default_factory=dict)
+    not_applied: Mapping[str, JSONValue] = field(default_factory=dict)
     eos_token_ids: tuple[int, ...] = ()
 
-    def get(self, name: str, fallback: Any) -> Any:
+    def get(self, name: str, fallback: float) -> float:
         """The default of SamplingParams field ``name`` (``fallback`` when the file has none)."""
         return self.applied.get(name, fallback)
 
@@ -74,7 +75,7 @@ class GenerationDefaults:
         """SamplingParams with these defaults (vLLM's ``LLM.get_default_sampling_params``)."""
         return SamplingParams(**{**self.applied, **overrides})
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """For ``GET /version``."""
         return {
             "source": self.source,
@@ -123,7 +124,7 @@ def parse_generation_config(path: Path, source: str) -> GenerationDefaults:
     return GenerationDefaults(source, applied, not_applied, _eos_ids(path, raw.get("eos_token_id")))
 
 
-def _number(path: Path, key: str, value: Any) -> int | float:
+def _number(path: Path, key: str, value: object) -> int | float:
     integral = APPLIED[key] in ("top_k", "max_tokens")
     if isinstance(value, bool) or not isinstance(value, int if integral else (int, float)):
         kind = "an integer" if integral else "a number"
@@ -131,11 +132,12 @@ def _number(path: Path, key: str, value: Any) -> int | float:
     return value if integral else float(value)
 
 
-def _eos_ids(path: Path, value: Any) -> tuple[int, ...]:
-    ids = [value] if not isinstance(value, list) else value
+def _eos_ids(path: Path, value: object) -> tuple[int, ...]:
     if value is None:
         return ()
-    if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in ids):
+    given = [value] if not isinstance(value, list) else value
+    ids = [i for i in given if isinstance(i, int) and not isinstance(i, bool) and i >= 0]
+    if len(ids) != len(given):
         raise CheckpointError(
             path, f"eos_token_id: must be a token id or a list of them, got {value!r}"
         )

@@ -111,7 +111,7 @@ def _standard(params: Mapping[str, Any], top_theta: Any) -> dict[str, Any]:
     return out
 
 
-def _check_keys(path: Path, rope_type: str, params: Mapping[str, Any]) -> None:
+def _check_keys(path: Path, rope_type: str, params: Mapping[str, object]) -> None:
     unknown = sorted(set(params) - _KEYS[rope_type] - _INERT_KEYS)
     if unknown:
         raise CheckpointError(path, f"rope setting {unknown[0]}={params[unknown[0]]!r} is not "

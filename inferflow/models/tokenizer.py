@@ -14,9 +14,9 @@ Chat templates: ``inferflow/models/chat_template.py`` (``chat_template.jinja`` a
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tokenizers import Tokenizer as HFTokenizer
 
@@ -48,7 +48,7 @@ class Tokenizer:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise CheckpointError(path, f"cannot be parsed ({exc})") from None
-        self.config: dict[str, Any] = _read_config(folder / "tokenizer_config.json")
+        self.config: dict[str, object] = _read_config(folder / "tokenizer_config.json")
         self.special_tokens = special_tokens(folder, self.config)
         self.bos_token = self.special_tokens.get("bos_token")
         self.eos_token = self.special_tokens.get("eos_token")
@@ -73,9 +73,9 @@ class Tokenizer:
 
     def apply_chat_template(
         self,
-        messages: Sequence[dict[str, Any]],
+        messages: Sequence[Mapping[str, object]],
         add_generation_prompt: bool = True,
-        tools: Sequence[dict[str, Any]] | None = None,
+        tools: Sequence[Mapping[str, object]] | None = None,
     ) -> str:
         """Render ``messages`` with the checkpoint's chat template as transformers'
         ``apply_chat_template(messages, tools=tools, tokenize=False)`` does (``tools``: OpenAI
@@ -89,7 +89,7 @@ class Tokenizer:
         return render_chat(template, messages, tools, add_generation_prompt, self.special_tokens)
 
     def encode_chat(
-        self, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+        self, messages: Sequence[Mapping[str, object]], tools: Sequence[Mapping[str, object]] | None = None
     ) -> list[int]:
         """Chat messages -> prompt token ids: the rendered text encoded without special tokens
         (the template places BOS when it wants one), as transformers does."""
@@ -97,7 +97,7 @@ class Tokenizer:
         return self.encode(text, add_special_tokens=False)
 
 
-def _read_config(path: Path) -> dict[str, Any]:
+def _read_config(path: Path) -> dict[str, object]:
     if not path.exists():
         return {}
     try:

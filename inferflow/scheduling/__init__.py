@@ -1,4 +1,6 @@
-"""Scheduling: block pool -> per-request KV manager -> scheduler (pure data structures).
+"""Scheduling: block pool -> per-request KV manager -> scheduler (pure data structures). Core
+layer: imports ``config/``, ``models/`` (the KV budget reads the model's shape), ``outputs`` and
+``sampling_params``; nothing of ``stages/``, ``engine/`` or ``server/``.
 
 The engine step that drives it is ``inferflow.engine.step.step``:
 ``schedule() -> executor.execute(plan) -> update()``.

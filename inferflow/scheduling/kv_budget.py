@@ -28,70 +28,15 @@ layout reserves (``KVBudget.shared``). So N engines together hold what one would
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from inferflow.config.base import AUTO, auto_share, parse_memory
 from inferflow.models.config import ModelArch
 from inferflow.scheduling.layout import KVLayout
 
-AUTO = "auto"
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
-}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 MIN_AUTO_BYTES = 256 * 1024**2
-
-
-def auto_share(value: str | int | None) -> int | None:
-    """N for ``auto`` (1), ``auto/N`` or unset (1); None for an explicit size."""
-    if value is None:
-        return 1
-    text = str(value).strip().lower()
-    if text in ("", AUTO):
-        return 1
-    match = re.fullmatch(r"auto\s*/\s*([0-9]+)", text)
-    if match is None:
-        return None
-    if int(match.group(1)) < 1:
-        raise ValueError(f"executor.kv_cache_memory: {value!r}: N of auto/N must be >= 1")
-    return int(match.group(1))
-
-
-def parse_memory(value: str | int | None, field: str = "executor.kv_cache_memory") -> int | None:
-    """Bytes from ``4GiB``, ``512MB``, ``1073741824`` ...; None for ``auto``, ``auto/N`` (or
-    unset)."""
-    kv = field.endswith("kv_cache_memory")
-    if value is None or (kv and auto_share(value) is not None):
-        return None
-    if isinstance(value, int):
-        amount, unit = float(value), ""
-    else:
-        match = _SIZE.match(value)
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(
-                f"{field}: {value!r} is not a size (e.g. 4GiB, 512MiB, 1073741824"
-                f"{' or auto' if kv else ''})"
-            )
-        amount, unit = float(match.group(1)), match.group(2).lower()
-    size = int(amount * _UNITS[unit])
-    if size <= 0:
-        raise ValueError(f"{field}: must be > 0, got {value!r}")
-    return size
 
 
 def physical_memory_bytes() -> int:

@@ -1,12 +1,18 @@
-"""The server, grouped by the process each part runs in (see docs/architecture.md):
+"""The server, grouped by the process each part runs in (see docs/architecture.md). The top
+of the product: it may import everything below it (``graph/``, ``engine/``, ``embeddings/``,
+``telemetry/``, ``config/``, ...) and only ``cli`` imports it. Inside, imports run from the root
+modules up to ``http/`` and ``worker/``, then to ``process/`` and the hosts:
 
-- ``http/`` — the API processes: OpenAI routes (``frontend``), request and response stages
-  (``pipeline``, ``response_pipeline``), protocol, limits, errors, SSE, ops routes;
-- ``worker/`` — the engine worker: the LitAPI that owns the engine (``api``), the engine loop
+- the root: what crosses processes (``messages``, ``shared_state``, ``process_utils``), the
+  version router (``routing``) and the telemetry of both sides (``observability``);
+- ``http/`` — the API processes: OpenAI and embeddings routes (``frontend``, ``embeddings``),
+  request and response stages (``pipeline``, ``response_pipeline``), protocol, limits, errors,
+  SSE, ops routes;
+- ``worker/`` — the engine worker: ``WorkerService`` (owns the engine), the engine loop
   (``loop``) and its inbox/outbox (``queues``);
 - ``process/`` — the main process and lifecycle: ``runtime.serve`` (what ``python -m inferflow``
-  runs), the LitServer subclass, the supervisor, the shared state between processes;
-- ``messages`` (what crosses processes) and ``observability`` (telemetry of both sides).
+  runs), the supervisor, model management, the embedding-only server;
+- ``litserve/`` and ``ray/`` — the two hosts; only ``litserve/`` imports ``litserve``.
 """
 
 from __future__ import annotations

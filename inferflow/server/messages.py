@@ -10,15 +10,104 @@
 Every queue put is a Manager round-trip, so the worker sends ONE ``UpdateBatch`` per API process
 per flush, carrying the new text of every request that advanced; ``RequestUpdate.merge`` folds
 several steps of one request into one update when the transport falls behind.
+
+``ErrorInfo`` is the one error shape of every side: a plain picklable dataclass the worker sends
+(a 504 timeout, a 500 engine failure) and the HTTP side renders (``http/errors.OpenAIError``).
+What a client sent can be anything (a lone surrogate, a NUL, a 10 KB key), so it stores its
+``message`` and ``param`` already safe: UTF-8 encodable and bounded (``safe_text``).
 """
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.http.errors import ErrorInfo
+from inferflow.telemetry.timings import RequestTimings
+
+MAX_MESSAGE_CHARS = 4096  # an error message echoing a client's input stays this short
+MAX_PARAM_CHARS = 256
+
+# HTTP status -> OpenAI error ``type`` when the raiser does not name one.
+_DEFAULT_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    502: "server_error",
+    503: "server_error",
+    504: "server_error",
+}
+
+
+def safe_text(text: str, limit: int) -> str:
+    """``text`` encodable as UTF-8 (a lone surrogate becomes its ``\\udXXX`` escape) and at
+    most ``limit`` characters (cut ones end in ``...``)."""
+    text = str(text).encode("utf-8", "backslashreplace").decode("utf-8")
+    return text if len(text) <= limit else text[: max(0, limit - 3)] + "..."
+
+
+@dataclass(frozen=True)
+class ErrorInfo:
+    """One API error. ``param`` names the offending request field (400s), ``retry_after_s``
+    becomes a ``Retry-After`` header (429/503)."""
+
+    status_code: int
+    message: str
+    type: str = ""
+    param: str | None = None
+    code: str | None = None
+    retry_after_s: float | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "message", safe_text(self.message, MAX_MESSAGE_CHARS))
+        if self.param is not None:
+            object.__setattr__(self, "param", safe_text(self.param, MAX_PARAM_CHARS))
+
+    @property
+    def error_type(self) -> str:
+        return self.type or _DEFAULT_TYPES.get(self.status_code, "server_error")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON object OpenAI clients parse (``openai.APIStatusError.body``)."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.error_type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+    def response_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.retry_after_s is not None:
+            headers["Retry-After"] = str(max(1, math.ceil(self.retry_after_s)))
+        return headers
+
+    def sse_event(self) -> str:
+        """The error as one Server-Sent Event (for a stream that fails after its 200 header)."""
+        payload = self.body()
+        payload["error"]["status_code"] = self.status_code
+        return f"data: {json.dumps(payload)}\n\n"
+
+
+# the queue (Manager) process died: in-flight requests fail with it (the API processes, and the
+# worker once its request queue is gone), and the server exits for a supervisor to restart it
+QUEUE_LOST = ErrorInfo(
+    503,
+    "The server lost its internal request queue (the queue process died) and is shutting "
+    "down; retry once it is back.",
+    code="queue_lost",
+)
 
 
 @dataclass(frozen=True)
@@ -80,7 +169,7 @@ class RequestUpdate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    timings: dict[str, Any] | None = None  # RequestTimings.to_dict(), on the last update
+    timings: RequestTimings | None = None  # on the last update
     error: ErrorInfo | None = None
 
     @property

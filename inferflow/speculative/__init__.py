@@ -1,4 +1,5 @@
 """Speculative decoding: a proposer drafts tokens, the target model verifies them in the step.
+Core layer beside ``scheduling/``: it imports nothing of inferflow.
 
 - :mod:`inferflow.speculative.proposer`: the :class:`DraftProposer` contract and the n-gram
   (prompt lookup) proposer;

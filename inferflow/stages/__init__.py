@@ -1,9 +1,12 @@
-"""Serving-graph stages: the contract of each kind and the built-in implementations.
+"""Serving-graph stages: the contract of each kind and the built-in implementations. Above the
+core: a stage may import ``config/``, ``models/``, ``scheduling/``, ``sampling/`` and ``runtimes/``;
+nothing of ``engine/``, ``graph/`` or ``server/`` (they assemble and drive the stages).
 
 - Request stages (``base.RequestStage``), per request before the engine: ``validator``,
   ``tokenizer`` and plugin stages.
-- Engine-side stages (``engine_slot.EngineStage``), the engine's components: ``batching``
-  (scheduling policy), ``cache`` (prefix cache), ``executor`` (runs the model), ``detokenizer``.
+- Engine-side stages (``engine_slot.EngineStage``), the engine's components: ``batching`` (the
+  scheduler's budgets and admission order), ``cache`` (prefix cache), ``executor`` (owns the runner
+  that runs the model), ``detokenizer``.
 - Response stages (``response.ResponseStage``), per request on the engine's output.
 """
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,16 +24,6 @@ if TYPE_CHECKING:
 ATTR_PRIORITY = "priority"  # int, lower runs first; passed to LLMEngine.add_request(priority=)
 ATTR_USER = "user"  # the OpenAI ``user`` field, when the client sent one
 ATTR_API_KEY_ID = "api_key_id"  # which configured API key authenticated the request (not the key)
-
-
-class ConfigEnum(str, Enum):
-    """A config choice that behaves as its plain string value (``str()``, f-strings, ``==``)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
 
 
 @dataclass

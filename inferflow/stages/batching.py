@@ -20,8 +20,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
+from inferflow.config.base import ConfigEnum
 from inferflow.scheduling.config import BatchingMode
-from inferflow.stages.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from inferflow.stages.base import ConfigEnum
+from inferflow.config.base import ConfigEnum
 from inferflow.stages.executor import ExecutorStage
 
 if TYPE_CHECKING:

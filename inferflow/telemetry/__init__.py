@@ -1,5 +1,7 @@
 """inferflow observability: OpenTelemetry tracing (queue vs compute, per stage), Prometheus
-metrics across LitServe's processes, and a trace viewer. See docs/observability.md.
+metrics across LitServe's processes, and a trace viewer. See docs/observability.md. It wraps the
+engine from outside (imports ``engine/``, ``scheduling/``, ``outputs``, ``config/``); only
+``server/`` (and ``testing/``) import it, the engine and the stages never do.
 
 API process (frontend)::
 
@@ -24,7 +26,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-# name -> module: loaded on first use, so ``inferflow.telemetry.config`` (the ``tracing``
+# name -> module: loaded on first use, so ``inferflow.config.tracing`` (the ``tracing``
 # schema, imported by every CLI run) does not pull OpenTelemetry in.
 _EXPORTS = {
     "EngineMetrics": "inferflow.telemetry.metrics",
@@ -37,10 +39,10 @@ _EXPORTS = {
     "ServerMetrics": "inferflow.telemetry.metrics_export",
     "StepStats": "inferflow.telemetry.metrics",
     "TracedExecutor": "inferflow.telemetry.traced_executor",
-    "OtlpProtocol": "inferflow.telemetry.config",
-    "TracingConfig": "inferflow.telemetry.config",
-    "TracingConfigError": "inferflow.telemetry.config",
-    "TracingExporter": "inferflow.telemetry.config",
+    "OtlpProtocol": "inferflow.config.tracing",
+    "TracingConfig": "inferflow.config.tracing",
+    "TracingConfigError": "inferflow.config.tracing",
+    "TracingExporter": "inferflow.config.tracing",
     "cleanup_multiprocess_dir": "inferflow.telemetry.metrics_export",
     "emit_span": "inferflow.telemetry.spans",
     "extract_context": "inferflow.telemetry.spans",

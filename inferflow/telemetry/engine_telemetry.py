@@ -18,10 +18,11 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
+from opentelemetry.util.types import AttributeValue
 
 from inferflow.outputs import RequestMetrics
 from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
@@ -104,7 +105,7 @@ class EngineTelemetry:
         arrival_time: float | None = None,
         max_tokens: int | None = None,
         operation: str = "text_completion",
-        attributes: Mapping[str, Any] | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         """The engine accepted a request (``add_request``); its queue time starts here.
         ``trace_context``: the root span's traceparent string or W3C carrier dict."""
@@ -126,7 +127,7 @@ class EngineTelemetry:
 
     @contextmanager
     def stage(
-        self, request_id: str, name: str, attributes: Mapping[str, Any] | None = None
+        self, request_id: str, name: str, attributes: Mapping[str, AttributeValue] | None = None
     ) -> Iterator[None]:
         """Time a per-request stage in the engine (e.g. the detokenizer after each step);
         repeated runs coalesce into one span. The body's exceptions propagate unchanged."""
@@ -290,7 +291,7 @@ class EngineTelemetry:
             return len(self._requests)
 
 
-def _guided_step_attributes(plan: SchedulerOutput) -> dict[str, Any]:
+def _guided_step_attributes(plan: SchedulerOutput) -> dict[str, AttributeValue]:
     """Structured-output rows of a step and the time their masks took (empty without any)."""
     if not plan.token_bitmasks:
         return {}

@@ -23,9 +23,13 @@ from typing import Any
 
 from google.protobuf import json_format
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext
+
+from inferflow.json_types import JSONObject, JSONValue
 
 _ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
@@ -46,7 +50,7 @@ def _hex_to_b64(value: str) -> str:
     return base64.b64encode(bytes.fromhex(value)).decode("ascii")
 
 
-def otlp_dict_to_request(data: dict[str, Any]) -> ExportTraceServiceRequest:
+def otlp_dict_to_request(data: JSONObject) -> ExportTraceServiceRequest:
     """OTLP/JSON dict -> protobuf message. Unknown fields are ignored, as OTLP requires."""
     data = _convert_ids(json.loads(json.dumps(data)), _hex_to_b64)  # deep copy, then convert
     return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
@@ -57,22 +61,22 @@ def otlp_dict_to_request(data: dict[str, Any]) -> ExportTraceServiceRequest:
 _HAS_IS_REMOTE, _IS_REMOTE = 0x100, 0x200  # opentelemetry.proto.trace.v1.SpanFlags
 
 
-def _any_value(value: Any) -> dict[str, Any]:
-    kind = type(value)  # exact-type fast path first: this runs for every attribute of every span
-    if kind is str:
+def _any_value(value: object) -> JSONObject:
+    # exact-type fast path first: this runs for every attribute of every span
+    if type(value) is str:
         return {"stringValue": value}
-    if kind is int:
+    if type(value) is int:
         return {"intValue": str(value)}  # 64-bit integers are strings in JSON
-    if kind is float and math.isfinite(value):
+    if type(value) is float and math.isfinite(value):
         return {"doubleValue": value}
-    if kind is bool:
+    if type(value) is bool:
         return {"boolValue": value}
-    if kind in (list, tuple):
+    if type(value) is list or type(value) is tuple:
         return {"arrayValue": {"values": [_any_value(v) for v in value]}}
     return _any_value_slow(value)
 
 
-def _any_value_slow(value: Any) -> dict[str, Any]:
+def _any_value_slow(value: object) -> JSONObject:
     if value is None:
         return {}
     if isinstance(value, bool):
@@ -93,7 +97,7 @@ def _any_value_slow(value: Any) -> dict[str, Any]:
     raise TypeError(f"cannot encode attribute value of type {type(value).__name__}")
 
 
-def _attributes(attrs: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+def _attributes(attrs: Mapping[str, object] | None) -> list[JSONValue]:
     return [{"key": str(k), "value": _any_value(v)} for k, v in (attrs or {}).items()]
 
 
@@ -101,15 +105,15 @@ def _flags(ctx: SpanContext | None) -> int:
     return _HAS_IS_REMOTE | (_IS_REMOTE if ctx is not None and ctx.is_remote else 0)
 
 
-def _with_optional(data: dict[str, Any], **optional: Any) -> dict[str, Any]:
+def _with_optional(data: JSONObject, **optional: JSONValue) -> JSONObject:
     """Add the fields that differ from their protobuf default (JSON omits defaults)."""
     data.update({k: v for k, v in optional.items() if v})
     return data
 
 
-def _link_dict(link: Link) -> dict[str, Any]:
+def _link_dict(link: Link) -> JSONObject:
     ctx = link.context
-    data: dict[str, Any] = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
+    data: JSONObject = {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"}
     if link.attributes:
         data["attributes"] = _attributes(link.attributes)
         if link.dropped_attributes:
@@ -118,12 +122,12 @@ def _link_dict(link: Link) -> dict[str, Any]:
     return data
 
 
-def _span_dict(span: ReadableSpan) -> dict[str, Any]:
+def _span_dict(span: ReadableSpan) -> JSONObject:
     ctx = span.get_span_context()
     assert ctx is not None and span.start_time is not None and span.end_time is not None
     trace_state = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items())
     status = _with_optional({}, code=span.status.status_code.value, message=span.status.description)
-    events = [
+    events: list[JSONValue] = [
         _with_optional(
             {"timeUnixNano": str(e.timestamp), "name": e.name},
             attributes=_attributes(e.attributes),
@@ -131,7 +135,7 @@ def _span_dict(span: ReadableSpan) -> dict[str, Any]:
         )
         for e in span.events
     ]
-    links = [_link_dict(link) for link in span.links]
+    links: list[JSONValue] = [_link_dict(link) for link in span.links]
     return _with_optional(
         {"traceId": f"{ctx.trace_id:032x}", "spanId": f"{ctx.span_id:016x}"},
         traceState=trace_state,
@@ -150,17 +154,17 @@ def _span_dict(span: ReadableSpan) -> dict[str, Any]:
     ) | {"status": status}
 
 
-def spans_to_otlp_dict(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+def spans_to_otlp_dict(spans: Sequence[ReadableSpan]) -> JSONObject:
     """SDK spans -> OTLP/JSON ``ExportTraceServiceRequest`` dict, grouped by resource then scope
     in first-seen order (as the SDK's protobuf encoder groups them)."""
     # keyed by identity: a provider shares one Resource object, and Resource.__hash__ is json.dumps
-    groups: dict[int, tuple[Any, dict[Any, list[dict[str, Any]]]]] = {}
+    groups: dict[int, tuple[Resource, dict[InstrumentationScope | None, list[JSONValue]]]] = {}
     for span in spans:
         _, scopes = groups.setdefault(id(span.resource), (span.resource, {}))
         scopes.setdefault(span.instrumentation_scope, []).append(_span_dict(span))
-    resource_spans = []
+    resource_spans: list[JSONValue] = []
     for resource, scopes in groups.values():
-        scope_spans = []
+        scope_spans: list[JSONValue] = []
         for scope, encoded in scopes.items():
             scope_dict = (
                 {}

@@ -13,10 +13,10 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, SpanContext, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
 
 from inferflow.outputs import RequestMetrics
 from inferflow.telemetry import attributes as A
@@ -37,7 +37,7 @@ class _StageRecord:
     end: float
     calls: int = 1
     busy: float = 0.0
-    attributes: dict[str, Any] = field(default_factory=dict)
+    attributes: dict[str, AttributeValue] = field(default_factory=dict)
 
 
 class RequestTrace:
@@ -57,7 +57,7 @@ class RequestTrace:
         parent: ParentLike = None,
         arrival_time: float | None = None,
         num_prompt_tokens: int = 0,
-        attributes: Mapping[str, Any] | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         self.tracer = tracer
         self.request_id = request_id
@@ -169,7 +169,7 @@ class RequestTrace:
         name: str,
         start: float,
         end: float,
-        attributes: Mapping[str, Any] | None = None,
+        attributes: Mapping[str, AttributeValue] | None = None,
     ) -> None:
         """Record one run of stage ``name`` (repeated runs coalesce into one span)."""
         rec = self._stages.get(name)
@@ -182,7 +182,9 @@ class RequestTrace:
         rec.attributes.update(attributes or {})
 
     @contextmanager
-    def stage(self, name: str, attributes: Mapping[str, Any] | None = None) -> Iterator[None]:
+    def stage(
+        self, name: str, attributes: Mapping[str, AttributeValue] | None = None
+    ) -> Iterator[None]:
         """``with trace.stage("detokenizer"): ...`` times the body (even when it raises)."""
         start = time.time()
         try:
@@ -224,7 +226,9 @@ class RequestTrace:
             return
         timings = self.timings()
         for name, rec in self._stages.items():
-            attrs = {A.STAGE_NAME: name, A.STAGE_CALLS: rec.calls, A.STAGE_BUSY_TIME: rec.busy}
+            attrs: dict[str, AttributeValue] = {
+                A.STAGE_NAME: name, A.STAGE_CALLS: rec.calls, A.STAGE_BUSY_TIME: rec.busy
+            }
             emit_span(
                 self.tracer,
                 name,
@@ -285,7 +289,7 @@ class RequestTrace:
 
     def _finish_llm_request_span(self, timings: RequestTimings, error: str | None) -> None:
         assert timings.finished_time is not None
-        attrs: dict[str, Any] = {
+        attrs: dict[str, AttributeValue] = {
             **timings.latency_attributes(),
             A.GEN_AI_USAGE_INPUT_TOKENS: self.num_prompt_tokens,
             A.GEN_AI_USAGE_OUTPUT_TOKENS: self.num_output_tokens,

@@ -38,9 +38,9 @@ from opentelemetry.trace import Link, SpanKind
 from opentelemetry.trace.span import TraceState
 from opentelemetry.util.types import Attributes
 
+from inferflow.config.tracing import TracingConfig
 from inferflow.telemetry import attributes as A
 from inferflow.telemetry import export_log
-from inferflow.telemetry.config import TracingConfig
 from inferflow.telemetry.otlp_json import OtlpJsonFileSpanExporter
 
 TRACER_NAME = "inferflow"

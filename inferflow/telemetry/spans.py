@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, cast
+from typing import TypeVar, cast
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from inferflow.telemetry import attributes as A
 from inferflow.telemetry.isolation import isolated, log_telemetry_error
@@ -24,6 +25,7 @@ from inferflow.telemetry.timings import RequestTimings
 _PROPAGATOR = TraceContextTextMapPropagator()  # stateless
 
 Headers = Mapping[str, str] | Iterable[tuple[str, str]]
+R = TypeVar("R")  # what a stage wrapper's parent_of reads the parent from
 
 
 def to_ns(t: float) -> int:
@@ -108,7 +110,7 @@ class RequestSpan:
         return self.span.is_recording()
 
     @isolated(None)
-    def set_attributes(self, attributes: Mapping[str, Any]) -> None:
+    def set_attributes(self, attributes: Mapping[str, AttributeValue]) -> None:
         self.span.set_attributes(attributes)
 
     @isolated(None)
@@ -123,7 +125,7 @@ class RequestSpan:
         response_model: str | None = None,
     ) -> None:
         """GenAI response/usage attributes (``gen_ai.response.*``, ``gen_ai.usage.*``)."""
-        values: dict[str, Any | None] = {
+        values: dict[str, AttributeValue] = {
             A.GEN_AI_RESPONSE_FINISH_REASONS: list(finish_reasons)
             if finish_reasons is not None
             else None,
@@ -187,7 +189,7 @@ def start_request_span(
     top_p: float | None = None,
     seed: int | None = None,
     start_time: float | None = None,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
 ) -> RequestSpan:
     """Start the root SERVER span ``"{operation} {model}"`` (e.g. ``"chat tiny-llama"``),
     continuing the W3C ``traceparent`` in ``headers`` when there is one.
@@ -195,7 +197,7 @@ def start_request_span(
     ``operation`` is a GenAI operation name: ``chat``, ``text_completion``, ``embeddings``.
     Never raises: on a telemetry failure the returned RequestSpan wraps an invalid span.
     """
-    values: dict[str, Any | None] = {
+    values: dict[str, AttributeValue] = {
         A.GEN_AI_OPERATION_NAME: operation,
         A.GEN_AI_PROVIDER_NAME: "inferflow",
         A.GEN_AI_REQUEST_MODEL: model,
@@ -205,7 +207,7 @@ def start_request_span(
         A.GEN_AI_REQUEST_SEED: seed,
         A.REQUEST_ID: request_id,
     }
-    attrs = {k: v for k, v in values.items() if v is not None}
+    attrs: dict[str, AttributeValue] = {k: v for k, v in values.items() if v is not None}
     attrs.update(attributes or {})
     return RequestSpan(_start_root_span(tracer, f"{operation} {model}", headers, attrs, start_time))
 
@@ -220,7 +222,7 @@ def _start_root_span(
     tracer: trace.Tracer,
     name: str,
     headers: Headers | None,
-    attributes: Mapping[str, Any],
+    attributes: Mapping[str, AttributeValue],
     start_time: float | None,
 ) -> Span:
     return tracer.start_span(
@@ -237,7 +239,7 @@ def start_span(
     tracer: trace.Tracer,
     name: str,
     parent: ParentLike,
-    attributes: Mapping[str, Any] | None,
+    attributes: Mapping[str, AttributeValue] | None,
     kind: SpanKind,
     start_time: float | None = None,
     links: Sequence[Link] | None = None,
@@ -259,7 +261,7 @@ def stage_span(
     name: str,
     *,
     parent: ParentLike = None,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> Iterator[Span]:
     """Trace one stage boundary: ``with stage_span(tracer, "tokenizer", parent=tp): ...``.
@@ -293,7 +295,7 @@ def emit_span(
     parent: ParentLike,
     start_time: float,
     end_time: float,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
     links: Sequence[Link] | None = None,
     kind: SpanKind = SpanKind.INTERNAL,
 ) -> Span:
@@ -316,7 +318,7 @@ def record_step_span(
     num_prefill_requests: int = 0,
     num_decode_requests: int = 0,
     batch_size: int | None = None,
-    attributes: Mapping[str, Any] | None = None,
+    attributes: Mapping[str, AttributeValue] | None = None,
 ) -> None:
     """One ``engine step`` span (its own trace) linked to the requests it served.
 
@@ -326,7 +328,7 @@ def record_step_span(
     """
     rows = [(rid, sc) for rid, sc in served if sc.is_valid]
     links = [Link(sc) for _, sc in rows]
-    attrs: dict[str, Any] = {
+    attrs: dict[str, AttributeValue] = {
         A.STEP_ID: step_id,
         A.STEP_REQUEST_IDS: [rid for rid, _ in rows],
         A.STEP_BATCH_SIZE: len(served) if batch_size is None else batch_size,
@@ -349,13 +351,13 @@ def record_step_span(
 
 
 def make_stage_wrapper(
-    tracer: trace.Tracer | None, parent_of: Callable[[Any], ParentLike]
-) -> Callable[[str, Any], AbstractContextManager[Span]]:
+    tracer: trace.Tracer | None, parent_of: Callable[[R], ParentLike]
+) -> Callable[[str, R], AbstractContextManager[Span]]:
     """A ``(stage name, request) -> context manager`` wrapper for a stage runner (e.g. the
     server's ``RequestPipeline(wrap_stage=...)``): each stage call becomes a :func:`stage_span`
     under ``parent_of(request)`` (the request's root span context / carrier)."""
 
-    def wrap(name: str, request: Any) -> AbstractContextManager[Span]:
+    def wrap(name: str, request: R) -> AbstractContextManager[Span]:
         try:
             parent = parent_of(request)
         except Exception as exc:

@@ -9,8 +9,7 @@ position, and tokens emitted by those rows; two gauges since start: the acceptan
 
 from __future__ import annotations
 
-from typing import Any
-
+from opentelemetry.util.types import AttributeValue
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
@@ -28,7 +27,7 @@ def step_spec_decode(plan: SchedulerOutput, output: ExecutorOutput) -> SpecDecod
     return stats
 
 
-def span_attributes(step: SpecDecodeStats) -> dict[str, Any]:
+def span_attributes(step: SpecDecodeStats) -> dict[str, AttributeValue]:
     """The engine-step span's ``inferflow.spec_decode.*`` attributes (empty without drafts)."""
     if not step.num_drafts:
         return {}
@@ -43,10 +42,10 @@ class SpecDecodeMetrics:
     def __init__(self, registry: CollectorRegistry, labels: tuple[str, str]) -> None:
         names = ["model_name", "engine"]
 
-        def counter(name: str, doc: str) -> Any:
+        def counter(name: str, doc: str) -> Counter:
             return Counter(name, doc, names, registry=registry).labels(*labels)
 
-        def gauge(name: str, doc: str) -> Any:
+        def gauge(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, names, registry=registry,
                          multiprocess_mode="mostrecent").labels(*labels)
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from opentelemetry import trace
 
+from inferflow.config.tracing import TracingConfig, TracingExporter
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
 from inferflow.scheduling.updates import SchedulerStats
-from inferflow.telemetry.config import TracingConfig, TracingExporter
 from inferflow.telemetry.engine_telemetry import EngineTelemetry
 from inferflow.telemetry.metrics import EngineMetrics
 from inferflow.telemetry.setup import get_tracer, setup_tracing, shutdown_tracing

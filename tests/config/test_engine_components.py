@@ -14,10 +14,9 @@ from inferflow.config import ConfigError
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.graph import build_graph
 from inferflow.sampling_params import SamplingParams
-from inferflow.server.http.errors import ErrorInfo
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.messages import RequestUpdate
-from inferflow.server.worker.api import describe_engine
+from inferflow.server.messages import ErrorInfo, RequestUpdate
+from inferflow.server.worker.service import describe_engine
 from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.executor import OnnxRuntimeExecutor
 from inferflow.stages.response import ResponseDelta, ResponseStage

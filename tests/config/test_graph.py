@@ -133,7 +133,7 @@ def test_stage_after_a_removed_slot_keeps_its_place() -> None:
     ("override", "message"),
     [
         ("executor._target_=os.system", "executor._target_=os.system is not allowed"),
-        ("executor._target_=inferflow.config.os.system", "resolves to posix, which is not allowed"),
+        ("executor._target_=inferflow.compose.os.system", "resolves to posix, which is not allowed"),
         ("validator._target_=inferflow.stages.cache.PrefixCache", "is not a RequestStage subclass"),
         (
             "batching._target_=inferflow.stages.cache.PrefixCache",

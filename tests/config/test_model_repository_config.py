@@ -1,4 +1,4 @@
-"""``models:`` composes into one serving-graph config per entry (``inferflow.model_repository``)."""
+"""``models:`` composes into one serving-graph config per entry (``inferflow.graph.repository``)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from cfg_helpers import run_cli
 
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError, LoadMode
-from inferflow.model_repository import embedding_entries, llm_entries, repository_entries
+from inferflow.config.server import ServerConfig
+from inferflow.graph.repository import embedding_entries, llm_entries, repository_entries
 from inferflow.scheduling.kv_budget import KVBudget, auto_share, parse_memory
-from inferflow.server_schema import ServerConfig
 
 pytestmark = pytest.mark.server
 
@@ -52,6 +52,8 @@ def test_every_slot_an_entry_names_is_merged_speculative_too() -> None:
     import dataclasses
 
     from inferflow.config import SLOTS, ModelEntryConfig
+    from inferflow.graph import build_entry_graph
+    from inferflow.stages.speculative import NgramSpeculation, NoSpeculation
 
     assert set(SLOTS) <= {f.name for f in dataclasses.fields(ModelEntryConfig)}
     cfg = compose_config([
@@ -66,6 +68,10 @@ def test_every_slot_an_entry_names_is_merged_speculative_too() -> None:
     assert a.config["speculative"]["_target_"].endswith("NgramSpeculation")
     assert a.config["speculative"]["num_speculative_tokens"] == 2
     assert b.config["speculative"] == {"_target_": "inferflow.stages.speculative.NoSpeculation"}
+    graph_a, graph_b = build_entry_graph(a), build_entry_graph(b)  # ... and reaches each graph
+    assert isinstance(graph_a.speculative, NgramSpeculation)
+    assert graph_a.speculative.num_speculative_tokens == 2
+    assert isinstance(graph_b.speculative, NoSpeculation)
 
 
 def test_an_entry_without_model_serves_the_top_level_model() -> None:

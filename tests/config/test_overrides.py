@@ -1,4 +1,4 @@
-"""What inferflow does to the command line before Hydra sees it (``inferflow.overrides``)."""
+"""What inferflow does to the command line before Hydra sees it (``inferflow.compose``)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from inferflow import overrides
-from inferflow.config import discover_plugins
-from inferflow.overrides import merge_stage_overrides, prepare_overrides
+from inferflow import compose
+from inferflow.compose import discover_plugins, merge_stage_overrides, prepare_overrides
 
 
 @pytest.mark.parametrize(
@@ -32,13 +31,13 @@ def test_plugin_folders_are_passed_only_when_the_hydra_plugin_does_not_add_them(
 ) -> None:
     monkeypatch.setenv("INFERFLOW_CONFIG_PATH", str(tmp_path))
     mine = "hydra.searchpath=[file:///mine]"
-    assert overrides._searchpath_plugin_active()  # installed with inferflow (hydra_plugins/)
+    assert compose._searchpath_plugin_active()  # installed with inferflow (hydra_plugins/)
     assert prepare_overrides(["task=check", mine]) == [
         "task=check",
         "hydra.searchpath=['file:///mine']",
     ]
     assert prepare_overrides(["task=check"]) == ["task=check"]
-    monkeypatch.setattr(overrides, "_searchpath_plugin_active", lambda: False)
+    monkeypatch.setattr(compose, "_searchpath_plugin_active", lambda: False)
     added = [f"file://{tmp_path.resolve()}", *(p.search_path for p in discover_plugins())]
     quoted = ",".join(f"'{p}'" for p in ["file:///mine", *added])
     assert prepare_overrides(["task=check", mine]) == ["task=check", f"hydra.searchpath=[{quoted}]"]

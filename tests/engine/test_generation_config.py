@@ -11,8 +11,7 @@ import pytest
 from engine_factories import PROMPTS
 
 from inferflow import LLM, SamplingParams
-from inferflow.config import ConfigError, ModelConfig
-from inferflow.graph import typed_config
+from inferflow.config import ConfigError, ModelConfig, typed_config
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.errors import CheckpointError
 from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults

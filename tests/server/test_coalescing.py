@@ -8,8 +8,7 @@ import threading
 import pytest
 
 from inferflow.server.http.channels import RequestChannel
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import LogprobEntry, RequestUpdate, UpdateBatch
+from inferflow.server.messages import ErrorInfo, LogprobEntry, RequestUpdate, UpdateBatch
 from inferflow.server.worker.queues import Outbox
 
 WAIT_S = 30.0

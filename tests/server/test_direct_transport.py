@@ -16,9 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import RequestUpdate, UpdateBatch
-from inferflow.server.process.direct_transport import DirectTransport
+from inferflow.server.litserve.direct_transport import DirectTransport
+from inferflow.server.messages import ErrorInfo, RequestUpdate, UpdateBatch
 
 SENDER = """
 import pickle, sys

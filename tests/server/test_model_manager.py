@@ -14,7 +14,7 @@ from typing import Any
 from inferflow.config import LoadMode
 from inferflow.server.messages import StopWorker, WorkerLost
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.shared_state import LoadState, SharedState
 
 MB = 10**6
 _pids = itertools.count(4_000_000)  # beyond pid_max: never a real process

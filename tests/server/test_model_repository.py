@@ -28,7 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from server_harness import ServerProcess, start_server, trace_spans
 
 from inferflow.models.tiny import make_checkpoint
-from inferflow.server.process.process_utils import descendants, process_rss
+from inferflow.server.process_utils import descendants, process_rss
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

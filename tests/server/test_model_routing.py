@@ -8,14 +8,14 @@ import random
 import pytest
 
 from inferflow.config import LoadMode
-from inferflow.embeddings.routing import (
+from inferflow.server.http.deployments import Deployment, DeploymentRouter
+from inferflow.server.routing import (
     ModelRouter,
     ModelVersion,
     choose_version,
     split_model_id,
 )
-from inferflow.server.http.deployments import Deployment, DeploymentRouter
-from inferflow.server.process.shared_state import LoadState, SharedState
+from inferflow.server.shared_state import LoadState, SharedState
 
 V1 = ModelVersion("enc", "1", 0.8)
 V2 = ModelVersion("enc", "2", 0.2)

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from server_harness import MODEL, gone, start_server
 
-from inferflow.server.process.process_utils import QUEUE_PROCESS_NAME
+from inferflow.server.process_utils import QUEUE_PROCESS_NAME
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

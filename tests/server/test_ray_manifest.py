@@ -46,8 +46,8 @@ def test_the_pod_templates_are_valid_pod_templates() -> None:
 
 def test_the_serve_config_builds_inferflow_apps_from_valid_overrides() -> None:
     from inferflow.cli import compose_config
-    from inferflow.graph import typed_config
-    from inferflow.server_schema import RayServerConfig
+    from inferflow.config import typed_config
+    from inferflow.config.server import RayServerConfig
 
     serve_config = yaml.safe_load(_rayservice()["spec"]["serveConfigV2"])
     assert serve_config["http_options"]["port"] == 8000

@@ -5,11 +5,10 @@ from __future__ import annotations
 import pytest
 
 import inferflow.server.http.limits as limits
-from inferflow.config import ServerConfig
+from inferflow.config import ConfigError, ServerConfig, typed_config
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter, SharedBuckets
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from inferflow.server.http.settings import ServerSettings
 
 
 def param_of(schema: type, body: dict) -> tuple[int, str | None]:
@@ -147,7 +146,7 @@ def test_rate_limiter_is_per_key_and_sets_retry_after(monkeypatch: pytest.Monkey
     assert info.value.info.type == "tokens"
 
 
-def test_settings_from_the_typed_server_config() -> None:
+def test_the_frontend_runs_with_the_environment_api_keys_added() -> None:
     cfg = ServerConfig(
         port=9000,
         api_keys=["a"],
@@ -155,15 +154,15 @@ def test_settings_from_the_typed_server_config() -> None:
         rate_limit_tokens_per_minute=500,
         shutdown_grace_s=3.0,
     )
-    settings = ServerSettings.from_config(cfg, environ={"INFERFLOW_API_KEYS": "b, a ,c"})
+    settings = cfg.with_env_api_keys(environ={"INFERFLOW_API_KEYS": "b, a ,c"})
     assert settings.port == 9000
-    assert settings.api_keys == ("a", "b", "c")
+    assert settings.api_keys == ["a", "b", "c"] and cfg.api_keys == ["a"]
     assert settings.max_waiting_requests is None
     assert settings.rate_limit_tokens_per_minute == 500
     assert settings.rate_limit_requests_per_minute is None
     assert settings.shutdown_grace_s == 3.0 and settings.log_level == "info"
 
 
-def test_settings_refuse_several_engine_workers() -> None:
-    with pytest.raises(ValueError, match=r"server\.workers"):
-        ServerSettings.from_config({"workers": 2}, environ={})
+def test_the_server_config_refuses_several_engine_workers() -> None:
+    with pytest.raises(ConfigError, match=r"server\.workers: one engine worker"):
+        typed_config(ServerConfig, {"workers": 2}, "server")

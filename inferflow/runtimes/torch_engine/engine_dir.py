@@ -17,10 +17,11 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from inferflow.json_types import JSONObject
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.runtimes.config import default_engine_dir
 from inferflow.runtimes.engine_cache import MANIFEST, cache_key
@@ -51,7 +52,7 @@ def _triton_version() -> str | None:
 @dataclass
 class TorchEngineDir:
     path: Path
-    fields: dict[str, Any]
+    fields: JSONObject
     reused: bool
     _committed: bool = field(default=False, repr=False)
 
@@ -73,7 +74,7 @@ class TorchEngineDir:
 
 
 def engine_fields(checkpoint: Checkpoint, settings: TorchSettings,
-                  device: torch.device) -> dict[str, Any]:
+                  device: torch.device) -> JSONObject:
     return {
         "weights_digest": checkpoint.weights_digest,
         "builder_version": TORCH_ENGINE_VERSION,

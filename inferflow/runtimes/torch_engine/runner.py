@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from inferflow.json_types import JSONObject
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.runtimes.build_progress import BuildProgress, reset_peak_rss
 from inferflow.runtimes.step_inputs import EngineRow
@@ -183,7 +184,7 @@ class TorchRunner:
                 logits = self._forward(*batch.forward_args())[: batch.num_sampled]
             return logits.cpu().numpy()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JSONObject:
         return {
             "device": str(self.device),
             "device_name": self.engine_dir.fields.get("device_arch"),

@@ -5,7 +5,7 @@ tokenizer and limits), the request queue of its engine worker and that worker's
 ``SharedState``. ``DeploymentRouter`` turns a request's ``model`` into a deployment:
 ``name@version`` pins one; a plain ``name`` draws one of the name's versions by their current
 weights (shared memory, so a change through ``POST /admin/models/{name}/traffic`` reaches every
-API process at once), sticky per user when a key is given (``embeddings.routing``'s draw).
+API process at once), sticky per user when a key is given (``server.routing``'s draw).
 
 Only versions that can take a request are drawn (``Deployment.routable``): the weights are
 renormalised over them (``DeploymentRouter.effective_weights``), so a failed or restarting
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferflow.config import LoadMode
-from inferflow.embeddings.routing import ModelVersion, choose_version, split_model_id
 from inferflow.server.http.errors import OpenAIError, field_name
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.process.process_utils import process_rss
-from inferflow.server.process.shared_state import LOAD_RETRY_S, LoadState, SharedState
+from inferflow.server.process_utils import process_rss
+from inferflow.server.routing import ModelVersion, choose_version, split_model_id
+from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
 
 
 @dataclass

@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferflow.server.http.errors import ErrorInfo, OpenAIError
+from inferflow.server.http.errors import OpenAIError
+from inferflow.server.messages import ErrorInfo
 
 OPEN_ACCESS = "anonymous"
 

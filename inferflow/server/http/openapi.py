@@ -210,7 +210,7 @@ class Operation:
 
 
 def _embedding_request() -> type[BaseModel]:
-    from inferflow.embeddings.http_api import EmbeddingRequest
+    from inferflow.server.http.embeddings import EmbeddingRequest
 
     return EmbeddingRequest
 

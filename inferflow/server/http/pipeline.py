@@ -18,8 +18,10 @@ from typing import Any
 from inferflow.guided.constraint import GuidedError
 from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
-from inferflow.server.http.errors import ErrorInfo, OpenAIError, bad_request
+from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
+from inferflow.server.messages import ErrorInfo
+from inferflow.server.observability import ATTR_TRACE_CONTEXT
 from inferflow.stages.base import (
     ATTR_API_KEY_ID,
     ATTR_PRIORITY,
@@ -31,7 +33,6 @@ from inferflow.stages.base import (
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-ATTR_TRACE_CONTEXT = "trace_context"  # StageRequest.attributes: the root span's W3C carrier
 
 # Wraps one stage call (telemetry puts a span around it): (stage name, request) -> context.
 StageWrapper = Callable[[str, StageRequest], AbstractContextManager[Any]]

@@ -253,12 +253,13 @@ def parse_body(model: type[_SamplingFields], body: Any) -> Any:
     try:
         request = model.model_validate(body)
     except ValidationError as exc:
-        raise _first_error(exc) from None
+        raise validation_error(exc) from None
     request.check_supported()
     return request
 
 
-def _first_error(exc: ValidationError) -> OpenAIError:
+def validation_error(exc: ValidationError) -> OpenAIError:
+    """The first schema error of ``exc`` as a 400 naming its field (a safe, short path)."""
     err = exc.errors()[0]
     loc = [str(p) for p in err["loc"]]
     # Union members add their type name to the location (e.g. prompt.str); keep the field path.

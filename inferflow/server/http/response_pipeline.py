@@ -12,8 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import RequestUpdate
+from inferflow.server.messages import ErrorInfo, RequestUpdate
 from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.response import ResponseDelta, ResponseStage
 

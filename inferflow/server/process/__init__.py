@@ -1,1 +1,2 @@
-"""The main process: serve(), the LitServer subclass, the supervisor, shared state."""
+"""The main process: ``serve()``, the supervisor, model management, the embedding-only server.
+It may import the rest of ``server/``: it starts the API processes and the workers of a host."""

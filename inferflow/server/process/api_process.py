@@ -21,9 +21,9 @@ from types import FrameType
 
 import uvicorn
 
-from inferflow.server.http.errors import QUEUE_LOST, ErrorInfo
 from inferflow.server.http.frontend import Frontend
-from inferflow.server.process.process_utils import die_with_parent, name_process
+from inferflow.server.messages import QUEUE_LOST, ErrorInfo
+from inferflow.server.process_utils import die_with_parent, name_process
 
 logger = logging.getLogger(__name__)
 

@@ -42,10 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from inferflow.config import LoadMode
-from inferflow.server.http.errors import ErrorInfo
-from inferflow.server.messages import StopWorker, WorkerLost
-from inferflow.server.process.process_utils import process_rss
-from inferflow.server.process.shared_state import LOAD_RETRY_S, LoadState, SharedState
+from inferflow.server.messages import ErrorInfo, StopWorker, WorkerLost
+from inferflow.server.process_utils import process_rss
+from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 logger = logging.getLogger(__name__)

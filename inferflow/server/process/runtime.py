@@ -4,10 +4,10 @@ Process tree of a running server (all bound to the main process with PR_SET_PDEA
 
     main: supervisor (signals, worker restarts, model loads)   <- SIGTERM / SIGINT go here
     ├── LitServe Manager (one request queue per LLM, one response queue per API process)
-    ├── engine worker per loaded LLM (spawned): EngineAPI + EngineLoop, owns the engine
+    ├── engine worker per loaded LLM (spawned): WorkerService + EngineLoop, owns the engine
     └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
 
-The LLMs are the model repository's entries (``inferflow.model_repository``; without
+The LLMs are the model repository's entries (``inferflow.graph.repository``; without
 ``models:`` the one ``model``): each gets its own serving graph, request stages, shared state
 and engine worker.
 """
@@ -15,46 +15,30 @@ and engine worker.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferflow.config import ConfigError
-from inferflow.embeddings.http_api import EmbeddingModels, EmbeddingsFrontend
+from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
-from inferflow.model_repository import build_entry_graph, llm_entries
+from inferflow.graph import build_entry_graph
+from inferflow.graph.repository import llm_entries
 from inferflow.server.http.deployments import Deployment
+from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.settings import ServerSettings
-from inferflow.server.http.spec import OpenAICompatibleSpec
+from inferflow.server.litserve.litserver import InferflowServer, engine_api
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
 from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
-from inferflow.server.process.shared_state import SharedState
-from inferflow.server.worker.api import API_PATH, EngineAPI
+from inferflow.server.shared_state import SharedState
+from inferflow.server.worker.service import GraphEngineFactory, WorkerService
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
-
-if TYPE_CHECKING:
-    from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 
 logger = logging.getLogger(__name__)
 
 
 class ServerFailed(RuntimeError):
     """The server stopped because a part of it failed (e.g. the engine could not be loaded)."""
-
-
-@dataclass(frozen=True)
-class GraphEngineFactory:
-    """Rebuilds the graph from its plain config in the worker process and creates the engine."""
-
-    config: dict[str, Any]
-
-    def __call__(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
-        from inferflow.graph import build_graph
-
-        return build_graph(self.config).create_engine(wrap_executor)
 
 
 def telemetry_settings(
@@ -102,9 +86,9 @@ def _deployments(
     return out
 
 
-def build_server(graph: Any, settings: ServerSettings | None = None) -> InferflowServer:
-    """Wire the frontend, the LitServe spec and an engine worker per LLM of ``graph``."""
-    settings = settings or ServerSettings.from_config(graph.server)
+def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowServer:
+    """Wire the frontend and an engine worker per LLM of ``graph`` into LitServe's host."""
+    settings = settings or graph.server.with_env_api_keys()
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
     frontend_telemetry = FrontendTelemetry(telemetry)
@@ -135,25 +119,17 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
     models = []
     for index, (deployment, entry_graph) in enumerate(deployments):
         entry_config = entry_graph.to_container()
-        path = API_PATH if index == 0 else f"{API_PATH}/_model/{index}"
-        api = EngineAPI(
+        service = WorkerService(
             GraphEngineFactory(entry_config),
             deployment.shared,
-            spec=(
-                OpenAICompatibleSpec(frontend, deployment.model_path)
-                if index == 0
-                else QueueOnlySpec(path)
-            ),
-            log_level=settings.log_level,
             # versions of one name: each its own series (model_name="NAME@VERSION")
-            telemetry=telemetry_settings(
+            telemetry_settings(
                 entry_graph,
                 entry_config,
                 deployment.model_id if len(frontend.router.by_name[deployment.name]) > 1 else None,
             ),
-            api_path=path,
-            process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
         )
+        api = engine_api(index, service, frontend, deployment.model_path, settings.log_level)
         models.append(
             ManagedModel(
                 deployment.key,
@@ -181,7 +157,7 @@ def build_server(graph: Any, settings: ServerSettings | None = None) -> Inferflo
 
 
 def start_line(
-    graph: Any, settings: ServerSettings, deployments: list[Deployment] | None = None
+    graph: Any, settings: ServerConfig, deployments: list[Deployment] | None = None
 ) -> str:
     """What is served, where, and where its traces go (printed once the server is ready)."""
     if deployments and deployments[0].key:  # a repository: one line for all its models
@@ -220,11 +196,9 @@ def serve(graph: Any) -> None:
     worker could not start or an API process died. Prometheus samples of every process go to
     a temporary multiprocess directory that is removed on the way out.
     """
-    from inferflow.embeddings.models import is_embedding_model
-
-    if is_embedding_model(graph.model) and not graph.config.get("models"):
+    if graph.model.is_embedding and not graph.config.get("models"):
         # no LLM: one process, no engine worker
-        from inferflow.embeddings.server import serve_embeddings
+        from inferflow.server.process.embedding_server import serve_embeddings
 
         serve_embeddings(graph)
         return

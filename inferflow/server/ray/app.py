@@ -18,7 +18,7 @@ from typing import Any
 
 def build(args: dict[str, Any]) -> Any:
     """The Serve ``Application`` of the graph composed from ``args["overrides"]``."""
-    from inferflow.cli import compose_config
+    from inferflow.compose import compose_config
     from inferflow.graph import build_graph
     from inferflow.server.ray.host import build_app
 

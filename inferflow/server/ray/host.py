@@ -24,7 +24,7 @@ import time
 import urllib.request
 from typing import Any
 
-from inferflow.server_schema import RayRouting, RayServerConfig
+from inferflow.config.server import RayRouting, RayServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +67,13 @@ def engine_options(cfg: RayServerConfig, max_num_seqs: int, block_size: int) -> 
     else:
         options["num_replicas"] = cfg.num_replicas
     if cfg.routing is RayRouting.prefix_aware:
-        options["request_router_config"] = RequestRouterConfig(
-            request_router_class="inferflow.server.ray.routing:PrefixAffinityRouter",
-            request_router_kwargs={"imbalance_threshold": cfg.prefix_imbalance_threshold,
-                                   "block_size": block_size},
-            request_routing_stats_period_s=1.0)
+        router: dict[str, Any] = {  # (pydantic fields: mypy reads their types wrongly)
+            "request_router_class": "inferflow.server.ray.routing:PrefixAffinityRouter",
+            "request_router_kwargs": {"imbalance_threshold": cfg.prefix_imbalance_threshold,
+                                      "block_size": block_size},
+            "request_routing_stats_period_s": 1.0,
+        }
+        options["request_router_config"] = RequestRouterConfig(**router)
     return options
 
 
@@ -87,12 +89,13 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
     board = f"{cfg.app_name}-board"
-    engine = serve.deployment(EngineReplica).options(
-        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))
-    ingress = serve.deployment(serve.ingress()(IngressDeployment)).options(
+    engine = serve.deployment(
+        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))(EngineReplica)
+    ingress = serve.deployment(
         name="ingress", num_replicas=cfg.num_api_servers, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(cfg.max_connections or 4096, 1),  # requests per ingress
-        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5)
+        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5,
+    )(serve.ingress()(IngressDeployment))
     required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
     # a replica whose engine thread has not gone round for worker_watchdog_s fails its health
     # check and is replaced (the LitServe host's watchdog; worker_stall_timeout_s is /ready's)
@@ -106,9 +109,7 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
 def serve_on_ray(graph: Any) -> None:
     """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
     and, if this process started Ray, shut it down."""
-    from inferflow.embeddings.models import is_embedding_model
-
-    if is_embedding_model(graph.model):
+    if graph.model.is_embedding:
         raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
                          "models beside it); an embedding-only server runs with server=default")
     if graph.config.get("models"):
@@ -159,9 +160,7 @@ def serve_on_ray(graph: Any) -> None:
 
 
 def graph_settings(graph: Any) -> Any:
-    from inferflow.server.http.settings import ServerSettings
-
-    return ServerSettings.from_config(graph.server)
+    return graph.server.with_env_api_keys()
 
 
 def _block_size(graph: Any) -> int:
@@ -190,7 +189,7 @@ def _wait_ready(cfg: RayServerConfig, local: bool, stop: threading.Event) -> Non
         state = str(getattr(app, "status", ""))
         if state.endswith("RUNNING"):
             break
-        if state.endswith("DEPLOY_FAILED"):
+        if app is not None and state.endswith("DEPLOY_FAILED"):
             raise SystemExit(f"inferflow: the Ray Serve app failed to deploy: {app.message}")
         if time.time() > deadline:
             raise SystemExit(f"inferflow: the Ray Serve app did not start in {READY_TIMEOUT_S} s")

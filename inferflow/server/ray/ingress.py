@@ -26,22 +26,27 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.config import LoadMode
-from inferflow.embeddings.http_api import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
+from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
-from inferflow.server.http.errors import ErrorInfo, install_error_handlers
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
+from inferflow.server.http.errors import install_error_handlers
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.settings import ServerSettings
-from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
-from inferflow.server.messages import CancelRequest, RequestUpdate, SubmitRequest, UpdateBatch
+from inferflow.server.messages import (
+    CancelRequest,
+    ErrorInfo,
+    RequestUpdate,
+    SubmitRequest,
+    UpdateBatch,
+)
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.shared_state import STATS_FIELDS, LoadState, SharedState
 from inferflow.server.ray.board import board_actor, merge_metrics
+from inferflow.server.shared_state import STATS_FIELDS, LoadState, SharedState
 
 logger = logging.getLogger(__name__)
 
@@ -64,9 +69,9 @@ class EngineClient:
             task = asyncio.get_running_loop().create_task(self._run(message))
             self._calls[message.request_id] = task
         elif isinstance(message, CancelRequest):
-            task = self._calls.pop(message.request_id, None)
-            if task is not None:
-                task.cancel()
+            running = self._calls.pop(message.request_id, None)
+            if running is not None:
+                running.cancel()
 
     def _deliver(self, update: RequestUpdate) -> None:
         self.frontend.registry.dispatch(UpdateBatch((update,)))
@@ -136,7 +141,7 @@ class IngressDeployment:
         from inferflow.graph import build_graph
 
         graph = build_graph(config)
-        self.settings = ServerSettings.from_config(graph.server)
+        self.settings = graph.server.with_env_api_keys()
         self.telemetry = FrontendTelemetry(telemetry)
         self.shared = SharedState()
         pipeline = RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage)
@@ -165,7 +170,7 @@ class IngressDeployment:
 
 
 def build_app(frontend: Frontend, board: BoardReader, model_path: str,
-              settings: ServerSettings) -> FastAPI:
+              settings: ServerConfig) -> FastAPI:
     """The FastAPI app: the OpenAI routes, the operational routes, our middleware and errors."""
     app = FastAPI(title="inferflow")
     app.add_middleware(DocsKeyMiddleware, auth=frontend.auth)

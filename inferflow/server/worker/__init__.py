@@ -1,1 +1,2 @@
-"""The engine worker process: the LitAPI that owns the engine, its loop and queues."""
+"""The engine worker process: ``WorkerService`` (owns the engine), its loop and queues. Of
+``server/`` it imports only the root modules; no host (LitServe, Ray) types reach it."""

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from inferflow.config import ENGINE_SLOTS, ConfigError
+from inferflow.config.base import ConfigError
+from inferflow.config.schema import ENGINE_SLOTS
 from inferflow.stages.base import RequestStage
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.response import ResponseStage

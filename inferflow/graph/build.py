@@ -5,7 +5,7 @@ embedded tiny model is generated on first use): LitServe workers call it again f
 dict (``graph.to_container()``). Expensive work happens later: ``setup_stages()`` loads the
 tokenizer, ``create_engine()`` loads the weights and builds or loads the compiled engine.
 
-Each stage is built from its node by ``inferflow.targets`` (the ``_target_`` allowlist, typed
+Each stage is built from its node by ``inferflow.graph.targets`` (the ``_target_`` allowlist, typed
 config keys, the slot's contract); this module places the stages on their side of the engine
 and computes the engine's layout.
 """
@@ -24,19 +24,14 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from inferflow.config import (
-    ENGINE_SLOTS,
-    REQUEST_SLOTS,
-    SLOTS,
-    ConfigError,
-    ModelConfig,
-    RayServerConfig,
-    ServerConfig,
-    TracingConfig,
-    describe_omegaconf_error,
-)
-from inferflow.model_lookup import resolve_model
-from inferflow.pipeline_order import place_stages, splice_order
+from inferflow.config.base import ConfigError, describe_omegaconf_error, typed_config
+from inferflow.config.schema import ENGINE_SLOTS, REQUEST_SLOTS, SLOTS, ModelConfig
+from inferflow.config.server import RayServerConfig, ServerConfig
+from inferflow.config.tracing import TracingConfig
+from inferflow.graph.order import place_stages, splice_order
+from inferflow.graph.repository import RepositoryEntry
+from inferflow.graph.targets import allowed_prefixes, instantiate_stage
+from inferflow.models.lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
 from inferflow.stages.batching import BatchingStage, NoBatching
 from inferflow.stages.cache import CacheStage, NoPrefixCache
@@ -46,7 +41,6 @@ from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 from inferflow.stages.response import ResponseStage
 from inferflow.stages.speculative import NoSpeculation, SpeculativeStage
-from inferflow.targets import allowed_prefixes, instantiate_stage, keyed_error
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
@@ -111,7 +105,6 @@ class ServingGraph:
     def served_context(self) -> ServedContext:
         """``model.max_model_len`` capped by the checkpoint's limit and by what the executor's
         KV budget holds (``scheduling/kv_budget.py``); a budget too small is a ConfigError."""
-        from inferflow.embeddings.models import is_embedding_model
         from inferflow.models.safetensors_reader import iter_shards
         from inferflow.scheduling.kv_budget import paged_context, served_context, weights_bytes
 
@@ -122,7 +115,7 @@ class ServingGraph:
         fit = paged_context if self.executor.pages_kv else served_context
         try:
             budget = None
-            if not is_embedding_model(self.model):
+            if not self.model.is_embedding:
                 budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
             return fit(wanted, slots, self.cache.block_size, self.cache.num_blocks, budget)
         except ValueError as exc:
@@ -171,7 +164,7 @@ class ServingGraph:
         """The resolved config as plain picklable data (enums as strings)."""
         data = OmegaConf.to_container(self.config, resolve=True, enum_to_str=True)
         assert isinstance(data, dict)
-        return data  # type: ignore[return-value]
+        return {str(k): v for k, v in data.items()}
 
     # ------------------------------------------------------------------ request path
 
@@ -188,15 +181,7 @@ class ServingGraph:
     @property
     def engine_slots(self) -> dict[str, EngineStage]:
         """The engine-side stages of the slots present in the config, in slot order."""
-        stages: dict[str, EngineStage] = {
-            "cache": self.cache,
-            "batching": self.batching,
-            "executor": self.executor,
-            "detokenizer": self.detokenizer,
-            "guided": self.guided,
-            "speculative": self.speculative,
-        }
-        return {name: stages[name] for name in ENGINE_SLOTS if name in self.present_slots}
+        return {name: getattr(self, name) for name in ENGINE_SLOTS if name in self.present_slots}
 
     def setup_stages(self, context: StageContext | None = None) -> StageContext:
         """Call ``setup`` on every request and response stage once (thread-safe); returns the
@@ -303,18 +288,6 @@ def _server_schema(node: Any) -> type:
     return RayServerConfig if str(runtime) == "ray" else ServerConfig
 
 
-def typed_config(schema: type, node: Any, key: str) -> Any:
-    """``node`` checked against the dataclass ``schema`` and built as one; a bad value or key is
-    a ConfigError naming ``key.field``."""
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(schema), node if node is not None else {})
-        return OmegaConf.to_object(merged)
-    except OmegaConfBaseException as exc:
-        raise describe_omegaconf_error(exc, prefix=f"{key}.") from None
-    except ValueError as exc:  # a schema's __post_init__ range check
-        raise keyed_error(key, exc, {f.name for f in dataclasses.fields(schema)}) from None
-
-
 def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
     """Instantiate the serving graph described by ``cfg`` (a composed config or its plain dict).
 
@@ -330,6 +303,17 @@ def build_graph(cfg: DictConfig | Mapping[str, Any]) -> ServingGraph:
         raise describe_omegaconf_error(exc) from None
     assert isinstance(resolved, DictConfig)
     return _build(resolved)
+
+
+def build_entry_graph(entry: RepositoryEntry) -> ServingGraph:
+    """A model repository entry's ``ServingGraph``; its config errors name the entry's key."""
+    try:
+        return build_graph(entry.config)
+    except ConfigError as exc:
+        if not entry.key:
+            raise
+        key = f"models.{entry.key}.{exc.key}" if exc.key else f"models.{entry.key}"
+        raise ConfigError(f"models.{entry.key}: {exc}", key) from None
 
 
 def _build(cfg: DictConfig) -> ServingGraph:

@@ -16,7 +16,8 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from inferflow.config import ConfigError, describe_omegaconf_error, discover_plugins, stage_schema
+from inferflow.compose import discover_plugins
+from inferflow.config.base import ConfigError, describe_omegaconf_error, keyed_error, stage_schema
 from inferflow.stages.base import RequestStage
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.response import ResponseStage
@@ -134,17 +135,6 @@ def instantiate_stage(
     if isinstance(stage, RequestStage | ResponseStage):
         stage.name = where.rsplit(".", 1)[-1]
     return stage
-
-
-def keyed_error(where: str, exc: Exception, names: set[str]) -> ConfigError:
-    """``ValueError("max_batch_size: must be >= 1")`` -> ``batching.max_batch_size: must be >= 1``."""
-    message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    if message.startswith(f"{where}."):  # already names the full key
-        return ConfigError(message, message.partition(": ")[0])
-    head, sep, rest = message.partition(": ")
-    if sep and head in names:
-        return ConfigError(f"{where}.{head}: {rest}", f"{where}.{head}")
-    return ConfigError(f"{where}: {message}", where)
 
 
 def _has_target(value: Any) -> bool:

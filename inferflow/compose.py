@@ -1,4 +1,7 @@
-"""What inferflow does to the command line before Hydra sees it (``prepare_overrides``).
+"""Composing the config: the config tree and its search path (plugins, ``$INFERFLOW_CONFIG_PATH``),
+what inferflow does to the command line before Hydra sees it (``prepare_overrides``), and
+``compose_config`` (the config ``python -m inferflow OVERRIDES`` would run, for tests, notebooks,
+``serve run`` and KubeRay).
 
 The spellings Hydra alone would refuse or list twice: ``+model=x`` for a group with a default,
 several ``+stages=NAME``, old key names, and the plugin folders of the config search path.
@@ -6,13 +9,106 @@ several ``+stages=NAME``, old key names, and the plugin folders of the config se
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.resources
+import os
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig
 
-from inferflow.config import CONF_PACKAGE, CONFIG_NAME, discover_plugins, env_search_paths
+from inferflow.stages.registry import register_configs
+
+CONF_PACKAGE = "inferflow.conf"
+CONF_SOURCE = f"pkg://{CONF_PACKAGE}"
+CONFIG_NAME = "config"
+
+
+def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
+    """Compose the config as ``python -m inferflow OVERRIDES`` would (tests, notebooks, tools).
+
+    Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
+    """
+    register_configs()
+    with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
+        return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
+
+
+# ---------------------------------------------------------------- plugins and the search path
+
+
+@dataclass(frozen=True)
+class Plugin:
+    """An installed plugin: ``[project.entry-points."inferflow.plugins"] NAME = "pkg.conf"``.
+
+    The entry point names the plugin's config package (Hydra config groups such as ``stages/``
+    or ``batching/``); it joins the config search path, and its parent module (``pkg``) becomes
+    an allowed ``_target_`` prefix. Nothing is imported to discover a plugin.
+    """
+
+    name: str
+    conf_module: str
+
+    @property
+    def search_path(self) -> str:
+        return f"pkg://{self.conf_module}"
+
+    @property
+    def target_prefix(self) -> str:
+        module = self.conf_module
+        return module[: -len(".conf")] if module.endswith(".conf") else module
+
+
+def discover_plugins() -> list[Plugin]:
+    """Installed plugins (entry point group ``inferflow.plugins``), sorted by name."""
+    eps = importlib.metadata.entry_points(group="inferflow.plugins")
+    return sorted((Plugin(ep.name, ep.module) for ep in eps), key=lambda p: p.name)
+
+
+def env_search_paths(environ: Mapping[str, str] | None = None) -> list[str]:
+    """``$INFERFLOW_CONFIG_PATH``: folders (or ``pkg://``/``file://`` URLs), ``os.pathsep``-separated."""
+    raw = (os.environ if environ is None else environ).get("INFERFLOW_CONFIG_PATH", "")
+    paths = []
+    for item in filter(None, (p.strip() for p in raw.split(os.pathsep))):
+        if item.startswith(("pkg://", "file://")):
+            paths.append(item)
+        else:
+            paths.append("file://" + str(Path(item).expanduser().resolve()))
+    return paths
+
+
+# ---------------------------------------------------------------- the command line
+
+# Hydra's flags that take a value (``--cfg job``); ``--info`` takes one of _INFO optionally.
+_VALUE_FLAGS = frozenset({
+    "--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+    "--config-dir", "-cd", "--experimental-rerun",
+})
+_INFO = ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath")
+
+
+def split_args(args: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(Hydra's flags with their values, overrides): an override never starts with ``-``."""
+    flags: list[str] = []
+    overrides: list[str] = []
+    takes_value = False
+    for arg in args:
+        if takes_value:
+            flags.append(arg)
+            takes_value = False
+        elif arg.startswith("-"):
+            flags.append(arg)
+            takes_value = arg in _VALUE_FLAGS
+        elif flags and flags[-1] in ("--info", "-i") and arg in _INFO:
+            flags.append(arg)
+        else:
+            overrides.append(arg)
+    return flags, overrides
 
 
 def defaulted_groups() -> list[str]:
@@ -116,8 +212,6 @@ def merge_stage_overrides(overrides: Sequence[str]) -> list[str]:
 
 def _stage_names(item: str) -> list[str] | None:
     """The option names of a ``stages`` group override (``a`` or ``[a,b]``), else None."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
         value = OverridesParser.create().parse_override(item).value()
     except Exception:  # (a parse error is Hydra's to report, in its own words)
@@ -130,7 +224,5 @@ def _stage_names(item: str) -> list[str] | None:
 
 
 def _parse_list_override(item: str) -> list[str]:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     value = OverridesParser.create().parse_override(item).value()
     return [str(v) for v in value] if isinstance(value, list) else [str(value)]

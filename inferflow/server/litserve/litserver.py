@@ -51,20 +51,22 @@ from fastapi import FastAPI
 from litserve.specs.base import LitSpec
 from litserve.utils import configure_logging
 
+from inferflow.config.server import ServerConfig
 from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
-from inferflow.server.http.settings import ServerSettings
+from inferflow.server.litserve.direct_transport import DirectTransport
+from inferflow.server.litserve.engine_api import API_PATH, EngineAPI
+from inferflow.server.litserve.spec import OpenAICompatibleSpec
+from inferflow.server.litserve.startup import ApiProcessStartup
 from inferflow.server.process.api_process import DrainingServer, run_api_process
-from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
-from inferflow.server.process.process_utils import init_queue_process
-from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.process.uvicorn_logs import uvicorn_log_config
-from inferflow.server.worker.api import EngineAPI
+from inferflow.server.process_utils import init_queue_process
+from inferflow.server.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,21 @@ class QueueOnlySpec(LitSpec):
         return True
 
 
+def engine_api(
+    index: int, service: WorkerService, frontend: Frontend, model_path: str, log_level: str
+) -> EngineAPI:
+    """The LitAPI of the repository's ``index``-th LLM: the first carries the routes' spec,
+    every other only names its request queue (``api_path``)."""
+    path = API_PATH if index == 0 else f"{API_PATH}/_model/{index}"
+    return EngineAPI(
+        service,
+        spec=OpenAICompatibleSpec(frontend, model_path) if index == 0 else QueueOnlySpec(path),
+        log_level=log_level,
+        api_path=path,
+        process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
+    )
+
+
 class InferflowServer(ls.LitServer):
     """The LLMs of ``models`` (one ``ManagedModel`` per version; its ``api`` an ``EngineAPI``)
     behind the OpenAI routes; ``run()`` blocks until shutdown."""
@@ -93,7 +110,7 @@ class InferflowServer(ls.LitServer):
         self,
         models: list[ManagedModel],
         frontend: Frontend,
-        settings: ServerSettings,
+        settings: ServerConfig,
         model_path: str,
         start_line: str = "",
         memory_budget: int | None = None,

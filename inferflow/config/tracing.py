@@ -1,7 +1,7 @@
 """The ``tracing`` config group: the one ``TracingConfig`` (Hydra schema and runtime settings).
 
-Light on purpose (no OpenTelemetry import): ``inferflow.config`` uses it as the schema of the
-``tracing`` group, ``inferflow.telemetry.setup`` builds the exporters from it.
+Light on purpose (no OpenTelemetry import): the schema of the ``tracing`` group;
+``inferflow.telemetry.setup`` builds the exporters from it.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from inferflow.config.base import ConfigEnum
 from inferflow.paths import inferflow_home
-from inferflow.stages.base import ConfigEnum
 
 DEFAULT_GRPC_ENDPOINT = "http://localhost:4317"
 DEFAULT_HTTP_ENDPOINT = "http://localhost:4318/v1/traces"

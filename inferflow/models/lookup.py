@@ -7,7 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from inferflow.config import ConfigError, ModelConfig
+from inferflow.config.base import ConfigError
+from inferflow.config.schema import ModelConfig
 from inferflow.paths import inferflow_home
 
 BUILTIN_MODELS = {

@@ -18,7 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Literal
 
 import numpy as np
@@ -27,34 +27,20 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
-from inferflow.embeddings.dynamic_batcher import BatcherClosed, DynamicBatchingConfig, QueueFull
-from inferflow.embeddings.routing import ModelRouter, ModelVersion
+from inferflow.embeddings.dynamic_batcher import BatcherClosed, QueueFull
+from inferflow.embeddings.models import EmbeddingModelSpec
 from inferflow.embeddings.service import EmbeddingInputError, EmbeddingService
-from inferflow.embeddings.trace import EmbeddingTrace
+from inferflow.server.http.embedding_trace import EmbeddingTrace
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
-from inferflow.server.http.protocol import _first_error
+from inferflow.server.http.protocol import validation_error
+from inferflow.server.routing import ModelRouter, ModelVersion
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
 
 logger = logging.getLogger(__name__)
 
 EMBEDDINGS_PATH = "/v1/embeddings"
-
-
-@dataclass(frozen=True)
-class EmbeddingModelSpec:
-    """One served embedding model version (picklable: built before the API process forks)."""
-
-    name: str
-    version: str
-    path: str
-    weight: float
-    batching: DynamicBatchingConfig
-
-    @property
-    def model_version(self) -> ModelVersion:
-        return ModelVersion(self.name, self.version, self.weight)
 
 
 class EmbeddingRequest(BaseModel):
@@ -84,7 +70,7 @@ def parse_embedding_request(body: Any) -> EmbeddingRequest:
     try:
         return EmbeddingRequest.model_validate(body)
     except ValidationError as exc:
-        raise _first_error(exc) from None
+        raise validation_error(exc) from None
 
 
 class EmbeddingMetrics:
@@ -127,7 +113,7 @@ class EmbeddingModels:
 
     def __init__(self, specs: Sequence[EmbeddingModelSpec], rng: random.Random | None = None):
         self.specs = list(specs)
-        self.router = ModelRouter([s.model_version for s in self.specs], rng)
+        self.router = ModelRouter([ModelVersion(s.name, s.version, s.weight) for s in self.specs], rng)
         self.services: dict[str, EmbeddingService] = {}  # "name@version" -> service
         # (name, version, batch size) -> None, called per formed batch (the frontend's metrics)
         self.batch_observer: Callable[[str, str, int], None] | None = None
@@ -153,7 +139,7 @@ class EmbeddingModels:
                     service.on_batch = functools.partial(
                         self.batch_observer, spec.name, spec.version
                     )
-                self.services[spec.model_version.model_id] = service
+                self.services[spec.model_id] = service
                 logger.info(
                     "embedding model %s@%s ready in %.2f s",
                     spec.name,
@@ -336,3 +322,14 @@ def _timing_headers(version: str, queue_s: float, compute_s: float) -> Mapping[s
         "x-inferflow-inference-time-ms": f"{compute_s * 1000:.3f}",
         "server-timing": f"queue;dur={queue_s * 1000:.3f}, inference;dur={compute_s * 1000:.3f}",
     }
+
+
+def unsupported_route(model: str, route: str) -> OpenAIError:
+    """An embedding model asked for completions/chat."""
+    return OpenAIError.of(
+        400,
+        f"The model `{model}` is an embedding model and does not support {route}; "
+        "use /v1/embeddings.",
+        param="model",
+        code="model_not_supported",
+    )

@@ -24,14 +24,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import inferflow
-from inferflow.embeddings.http_api import (
+from inferflow.config.server import ServerConfig
+from inferflow.embeddings.models import embedding_specs
+from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
+from inferflow.server.http.embeddings import (
     EMBEDDINGS_PATH,
     EmbeddingModels,
     EmbeddingsFrontend,
     model_not_found,
+    unsupported_route,
 )
-from inferflow.embeddings.models import embedding_specs, unsupported_route
-from inferflow.server.http.connections import raise_fd_limit, uvicorn_connection_options
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import (
@@ -41,7 +43,6 @@ from inferflow.server.http.limits import (
     RateLimiter,
 )
 from inferflow.server.http.openapi import install_openapi
-from inferflow.server.http.settings import ServerSettings
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.telemetry.metrics_export import render_metrics
 
@@ -54,7 +55,7 @@ class EmbeddingApp:
     def __init__(
         self,
         models: EmbeddingModels,
-        settings: ServerSettings,
+        settings: ServerConfig,
         telemetry: FrontendTelemetry | None = None,
     ) -> None:
         self.models = models
@@ -62,7 +63,7 @@ class EmbeddingApp:
         self.draining = False
         self.created = int(time.time())
         self.telemetry = telemetry or FrontendTelemetry(None)
-        auth = ApiKeyAuth(settings.api_keys)
+        auth = ApiKeyAuth(tuple(settings.api_keys))
         self.frontend = EmbeddingsFrontend(
             models,
             auth,
@@ -158,14 +159,14 @@ class EmbeddingApp:
     async def version(self, request: Request) -> JSONResponse:
         self.frontend.auth.authenticate(request.headers)
         models = [
-            {"id": s.model_version.model_id, "path": Path(s.path).name} for s in self.models.specs
+            {"id": s.model_id, "path": Path(s.path).name} for s in self.models.specs
         ]
         return JSONResponse({"inferflow": inferflow.__version__, "models": models})
 
 
 def serve_embeddings(graph: Any) -> None:
     """Serve the graph's embedding models until SIGTERM/SIGINT (blocking)."""
-    settings = ServerSettings.from_config(graph.server)
+    settings = graph.server.with_env_api_keys()
     settings = replace(settings, max_connections=raise_fd_limit(settings.max_connections))
     models = EmbeddingModels(embedding_specs(graph))
     tracing = dict(graph.to_container().get("tracing") or {})

@@ -4,10 +4,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from inferflow.scheduling.kv_budget import parse_memory
-from inferflow.stages.base import ConfigEnum
+from inferflow.config.base import ConfigEnum, parse_memory
+
+API_KEYS_ENV = "INFERFLOW_API_KEYS"
 
 
 class ServerRuntime(ConfigEnum):
@@ -34,24 +38,25 @@ class RayRouting(ConfigEnum):
 
 @dataclass
 class ServerConfig:
-    """The HTTP frontend (read by ``inferflow.server.http.settings.ServerSettings.from_config``).
+    """The HTTP frontend: its address, limits and lifecycle knobs. ``None`` disables a limit.
 
-    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``) turn on bearer-token auth,
-    for every route but ``/health`` and ``/ready`` (``public_metrics`` opens ``/metrics``).
-    A null limit disables it. Rate limits are per API key and per minute (429 + Retry-After).
-    ``num_api_servers``: uvicorn processes sharing the port; ``workers``: LitServe inference
-    workers per device.
+    ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``: ``with_env_api_keys()``,
+    which the frontend runs with) turn on bearer-token auth, for every route but ``/health`` and
+    ``/ready`` (``public_metrics`` opens ``/metrics``); with none the API is open. Rate limits are
+    per API key and per minute (429 + Retry-After). ``num_api_servers``: uvicorn processes
+    sharing the port; ``workers``: engine workers per model (one: it owns the KV cache and
+    batches every request).
     """
 
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: list[str] = field(default_factory=list)
     max_payload_bytes: int | None = 1_048_576
-    request_timeout_s: float | None = 600.0
-    max_waiting_requests: int | None = 256
+    request_timeout_s: float | None = 600.0  # arrival -> last token; 504 after it
+    max_waiting_requests: int | None = 256  # admitted beyond the engine's slots; 429 after it
     rate_limit_requests_per_minute: int | None = None
     rate_limit_tokens_per_minute: int | None = None
-    shutdown_grace_s: float = 30.0
+    shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests may finish for this long
     num_api_servers: int = 1
     workers: int = 1
     log_level: LogLevel = LogLevel.info
@@ -62,7 +67,7 @@ class ServerConfig:
     max_connections: int | None = 4096  # all API processes together; idle ones evicted first
     timeout_header_s: float | None = 15.0  # a connection waiting for request headers: closed
     timeout_body_s: float | None = 30.0  # a request body still arriving: 408
-    timeout_keep_alive_s: float = 5.0
+    timeout_keep_alive_s: float = 5.0  # an idle keep-alive connection is closed after this
     # the model repository (``models:``): LLM engine workers together may hold this much
     # memory (bytes, or "512MB" / "4GiB"); loading an on-demand model beyond it first unloads
     # the least recently used idle on-demand model. null: no budget
@@ -79,29 +84,29 @@ class ServerConfig:
         for name in ("num_api_servers", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for name in (
-            "max_payload_bytes",
-            "request_timeout_s",
-            "max_waiting_requests",
-            "shutdown_grace_s",
-            "rate_limit_requests_per_minute",
-            "rate_limit_tokens_per_minute",
-            "worker_stall_timeout_s",
-            "worker_watchdog_s",
-            "max_connections",
-            "timeout_header_s",
-            "timeout_body_s",
-            "timeout_keep_alive_s",
-            "model_load_timeout_s",
-        ):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name}: must be >= 0 or null, got {value}")
+        for f in dataclasses.fields(ServerConfig):  # every limit and timeout: >= 0 or null (off)
+            value = getattr(self, f.name)
+            if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
+                raise ValueError(f"{f.name}: must be >= 0 or null, got {value}")
+        if self.workers != 1:
+            raise ValueError(
+                "workers: one engine worker per model is supported (it owns the KV cache and "
+                f"batches every request), got {self.workers}"
+            )
+        if self.max_connections is not None and self.max_connections < 1:
+            raise ValueError(f"max_connections: must be >= 1, got {self.max_connections}")
         parse_memory(self.model_memory_budget, "model_memory_budget")  # a bad size fails here
 
     @property
     def model_memory_budget_bytes(self) -> int | None:
         return parse_memory(self.model_memory_budget, "model_memory_budget")
+
+    def with_env_api_keys(self, environ: Mapping[str, str] | None = None) -> ServerConfig:
+        """This config with ``$INFERFLOW_API_KEYS`` (comma-separated) added to ``api_keys``,
+        each key once: what the frontend runs with."""
+        env = (os.environ if environ is None else environ).get(API_KEYS_ENV, "")
+        keys = [str(k) for k in self.api_keys] + [k.strip() for k in env.split(",") if k.strip()]
+        return dataclasses.replace(self, api_keys=list(dict.fromkeys(keys)))
 
 
 @dataclass
