@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from inferflow.sampling_params import SamplingParams
+from inferflow.telemetry.timings import RequestTimings
 
 MAX_MESSAGE_CHARS = 4096  # an error message echoing a client's input stays this short
 MAX_PARAM_CHARS = 256
@@ -168,7 +169,7 @@ class RequestUpdate:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    timings: dict[str, Any] | None = None  # RequestTimings.to_dict(), on the last update
+    timings: RequestTimings | None = None  # on the last update
     error: ErrorInfo | None = None
 
     @property

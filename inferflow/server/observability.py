@@ -23,13 +23,17 @@ import logging
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.engine.step import Executor
 from inferflow.outputs import RequestMetrics
 from inferflow.server.messages import SubmitRequest
 from inferflow.stages.base import StageRequest
 from inferflow.telemetry import attributes as A
+from inferflow.telemetry.timings import RequestTimings
+
+if TYPE_CHECKING:
+    from inferflow.telemetry.spans import RequestSpan
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +102,7 @@ class FrontendTelemetry:
 
     def start_request(
         self, operation: str, model: str, headers: Mapping[str, str], params: Any
-    ) -> Any:
+    ) -> RequestSpan | None:
         """The root span of one request (``None`` when telemetry is off)."""
         if self.tracer is None:
             return None
@@ -116,7 +120,7 @@ class FrontendTelemetry:
         )
 
     def model_load(
-        self, span: Any, model_id: str, started: float, ended: float, outcome: str
+        self, span: RequestSpan | None, model_id: str, started: float, ended: float, outcome: str
     ) -> None:
         """The time a request waited for its on-demand model to load: a ``model_load`` child
         span of its root span and ``inferflow:model_load_wait_seconds``."""
@@ -203,8 +207,8 @@ class WorkerTelemetry:
         metrics: RequestMetrics | None,
         num_output_tokens: int | None,
         error: str | None = None,
-    ) -> dict[str, Any] | None:
-        """Emit the request's spans and metrics; returns its timings as a plain dict."""
+    ) -> RequestTimings | None:
+        """Emit the request's spans and metrics; returns its timings."""
         timings = self.telemetry.on_request_finished(
             request_id,
             finish_reason,
@@ -213,7 +217,7 @@ class WorkerTelemetry:
             num_output_tokens=num_output_tokens,
             error=error,
         )
-        return timings.to_dict() if timings is not None else None
+        return timings
 
     def metrics_text(self) -> str:
         """This engine's Prometheus samples (its in-memory registry), as exposition text."""

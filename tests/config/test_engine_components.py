@@ -16,12 +16,12 @@ from inferflow.graph import build_graph
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.messages import ErrorInfo, RequestUpdate
-from inferflow.server.worker.api import describe_engine
+from inferflow.server.worker.service import describe_engine
 from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.executor import OnnxRuntimeExecutor
 from inferflow.stages.response import ResponseDelta, ResponseStage
 
-pytestmark = pytest.mark.usefixtures("config_env")
+pytestmark = [pytest.mark.server, pytest.mark.usefixtures("config_env")]
 GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from inferflow.server.litserve.direct_transport import DirectTransport
 from inferflow.server.messages import ErrorInfo, RequestUpdate, UpdateBatch
-from inferflow.server.process.direct_transport import DirectTransport
 
 SENDER = """
 import pickle, sys

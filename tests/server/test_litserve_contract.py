@@ -18,9 +18,8 @@ from litserve.loops import loops as ls_loops
 from litserve.specs import base as ls_spec
 from litserve.transport import base as ls_transport_base
 
-from inferflow.server.process.litserver import InferflowServer
-from inferflow.server.worker.api import EngineAPI
-from inferflow.server.worker.loop import EngineLoop
+from inferflow.server.litserve.engine_api import EngineAPI, WorkerLoop
+from inferflow.server.litserve.litserver import InferflowServer
 
 # name: (object, parameters with defaults, sha256[:12] of its source or None: signature only)
 PINNED: dict[str, tuple[Any, str, str | None]] = {
@@ -50,7 +49,7 @@ PINNED: dict[str, tuple[Any, str, str | None]] = {
         "(self, lit_api, worker_id)",
         "c2d7b5b4cdf1",
     ),
-    # how the worker enters EngineLoop.__call__
+    # how the worker enters WorkerLoop.__call__ (which runs EngineLoop.run)
     "loops.inference_worker": (
         ls_loops.inference_worker,
         "(lit_api, device, worker_id, request_queue, transport, workers_setup_status, "
@@ -128,5 +127,5 @@ def test_only_the_documented_litserve_methods_are_overridden() -> None:
         "__doc__",
     }
     assert overridden == ALLOWED_SERVER_OVERRIDES, sorted(overridden)
-    assert issubclass(EngineLoop, ls_loop_base.LitLoop)  # a public LitLoop, not a fork of one
+    assert issubclass(WorkerLoop, ls_loop_base.LitLoop)  # a public LitLoop, not a fork of one
     assert callable(EngineAPI.authorize) and callable(EngineAPI.health)  # public hooks

@@ -1,6 +1,6 @@
 """EngineLoop on a real LLMEngine (tiny model, in process): its threads, cancels and deadlines.
 
-The loop runs exactly as in a LitServe worker (``loop(lit_api, ...)`` on its own thread), fed
+The loop runs exactly as in a LitServe worker (``run_worker`` on its own thread), fed
 through a ``queue.Queue`` standing in for the Manager queue; what it sends is recorded by a
 transport that keeps messages in order.
 """
@@ -17,6 +17,7 @@ import pytest
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
+from inferflow.server.litserve.engine_api import run_worker
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,
@@ -26,7 +27,7 @@ from inferflow.server.messages import (
     UpdateBatch,
 )
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import EngineAPI
+from inferflow.server.worker.service import WorkerService
 
 WAIT_S = 60.0
 
@@ -85,14 +86,12 @@ class Running:
 
     def __init__(self, engine: LLMEngine) -> None:
         self.shared = SharedState()
-        self.api = EngineAPI(engine_factory=lambda wrap=None: engine, shared=self.shared)
-        self.api.engine = engine
+        self.service = WorkerService(lambda wrap=None: engine, self.shared)
+        self.service.engine = engine
         self.requests: queue.Queue = queue.Queue()
         self.transport = RecordingTransport()
         self.thread = threading.Thread(
-            target=self.api.loop,
-            args=(self.api, "cpu", 0, self.requests, self.transport, {}, None),
-            daemon=True,
+            target=run_worker, args=(self.service, self.requests, self.transport), daemon=True
         )
         self.thread.start()
 

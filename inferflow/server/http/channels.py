@@ -1,6 +1,6 @@
 """Per-request channels in an API process, fed by one dispatcher task.
 
-The dispatcher reads this process's response queue (LitServe's transport) and routes each
+The dispatcher reads this process's response queue (``DirectTransport``) and routes each
 ``RequestUpdate`` of an ``UpdateBatch`` to its request's channel; a ``WorkerLost`` notice goes
 to ``on_worker_lost`` (the frontend switches queues and fails every open channel). A reader takes *all* updates queued on its channel at once and merges them,
 so a stream that falls behind the engine sends fewer, larger SSE chunks instead of lagging.
@@ -12,14 +12,19 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable
-
-from litserve.transport.base import MessageTransport
+from typing import Protocol
 
 from inferflow.server.messages import ErrorInfo, RequestUpdate, UpdateBatch, WorkerLost
 
 logger = logging.getLogger(__name__)
 
 NONE_SPIN_S = 0.05  # an immediate None from the transport (its queue is gone): back off this long
+
+
+class UpdateSource(Protocol):
+    """This process's end of the worker -> API process transport (``DirectTransport``)."""
+
+    async def areceive(self, consumer_id: int, timeout: float | None = None) -> object: ...
 
 
 class RequestChannel:
@@ -121,7 +126,7 @@ class ChannelRegistry:
         elif isinstance(message, WorkerLost) and self.on_worker_lost is not None:
             self.on_worker_lost(message)
 
-    async def pump(self, transport: MessageTransport, consumer_id: int) -> None:
+    async def pump(self, transport: UpdateSource, consumer_id: int) -> None:
         """Dispatch messages from this process's response queue until cancelled."""
         loop = asyncio.get_running_loop()
         while True:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -54,10 +54,18 @@ from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, W
 from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.shared_state import LoadState, SharedState
 
+if TYPE_CHECKING:
+    from inferflow.server.http.embeddings import EmbeddingsFrontend
+    from inferflow.telemetry.spans import RequestSpan
+
 logger = logging.getLogger(__name__)
 
 VERSION_HEADER = "x-inferflow-model-version"  # which version of the model answered
 ROUTE_KEY_HEADER = "x-inferflow-route-key"  # sticky canary key (else the body's ``user``)
+COMPLETIONS_PATH = "/v1/completions"
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+
 CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
 
 _ROUTES: dict[
@@ -111,7 +119,7 @@ class Frontend:
         self.draining = False
         self.created = int(time.time())
         # EmbeddingsFrontend of the extra embedding models (``extra_models``), if any
-        self.embeddings: Any = None
+        self.embeddings: EmbeddingsFrontend | None = None
 
     @property
     def request_queue(self) -> Any:
@@ -175,7 +183,7 @@ class Frontend:
             code="model_not_found",
         )
 
-    async def _wait_loaded(self, deployment: Deployment, span: Any) -> None:
+    async def _wait_loaded(self, deployment: Deployment, span: RequestSpan | None) -> None:
         """Until ``deployment`` serves (an on-demand model loads on its first request), with a
         ``model_load`` span for the wait; 503 when it fails, the server drains or
         ``model_load_timeout_s`` passes."""
@@ -286,7 +294,7 @@ class Frontend:
         operation: str,
         request: Request,
         deployment: Deployment,
-    ) -> tuple[PreparedRequest, Any]:
+    ) -> tuple[PreparedRequest, RequestSpan | None]:
         """Rate limits and the model's request stages; a request refused with a 429 is charged
         nothing (its request-per-minute token is given back when the token limit refuses it)."""
         self.limiter.check_request(key_id)
@@ -314,11 +322,11 @@ class Frontend:
     def _submit(
         self,
         prepared: PreparedRequest,
-        formatter: Any,
+        formatter: ResponseFormatter,
         operation: str,
         route: str,
         started: float,
-        span: Any,
+        span: RequestSpan | None,
         deployment: Deployment,
     ) -> RequestFlow:
         timeout = self.settings.request_timeout_s
@@ -388,7 +396,7 @@ class Frontend:
         return len(self.registry.fail_all(error))
 
 
-def _end_failed_span(span: Any, error: ErrorInfo) -> None:
+def _end_failed_span(span: RequestSpan | None, error: ErrorInfo) -> None:
     if span is not None:
         span.set_http_status(error.status_code)
         span.record_error(error.message, error.code or error.error_type)

@@ -13,7 +13,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -24,6 +24,10 @@ from inferflow.server.http.response_pipeline import ResponseRun
 from inferflow.server.http.responses import Accumulated, ResponseFormatter
 from inferflow.server.http.sse import wait_for_disconnect
 from inferflow.server.messages import ErrorInfo, RequestUpdate
+
+if TYPE_CHECKING:
+    from inferflow.server.http.deployments import Deployment
+    from inferflow.telemetry.spans import RequestSpan
 
 WORKER_GRACE_S = 5.0  # how long past its deadline we wait for the worker's own 504
 DONE_EVENT = "data: [DONE]\n\n"
@@ -43,12 +47,12 @@ class RequestFlow:
     deadline: float | None
     route: str
     started: float
-    span: Any = None
+    span: RequestSpan | None = None
     stream: bool = False
     acc: Accumulated = field(default_factory=Accumulated)
     error: ErrorInfo | None = None  # how it failed, once it has
     responses: ResponseRun | None = None  # the response stages, if the graph has any
-    deployment: Any = None  # the model version it runs on (``deployments.Deployment``)
+    deployment: Deployment | None = None  # the model version it runs on
 
     async def next_update(self) -> RequestUpdate:
         """The merged updates since the last call; a silent worker past the deadline is a 504."""

@@ -14,6 +14,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferflow.json_types import JSONObject, JSONValue
 from inferflow.server.messages import LogprobEntry, RequestUpdate
 from inferflow.telemetry.timings import RequestTimings, timing_headers
 
@@ -28,7 +29,7 @@ class Accumulated:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    timings: dict[str, Any] | None = None  # RequestTimings.to_dict() from the worker
+    timings: RequestTimings | None = None  # from the worker, on the last update
 
     def add(self, update: RequestUpdate) -> None:
         self.text += update.text
@@ -41,11 +42,9 @@ class Accumulated:
 
     def timing_headers(self) -> dict[str, str]:
         """Queue vs inference time (and a ``server-timing`` header) for a non-streamed reply."""
-        if not self.timings:
-            return {}
-        return timing_headers(RequestTimings.from_dict(self.timings))
+        return {} if self.timings is None else timing_headers(self.timings)
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> JSONObject:
         return {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
@@ -68,7 +67,7 @@ class ResponseFormatter(ABC):
         self.include_usage = include_usage
         self.want_logprobs = want_logprobs
 
-    def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+    def _envelope(self, object_name: str, choices: list[JSONValue]) -> JSONObject:
         return {
             "id": self.id,
             "object": object_name,
@@ -78,26 +77,26 @@ class ResponseFormatter(ABC):
             "system_fingerprint": None,
         }
 
-    def chunk(self, choice: dict[str, Any]) -> dict[str, Any]:
+    def chunk(self, choice: JSONObject) -> JSONObject:
         body = self._envelope(self.chunk_object_name, [choice])
         if self.include_usage:
             body["usage"] = None
         return body
 
-    def usage_chunk(self, acc: Accumulated) -> dict[str, Any]:
+    def usage_chunk(self, acc: Accumulated) -> JSONObject:
         body = self._envelope(self.chunk_object_name, [])
         body["usage"] = acc.usage()
         return body
 
-    def full(self, acc: Accumulated) -> dict[str, Any]:
+    def full(self, acc: Accumulated) -> JSONObject:
         body = self._envelope(self.object_name, [self._full_choice(acc)])
         body["usage"] = acc.usage()
         return body
 
-    def start_chunks(self) -> list[dict[str, Any]]:
+    def start_chunks(self) -> list[JSONObject]:
         return []
 
-    def delta_chunks(self, update: RequestUpdate) -> list[dict[str, Any]]:
+    def delta_chunks(self, update: RequestUpdate) -> list[JSONObject]:
         """The chunks for ``update`` (none when it carries nothing to send)."""
         chunk = self.delta_chunk(update)
         return [] if chunk is None else [chunk]
@@ -106,21 +105,21 @@ class ResponseFormatter(ABC):
         """Text received but not sent yet (a formatter that holds text back returns it once)."""
         return ""
 
-    def delta_chunk(self, update: RequestUpdate) -> dict[str, Any] | None:
+    def delta_chunk(self, update: RequestUpdate) -> JSONObject | None:
         """The chunk for ``update`` or ``None`` when it carries nothing to send."""
         if not update.text and update.finish_reason is None and not update.logprobs:
             return None
         return self.chunk(self._delta_choice(update))
 
-    def text_chunk(self, request_id: str, text: str) -> dict[str, Any]:
+    def text_chunk(self, request_id: str, text: str) -> JSONObject:
         """A plain text chunk (the text a failing stream produced before its error event)."""
         return self.chunk(self._delta_choice(RequestUpdate(request_id, text=text)))
 
     @abstractmethod
-    def _delta_choice(self, update: RequestUpdate) -> dict[str, Any]: ...
+    def _delta_choice(self, update: RequestUpdate) -> JSONObject: ...
 
     @abstractmethod
-    def _full_choice(self, acc: Accumulated) -> dict[str, Any]: ...
+    def _full_choice(self, acc: Accumulated) -> JSONObject: ...
 
 
 class CompletionFormatter(ResponseFormatter):
@@ -147,7 +146,7 @@ class CompletionFormatter(ResponseFormatter):
             "text_offset": offsets,
         }
 
-    def _delta_choice(self, update: RequestUpdate) -> dict[str, Any]:
+    def _delta_choice(self, update: RequestUpdate) -> JSONObject:
         return {
             "index": 0,
             "text": update.text,
@@ -155,7 +154,7 @@ class CompletionFormatter(ResponseFormatter):
             "finish_reason": update.finish_reason,
         }
 
-    def _full_choice(self, acc: Accumulated) -> dict[str, Any]:
+    def _full_choice(self, acc: Accumulated) -> JSONObject:
         return {
             "index": 0,
             "text": acc.text,
@@ -191,8 +190,8 @@ class ChatFormatter(ResponseFormatter):
             "refusal": None,
         }
 
-    def start_chunks(self) -> list[dict[str, Any]]:
-        choice = {
+    def start_chunks(self) -> list[JSONObject]:
+        choice: JSONObject = {
             "index": 0,
             "delta": {"role": "assistant", "content": ""},
             "logprobs": None,
@@ -200,8 +199,8 @@ class ChatFormatter(ResponseFormatter):
         }
         return [self.chunk(choice)]
 
-    def _delta_choice(self, update: RequestUpdate) -> dict[str, Any]:
-        delta = {"content": update.text} if update.text else {}
+    def _delta_choice(self, update: RequestUpdate) -> JSONObject:
+        delta: JSONObject = {"content": update.text} if update.text else {}
         return {
             "index": 0,
             "delta": delta,
@@ -209,7 +208,7 @@ class ChatFormatter(ResponseFormatter):
             "finish_reason": update.finish_reason,
         }
 
-    def _full_choice(self, acc: Accumulated) -> dict[str, Any]:
+    def _full_choice(self, acc: Accumulated) -> JSONObject:
         return {
             "index": 0,
             "message": {"role": "assistant", "content": acc.text, "refusal": None},

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from inferflow.guided.constraint import GuidedConstraint
+from inferflow.json_types import JSONObject
 from inferflow.server.http.errors import bad_request
 from inferflow.server.http.responses import Accumulated, ChatFormatter
 from inferflow.server.messages import RequestUpdate
@@ -192,7 +193,7 @@ class ToolCallFormatter(ChatFormatter):
         held, self._held = self._held, ""
         return held
 
-    def delta_chunks(self, update: RequestUpdate) -> list[dict[str, Any]]:
+    def delta_chunks(self, update: RequestUpdate) -> list[JSONObject]:
         if not self._holding:
             return super().delta_chunks(update)
         self._held += update.text
@@ -208,13 +209,16 @@ class ToolCallFormatter(ChatFormatter):
             return super().delta_chunks(_with_text(update, held))
         chunks = []
         for index, call in enumerate(calls):
-            head = {
+            head: JSONObject = {
                 "index": index,
                 "id": call["id"],
                 "type": "function",
                 "function": {"name": call["function"]["name"], "arguments": ""},
             }
-            arguments = {"index": index, "function": {"arguments": call["function"]["arguments"]}}
+            arguments: JSONObject = {
+                "index": index,
+                "function": {"arguments": call["function"]["arguments"]},
+            }
             for piece in (head, arguments):
                 chunks.append(
                     self.chunk(
@@ -231,7 +235,7 @@ class ToolCallFormatter(ChatFormatter):
         )
         return chunks
 
-    def _full_choice(self, acc: Accumulated) -> dict[str, Any]:
+    def _full_choice(self, acc: Accumulated) -> JSONObject:
         choice = super()._full_choice(acc)
         calls = parse_tool_calls(acc.text, self.names) if acc.finish_reason == "stop" else None
         if calls is not None:
@@ -239,7 +243,7 @@ class ToolCallFormatter(ChatFormatter):
                 "role": "assistant",
                 "content": None,
                 "refusal": None,
-                "tool_calls": calls,
+                "tool_calls": [*calls],
             }
             choice["finish_reason"] = "tool_calls"
         return choice

@@ -4,7 +4,7 @@ Process tree of a running server (all bound to the main process with PR_SET_PDEA
 
     main: supervisor (signals, worker restarts, model loads)   <- SIGTERM / SIGINT go here
     ├── LitServe Manager (one request queue per LLM, one response queue per API process)
-    ├── engine worker per loaded LLM (spawned): EngineAPI + EngineLoop, owns the engine
+    ├── engine worker per loaded LLM (spawned): WorkerService + EngineLoop, owns the engine
     └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
 
 The LLMs are the model repository's entries (``inferflow.graph.repository``; without
@@ -15,8 +15,7 @@ and engine worker.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
@@ -28,34 +27,18 @@ from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.spec import OpenAICompatibleSpec
+from inferflow.server.litserve.litserver import InferflowServer, engine_api
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.litserver import InferflowServer, QueueOnlySpec
 from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import API_PATH, EngineAPI
+from inferflow.server.worker.service import GraphEngineFactory, WorkerService
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
-
-if TYPE_CHECKING:
-    from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 
 logger = logging.getLogger(__name__)
 
 
 class ServerFailed(RuntimeError):
     """The server stopped because a part of it failed (e.g. the engine could not be loaded)."""
-
-
-@dataclass(frozen=True)
-class GraphEngineFactory:
-    """Rebuilds the graph from its plain config in the worker process and creates the engine."""
-
-    config: dict[str, Any]
-
-    def __call__(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
-        from inferflow.graph import build_graph
-
-        return build_graph(self.config).create_engine(wrap_executor)
 
 
 def telemetry_settings(
@@ -90,7 +73,7 @@ def _deployments(
             SharedState(weight=model.weight),
             ResponsePipeline(entry_graph.response_stages),  # set up with the request stages
             str(entry_graph.model_path),
-            slots_hint=entry_graph.executor.max_slots or entry_graph.batching.max_num_seqs,
+            slots_hint=entry_graph.max_slots,
         )
         if deployment.model_id in seen:
             raise ConfigError(
@@ -104,7 +87,7 @@ def _deployments(
 
 
 def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowServer:
-    """Wire the frontend, the LitServe spec and an engine worker per LLM of ``graph``."""
+    """Wire the frontend and an engine worker per LLM of ``graph`` into LitServe's host."""
     settings = settings or graph.server.with_env_api_keys()
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
@@ -136,25 +119,17 @@ def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowS
     models = []
     for index, (deployment, entry_graph) in enumerate(deployments):
         entry_config = entry_graph.to_container()
-        path = API_PATH if index == 0 else f"{API_PATH}/_model/{index}"
-        api = EngineAPI(
+        service = WorkerService(
             GraphEngineFactory(entry_config),
             deployment.shared,
-            spec=(
-                OpenAICompatibleSpec(frontend, deployment.model_path)
-                if index == 0
-                else QueueOnlySpec(path)
-            ),
-            log_level=settings.log_level,
             # versions of one name: each its own series (model_name="NAME@VERSION")
-            telemetry=telemetry_settings(
+            telemetry_settings(
                 entry_graph,
                 entry_config,
                 deployment.model_id if len(frontend.router.by_name[deployment.name]) > 1 else None,
             ),
-            api_path=path,
-            process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
         )
+        api = engine_api(index, service, frontend, deployment.model_path, settings.log_level)
         models.append(
             ManagedModel(
                 deployment.key,

@@ -1,10 +1,10 @@
 """One engine replica of the Ray host: the LLM engine, its scheduler and its loop in a Serve replica.
 
 Inside the replica process the engine runs exactly as in the single-machine engine worker:
-``EngineAPI.load`` builds and warms it up, and ``EngineLoop`` (the same class) drives it from its
-own threads. Only the two hand-offs differ::
+``WorkerService.load`` builds and warms it up, and ``EngineLoop.run(service, inbox, outbox)`` (the
+same class) drives it from its own thread. Only the two hand-offs differ::
 
-    generate(SubmitRequest)  -> queue.Queue -> intake thread -> Inbox -> engine thread
+    generate(SubmitRequest)  -> Inbox -> engine thread
     engine thread -> Outbox -> sender thread -> StreamTransport.send -> the request's stream
                                                               (an asyncio queue on Serve's loop)
 
@@ -20,7 +20,6 @@ import asyncio
 import logging
 import os
 import pickle
-import queue
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -36,11 +35,11 @@ from inferflow.server.messages import (
     UpdateBatch,
 )
 from inferflow.server.observability import TelemetrySettings
-from inferflow.server.process.runtime import GraphEngineFactory
 from inferflow.server.ray.board import report_forever
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.api import EngineAPI
 from inferflow.server.worker.loop import EngineLoop
+from inferflow.server.worker.queues import Inbox, Outbox
+from inferflow.server.worker.service import GraphEngineFactory, WorkerService
 
 logger = logging.getLogger(__name__)
 
@@ -123,14 +122,14 @@ class EngineReplica:
         self.watchdog_s = watchdog_s
         self.stream_interval_s = stream_batching_interval_ms / 1000.0
         self.shared = SharedState()
-        self.api = EngineAPI(GraphEngineFactory(config), self.shared, log_level=log_level,
-                             telemetry=replace(telemetry, replica_id=self.replica_id))
+        self.service = WorkerService(GraphEngineFactory(config), self.shared,
+                                     replace(telemetry, replica_id=self.replica_id))
         started = time.time()
-        self.api.load()  # build + warm up: the replica is not ready before this returns
+        self.service.load()  # build + warm up: the replica is not ready before this returns
         logger.info("replica %s: engine ready in %.2f s", self.replica_id, time.time() - started)
-        self.requests: queue.Queue[Any] = queue.Queue()
+        self.inbox = Inbox()
         self.transport = StreamTransport()
-        self.loop = EngineLoop()
+        self.outbox = Outbox(self.transport)
         self.engine_thread = threading.Thread(target=self._run_engine, name="inferflow-engine",
                                               daemon=True)
         self.engine_thread.start()
@@ -143,11 +142,14 @@ class EngineReplica:
     def _run_engine(self) -> None:
         """The engine thread: ``EngineLoop`` until it stops or fails; then every stream still
         open (requests it never took, or took after failing) gets an explicit error."""
+        self.outbox.start()
         try:
-            self.loop(self.api, "cpu", 0, self.requests, self.transport, {}, None)
+            EngineLoop().run(self.service, self.inbox, self.outbox)
         except BaseException:
             logger.exception("replica %s: the engine loop failed", self.replica_id)
         finally:
+            self.outbox.close()
+            self.service.close()
             if self.transport.loop is not None:
                 self.transport.loop.call_soon_threadsafe(self._fail_open_streams)
 
@@ -163,7 +165,7 @@ class EngineReplica:
         if not self.engine_thread.is_alive():  # the health check will replace this replica
             stream.push(RequestUpdate(request_id=request.request_id, error=ENGINE_GONE))
         else:
-            self.requests.put(replace(request, consumer_id=CONSUMER_ID))
+            self.inbox.put(replace(request, consumer_id=CONSUMER_ID))
         final, not_before = False, 0.0
         try:
             while not final:
@@ -176,12 +178,12 @@ class EngineReplica:
         finally:
             self.transport.close(request.request_id)
             if not final:  # the consumer left (client gone, ingress cancelled, timeout)
-                self.requests.put(CancelRequest(request.request_id, "client_disconnected"))
+                self.inbox.put(CancelRequest(request.request_id, "client_disconnected"))
 
     # --- state ---------------------------------------------------------------------------------
     def report(self) -> dict[str, Any]:
         """What this replica publishes (``/admin/stats``, ``/metrics``, readiness)."""
-        telemetry, now = self.api.telemetry, time.monotonic()
+        telemetry, now = self.service.telemetry, time.monotonic()
         if telemetry is not None and now - self._metrics_at >= METRICS_EVERY_S:
             self._metrics, self._metrics_at = telemetry.metrics_text(), now
         return {"replica_id": self.replica_id, "pid": os.getpid(), "ready": self.shared.ready,
@@ -211,7 +213,7 @@ class EngineReplica:
         if stop is None:
             return
         stop.set()
-        self.requests.put(StopWorker(ErrorInfo(503, "the engine replica is shutting down",
+        self.inbox.put(StopWorker(ErrorInfo(503, "the engine replica is shutting down",
                                                code="shutting_down")))
         await asyncio.to_thread(self.engine_thread.join, 5)
         for _ in range(40):  # the errors are delivered on this loop: give the streams a moment

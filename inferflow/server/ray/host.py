@@ -67,11 +67,13 @@ def engine_options(cfg: RayServerConfig, max_num_seqs: int, block_size: int) -> 
     else:
         options["num_replicas"] = cfg.num_replicas
     if cfg.routing is RayRouting.prefix_aware:
-        options["request_router_config"] = RequestRouterConfig(
-            request_router_class="inferflow.server.ray.routing:PrefixAffinityRouter",
-            request_router_kwargs={"imbalance_threshold": cfg.prefix_imbalance_threshold,
-                                   "block_size": block_size},
-            request_routing_stats_period_s=1.0)
+        router: dict[str, Any] = {  # (pydantic fields: mypy reads their types wrongly)
+            "request_router_class": "inferflow.server.ray.routing:PrefixAffinityRouter",
+            "request_router_kwargs": {"imbalance_threshold": cfg.prefix_imbalance_threshold,
+                                      "block_size": block_size},
+            "request_routing_stats_period_s": 1.0,
+        }
+        options["request_router_config"] = RequestRouterConfig(**router)
     return options
 
 
@@ -87,12 +89,13 @@ def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
     config = graph.to_container()
     telemetry = telemetry_settings(graph, config)
     board = f"{cfg.app_name}-board"
-    engine = serve.deployment(EngineReplica).options(
-        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))
-    ingress = serve.deployment(serve.ingress()(IngressDeployment)).options(
+    engine = serve.deployment(
+        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))(EngineReplica)
+    ingress = serve.deployment(
         name="ingress", num_replicas=cfg.num_api_servers, ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(cfg.max_connections or 4096, 1),  # requests per ingress
-        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5)
+        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5,
+    )(serve.ingress()(IngressDeployment))
     required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
     # a replica whose engine thread has not gone round for worker_watchdog_s fails its health
     # check and is replaced (the LitServe host's watchdog; worker_stall_timeout_s is /ready's)
@@ -186,7 +189,7 @@ def _wait_ready(cfg: RayServerConfig, local: bool, stop: threading.Event) -> Non
         state = str(getattr(app, "status", ""))
         if state.endswith("RUNNING"):
             break
-        if state.endswith("DEPLOY_FAILED"):
+        if app is not None and state.endswith("DEPLOY_FAILED"):
             raise SystemExit(f"inferflow: the Ray Serve app failed to deploy: {app.message}")
         if time.time() > deadline:
             raise SystemExit(f"inferflow: the Ray Serve app did not start in {READY_TIMEOUT_S} s")

@@ -31,13 +31,12 @@ from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.errors import install_error_handlers
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.http.ops import ops_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.http.spec import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,
@@ -70,9 +69,9 @@ class EngineClient:
             task = asyncio.get_running_loop().create_task(self._run(message))
             self._calls[message.request_id] = task
         elif isinstance(message, CancelRequest):
-            task = self._calls.pop(message.request_id, None)
-            if task is not None:
-                task.cancel()
+            running = self._calls.pop(message.request_id, None)
+            if running is not None:
+                running.cancel()
 
     def _deliver(self, update: RequestUpdate) -> None:
         self.frontend.registry.dispatch(UpdateBatch((update,)))

@@ -1,10 +1,9 @@
-"""The engine worker's continuous-batching loop: a ``LitLoop`` given to ``LitAPI(loop=...)``.
+"""The engine worker's continuous-batching loop, host-independent: ``EngineLoop.run(service,
+inbox, outbox)`` is the engine thread of the three (see :mod:`inferflow.server.worker.queues`).
 
 LitServe 0.2.19's own ``ContinuousBatchingLoop`` adds requests from an asyncio task while
 ``step`` runs in a thread (a race), drops the payload of the final ``FINISH_STREAMING`` output,
-spins a core when idle, and never cancels or times out a sequence. This loop implements the
-public loop entry (``__call__``, what ``inference_worker`` calls) with three threads (see
-:mod:`inferflow.server.worker.queues`):
+spins a core when idle, and never cancels or times out a sequence; this loop does not:
 
 - the engine thread is the only one that calls the engine: it applies queued submits/cancels,
   aborts requests past their deadline, runs one ``engine.step()`` and posts the deltas;
@@ -18,17 +17,9 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
-
-from litserve import LitAPI
-from litserve.callbacks import CallbackRunner
-from litserve.loops import LitLoop
-from litserve.specs.base import LitSpec
-from litserve.transport.base import MessageTransport
 
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import RequestOutputKind
@@ -41,10 +32,8 @@ from inferflow.server.messages import (
     SubmitRequest,
     WorkerInbound,
 )
-from inferflow.server.worker.queues import Inbox, Outbox, pump_requests
-
-if TYPE_CHECKING:
-    from inferflow.server.worker.api import EngineAPI
+from inferflow.server.worker.queues import Inbox, Outbox
+from inferflow.server.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
 
@@ -63,107 +52,57 @@ class _Active:
     completion_tokens: int = 0
 
 
-class EngineLoop(LitLoop):
-    """Drives one ``LLMEngine`` for one LitServe worker. ``lit_api`` must be an ``EngineAPI``.
+class EngineLoop:
+    """Drives one ``LLMEngine`` through a ``WorkerService``, whichever host runs it.
 
-    ``__call__`` and ``run`` keep LitServe's loop signatures so ``inference_worker`` runs us.
+    ``run(service, inbox, outbox)`` is the engine thread; the host feeds ``inbox`` and has
+    started ``outbox`` (LitServe's worker: ``litserve.engine_api.run_worker``; the Ray replica:
+    ``ray.engine_replica``).
     """
 
     def __init__(self) -> None:
-        super().__init__()
         self._active: dict[str, _Active] = {}
         self._counters = {"finished_requests": 0, "aborted_requests": 0, "timed_out_requests": 0}
-        self._inbox: Inbox | None = None  # created in the worker process (locks do not pickle)
         self._outbox: Outbox | None = None
 
-    def pre_setup(self, lit_api: LitAPI, spec: LitSpec | None = None) -> None:
-        if not lit_api.stream:
-            raise ValueError("EngineLoop streams its outputs: the LitAPI needs stream=True")
-        if not hasattr(lit_api, "engine_factory"):
-            raise TypeError("EngineLoop runs an inferflow.server.worker.api.EngineAPI")
-
-    def __call__(
-        self,
-        lit_api: LitAPI,
-        device: str,
-        worker_id: int,
-        request_queue: Any,
-        transport: MessageTransport,
-        workers_setup_status: dict[int, str],
-        callback_runner: CallbackRunner,
-    ) -> None:
-        self._inbox = Inbox()
-        self._outbox = Outbox(transport)
-        self._outbox.start()
-        intake = threading.Thread(
-            target=pump_requests,
-            args=(request_queue, self._inbox),
-            name="inferflow-intake",
-            daemon=True,
-        )
-        intake.start()
-        try:
-            self.run(
-                lit_api,
-                device,
-                worker_id,
-                request_queue,
-                transport,
-                workers_setup_status,
-                callback_runner,
-            )
-        finally:
-            self._outbox.close()
-            _engine_api(lit_api).close()
-
-    def run(
-        self,
-        lit_api: LitAPI,
-        device: str,
-        worker_id: int,
-        request_queue: Any,
-        transport: MessageTransport,
-        workers_setup_status: dict[int, str],
-        callback_runner: CallbackRunner,
-    ) -> None:
+    def run(self, service: WorkerService, inbox: Inbox, outbox: Outbox) -> None:
         """The engine thread: apply inbound messages, expire deadlines, step, publish."""
-        api = _engine_api(lit_api)
-        engine, inbox = api.live_engine, self._inbox
-        assert inbox is not None, "run() is entered through __call__"
-        api.heartbeat()
-        self._publish_stats(api)
-        api.mark_ready()
+        self._outbox = outbox
+        engine = service.live_engine
+        service.heartbeat()
+        self._publish_stats(service)
+        service.mark_ready()
         while True:
             # idle, the thread wakes once per HEARTBEAT_S to say it is alive (the watchdog's
             # input); a step or a message beats too
             messages = inbox.take_all(
                 wait=not engine.has_unfinished_requests(), timeout=HEARTBEAT_S
             )
-            api.heartbeat()
-            stop = self._apply(messages, api)
+            service.heartbeat()
+            stop = self._apply(messages, service)
             if stop is not None:
-                self._fail_all(api, stop.error)
-                self._publish_stats(api)
+                self._fail_all(service, stop.error)
+                self._publish_stats(service)
                 return
-            self._expire(api, time.time())
+            self._expire(service, time.time())
             if engine.has_unfinished_requests():
-                self._step(api)
-            self._publish_stats(api)
+                self._step(service)
+            self._publish_stats(service)
 
     # --- inbound ------------------------------------------------------------------------------
-    def _apply(self, messages: list[WorkerInbound], api: EngineAPI) -> StopWorker | None:
+    def _apply(self, messages: list[WorkerInbound], service: WorkerService) -> StopWorker | None:
         for message in messages:
             if isinstance(message, SubmitRequest):
-                self._add(message.request_id, message, api)
+                self._add(message.request_id, message, service)
             elif isinstance(message, CancelRequest):
-                self._cancel(api, message.request_id)
+                self._cancel(service, message.request_id)
             elif isinstance(message, StopWorker):
                 return message
         return None
 
-    def _add(self, uid: str, request: SubmitRequest, api: EngineAPI) -> None:
+    def _add(self, uid: str, request: SubmitRequest, service: WorkerService) -> None:
         """Hand ``request`` to the engine; a request it refuses gets its 400 right away."""
-        engine = api.live_engine
+        engine = service.live_engine
         now = time.time()
         if request.deadline is not None and now >= request.deadline:
             self._post(request.consumer_id, _error_update(uid, _timeout_error(request)))
@@ -190,57 +129,57 @@ class EngineLoop(LitLoop):
         self._active[uid] = _Active(
             request.consumer_id, request.deadline, timeout, len(request.prompt_token_ids)
         )
-        api.request_added(request, accepted_time=now)
+        service.request_added(request, accepted_time=now)
 
-    def _cancel(self, api: EngineAPI, uid: str) -> None:
+    def _cancel(self, service: WorkerService, uid: str) -> None:
         if uid in self._active:
-            self._abort(api, uid, "cancelled")
+            self._abort(service, uid, "cancelled")
             self._counters["aborted_requests"] += 1
 
-    def _expire(self, api: EngineAPI, now: float) -> None:
+    def _expire(self, service: WorkerService, now: float) -> None:
         expired = [
             uid for uid, a in self._active.items() if a.deadline is not None and now >= a.deadline
         ]
         for uid in expired:
-            record = self._abort(api, uid, "timeout")
+            record = self._abort(service, uid, "timeout")
             self._counters["timed_out_requests"] += 1
             message = f"the request did not finish within {record.timeout_s:.3g} s"
             self._post(
                 record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
             )
 
-    def _fail_all(self, api: EngineAPI, error: ErrorInfo) -> None:
+    def _fail_all(self, service: WorkerService, error: ErrorInfo) -> None:
         for uid in list(self._active):
-            record = self._abort(api, uid, error.code or "error")
+            record = self._abort(service, uid, error.code or "error")
             self._post(record.consumer_id, _error_update(uid, error))
 
-    def _abort(self, api: EngineAPI, uid: str, why: str) -> _Active:
+    def _abort(self, service: WorkerService, uid: str, why: str) -> _Active:
         """Free the request's slot and KV blocks now and close its telemetry."""
         record = self._active.pop(uid)
-        api.live_engine.abort_request(uid)
-        api.request_done(uid, "abort", None, None, error=why)
+        service.live_engine.abort_request(uid)
+        service.request_done(uid, "abort", None, None, error=why)
         return record
 
     # --- outbound -----------------------------------------------------------------------------
-    def _step(self, api: EngineAPI) -> None:
+    def _step(self, service: WorkerService) -> None:
         try:
-            outputs = api.live_engine.step()
+            outputs = service.live_engine.step()
         except Exception:
             logger.exception("engine step failed; failing the running requests and restarting")
             error = ErrorInfo(
                 500, "the engine failed while running this request", code="engine_error"
             )
-            self._fail_all(api, error)
+            self._fail_all(service, error)
             raise
         for output in outputs:
             record = self._active.get(output.request_id)
             if record is None:  # cancelled or timed out earlier: nobody is listening
                 continue
-            update = _update_from(output, record, api.token_text)
+            update = _update_from(output, record, service.token_text)
             if update.final:
                 self._active.pop(output.request_id, None)
                 self._counters["finished_requests"] += 1
-                timings = api.request_done(
+                timings = service.request_done(
                     output.request_id,
                     update.finish_reason or "abort",
                     output.metrics,
@@ -254,8 +193,8 @@ class EngineLoop(LitLoop):
         assert self._outbox is not None
         self._outbox.post(consumer_id, update)
 
-    def _publish_stats(self, api: EngineAPI) -> None:
-        api.publish_stats(dict(self._counters, worker_pid=os.getpid()))
+    def _publish_stats(self, service: WorkerService) -> None:
+        service.publish_stats(dict(self._counters, worker_pid=os.getpid()))
 
 
 def _timeout_error(request: SubmitRequest) -> ErrorInfo:
@@ -299,8 +238,3 @@ def _update_from(
         cached_tokens=cached,
         error=error,
     )
-
-
-def _engine_api(lit_api: LitAPI) -> EngineAPI:
-    """``lit_api`` as the ``EngineAPI`` it must be (checked in ``pre_setup``)."""
-    return cast("EngineAPI", lit_api)

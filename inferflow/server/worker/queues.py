@@ -17,9 +17,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Any
-
-from litserve.transport.base import MessageTransport
+from typing import Protocol
 
 from inferflow.server.messages import (
     QUEUE_LOST,
@@ -31,6 +29,20 @@ from inferflow.server.messages import (
 )
 
 logger = logging.getLogger(__name__)
+
+
+class RequestSource(Protocol):
+    """Where the intake thread reads inbound messages (LitServe's Manager queue, whose stop
+    sentinel is ``None`` or a tuple of ``None``)."""
+
+    def get(self) -> WorkerInbound | tuple[None, ...] | None: ...
+
+
+class UpdateSink(Protocol):
+    """Where the sender thread sends ``UpdateBatch``es (``DirectTransport``; the Ray replica's
+    ``StreamTransport``): one message per API process (``consumer_id``)."""
+
+    def send(self, item: UpdateBatch, consumer_id: int) -> None: ...
 
 
 class Inbox:
@@ -58,7 +70,7 @@ class Inbox:
             return items
 
 
-def pump_requests(request_queue: Any, inbox: Inbox) -> None:
+def pump_requests(request_queue: RequestSource, inbox: Inbox) -> None:
     """Intake thread: move messages from LitServe's request queue into ``inbox`` until stopped.
 
     LitServe's sentinel (a tuple of ``None``) or a lost Manager also stop the worker.
@@ -80,7 +92,7 @@ def pump_requests(request_queue: Any, inbox: Inbox) -> None:
 class Outbox:
     """Coalescing sender of ``RequestUpdate``s, one ``UpdateBatch`` per API process per send."""
 
-    def __init__(self, transport: MessageTransport) -> None:
+    def __init__(self, transport: UpdateSink) -> None:
         self._transport = transport
         # consumer id -> request id -> merged pending update (dicts keep arrival order)
         self._pending: dict[int, dict[str, RequestUpdate]] = {}

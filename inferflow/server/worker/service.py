@@ -1,9 +1,11 @@
-"""The LitAPI that owns the engine inside LitServe's inference worker process.
+"""``WorkerService``: what the engine loop needs beside the engine, whichever host runs it.
 
-``setup`` runs in the spawned worker: it builds the engine (the expensive part), runs a warm-up
-request through it and publishes the engine's description for ``/version``. Readiness is set by
-``EngineLoop`` when it starts consuming requests, so ``/ready`` turns 200 only once a request
-sent now would be served.
+It builds the engine (``load``: build, warm up, start telemetry, publish ``/version``'s
+description), and is the loop's one door to the rest of the server: the heartbeat and
+readiness in ``SharedState``, the engine's stats, a request's telemetry from accepted to done,
+and the text of a token. LitServe's engine worker (``server/litserve/engine_api.py``) and the
+Ray replica (``server/ray/engine_replica.py``) each hold one; neither the service nor the loop
+knows which host runs them.
 """
 
 from __future__ import annotations
@@ -11,77 +13,59 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import signal
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-
-import litserve as ls
 
 from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
-from inferflow.server.process_utils import die_with_parent, name_process
 from inferflow.server.shared_state import LoadState, SharedState
-from inferflow.server.worker.loop import EngineLoop
 from inferflow.telemetry.timings import RequestTimings
 
 logger = logging.getLogger(__name__)
 
-API_PATH = "/v1/completions"
 WARMUP_REQUEST_ID = "inferflow-warmup"
 
+EngineFactory = Callable[[ExecutorWrapper | None], LLMEngine]
 
-class EngineAPI(ls.LitAPI):
-    """Holds ``engine_factory`` (picklable, called once in the worker) and the shared state."""
+
+@dataclass(frozen=True)
+class GraphEngineFactory:
+    """Rebuilds the graph from its plain config in the worker process and creates the engine."""
+
+    config: dict[str, Any]
+
+    def __call__(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
+        from inferflow.graph import build_graph  # the engine's modules load where it runs
+
+        return build_graph(self.config).create_engine(wrap_executor)
+
+
+class WorkerService:
+    """Holds ``engine_factory`` (picklable, called once where the engine runs) and the shared
+    state of the model; the engine and its telemetry exist after ``load``."""
 
     def __init__(
         self,
-        engine_factory: Callable[[ExecutorWrapper | None], LLMEngine],
+        engine_factory: EngineFactory,
         shared: SharedState,
-        spec: ls.specs.base.LitSpec | None = None,
-        log_level: str = "info",
         telemetry: TelemetrySettings | None = None,
-        api_path: str = API_PATH,
-        process_name: str = "inferflow-llm",
     ) -> None:
-        super().__init__(api_path=api_path, stream=True, loop=EngineLoop(), spec=spec)
-        self.process_name = process_name  # 15 bytes at most (the kernel's limit)
         self.engine_factory = engine_factory
         self.shared = shared
-        self.log_level = log_level
         self.telemetry_settings = telemetry
         self.engine: LLMEngine | None = None
         self.telemetry: WorkerTelemetry | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The spec (routes, frontend state) lives in the API processes, never in the worker.
-        state = self.__dict__.copy()
-        state["_spec"] = None
-        state["engine"] = None
-        state["telemetry"] = None
-        return state
-
-    def setup(self, device: str) -> None:
-        """Build and warm up the engine (worker process only)."""
-        die_with_parent(signal.SIGKILL)
-        name_process(self.process_name)  # the engine worker
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
-        # the supervisor decides when the worker stops (after the API processes drained).
-        _configure_worker_logging(self.log_level)
-        try:
-            self.load()
-        except BaseException as exc:  # LitServe logs it and the worker exits: say why on /ready
-            self.shared.publish_info({"load_error": f"{type(exc).__name__}: {exc}"[:2000]})
-            raise
-
     def load(self) -> None:
-        """Build the engine, warm it up, start telemetry and publish ``/version``'s description
-        (the Ray host's engine replica calls this directly: its process is Ray's)."""
+        """Build the engine, warm it up, start telemetry and publish ``/version``'s
+        description."""
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
         telemetry = None
@@ -98,24 +82,10 @@ class EngineAPI(ls.LitAPI):
 
     @property
     def live_engine(self) -> LLMEngine:
-        """The engine (worker process only, after ``setup``)."""
+        """The engine (after ``load``)."""
         if self.engine is None:
-            raise RuntimeError("the engine is not loaded: setup() runs in the engine worker")
+            raise RuntimeError("the engine is not loaded: load() runs where the engine runs")
         return self.engine
-
-    def health(self) -> bool:
-        """LitServe's health hook (``/_litserve/health``): the engine loaded and consuming.
-        inferflow's own ``/health`` (liveness) and ``/ready`` are spec routes (``ops.py``)."""
-        return self.shared.ready
-
-    def authorize(self) -> None:
-        """LitServe's auth hook, a FastAPI dependency of every route: a no-op. API keys are
-        checked by the frontend, so a 401 has OpenAI's shape, the keys come from
-        ``server.api_keys`` and ``/health``, ``/ready``, ``/metrics`` stay open."""
-        return None
-
-    def predict(self, x: Any, **kwargs: Any) -> Any:
-        raise NotImplementedError("EngineLoop drives the engine directly")
 
     def heartbeat(self) -> None:
         """The engine thread is alive (read by readiness and the supervisor's watchdog)."""
@@ -143,8 +113,8 @@ class EngineAPI(ls.LitAPI):
         metrics: RequestMetrics | None,
         num_output_tokens: int | None,
         error: str | None = None,
-    ) -> dict[str, Any] | None:
-        """The request left the engine; returns its timings (``RequestTimings.to_dict()``)."""
+    ) -> RequestTimings | None:
+        """The request left the engine; returns its timings."""
         if self.telemetry is not None:
             timings = self.telemetry.request_done(
                 request_id, finish_reason, metrics, num_output_tokens, error
@@ -153,7 +123,7 @@ class EngineAPI(ls.LitAPI):
                 return timings
         if metrics is None:
             return None
-        return RequestTimings.from_metrics(metrics, num_output_tokens or 0).to_dict()
+        return RequestTimings.from_metrics(metrics, num_output_tokens or 0)
 
     def publish_stats(self, counters: dict[str, float]) -> None:
         engine = self.live_engine
@@ -185,16 +155,6 @@ class EngineAPI(ls.LitAPI):
 
     def token_text(self, token_id: int) -> str:
         return _token_text(self.live_engine.tokenizer, token_id)
-
-
-def _configure_worker_logging(level: str) -> None:
-    """The spawned worker starts with bare logging; give it the server's level and a prefix."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)s [engine worker] %(name)s: %(message)s",
-        )
 
 
 @lru_cache(maxsize=65536)

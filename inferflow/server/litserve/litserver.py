@@ -57,14 +57,16 @@ from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
+from inferflow.server.litserve.direct_transport import DirectTransport
+from inferflow.server.litserve.engine_api import API_PATH, EngineAPI
+from inferflow.server.litserve.spec import OpenAICompatibleSpec
+from inferflow.server.litserve.startup import ApiProcessStartup
 from inferflow.server.process.api_process import DrainingServer, run_api_process
-from inferflow.server.process.direct_transport import DirectTransport
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
-from inferflow.server.process.startup import ApiProcessStartup
 from inferflow.server.process.supervisor import Supervisor
 from inferflow.server.process.uvicorn_logs import uvicorn_log_config
 from inferflow.server.process_utils import init_queue_process
-from inferflow.server.worker.api import EngineAPI
+from inferflow.server.worker.service import WorkerService
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,21 @@ class QueueOnlySpec(LitSpec):
     @property
     def stream(self) -> bool:
         return True
+
+
+def engine_api(
+    index: int, service: WorkerService, frontend: Frontend, model_path: str, log_level: str
+) -> EngineAPI:
+    """The LitAPI of the repository's ``index``-th LLM: the first carries the routes' spec,
+    every other only names its request queue (``api_path``)."""
+    path = API_PATH if index == 0 else f"{API_PATH}/_model/{index}"
+    return EngineAPI(
+        service,
+        spec=OpenAICompatibleSpec(frontend, model_path) if index == 0 else QueueOnlySpec(path),
+        log_level=log_level,
+        api_path=path,
+        process_name="inferflow-llm" if index == 0 else f"inferflow-llm{index}"[:15],
+    )
 
 
 class InferflowServer(ls.LitServer):

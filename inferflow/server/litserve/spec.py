@@ -13,15 +13,11 @@ from typing import TYPE_CHECKING, Any
 from litserve.specs.base import LitSpec
 
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.ops import ops_routes
 
 if TYPE_CHECKING:
     from litserve import LitAPI, LitServer
-
-COMPLETIONS_PATH = "/v1/completions"
-CHAT_PATH = "/v1/chat/completions"
-MODELS_PATH = "/v1/models"
 
 
 class OpenAICompatibleSpec(LitSpec):
