@@ -60,14 +60,11 @@ _ADVICE = {
     "long_prefill_token_threshold": " (batching.long_prefill_token_threshold)",
 }
 
-# Engine-side slot -> the contract its _target_ must implement.
+# Engine-side slot -> the contract its _target_ must implement (each contract names its slot).
 ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
-    "cache": CacheStage,
-    "batching": BatchingStage,
-    "executor": ExecutorStage,
-    "detokenizer": DetokenizerStage,
-    "guided": GuidedDecodingStage,
-    "speculative": SpeculativeStage,
+    contract.kind: contract
+    for contract in (CacheStage, BatchingStage, ExecutorStage, DetokenizerStage,
+                     GuidedDecodingStage, SpeculativeStage)
 }
 
 
