@@ -10,9 +10,10 @@ modules up to ``http/`` and ``worker/``, then to ``process/`` and the hosts:
   SSE, ops routes;
 - ``worker/`` — the engine worker: ``WorkerService`` (owns the engine), the engine loop
   (``loop``) and its inbox/outbox (``queues``);
-- ``process/`` — the main process and lifecycle: ``runtime.serve`` (what ``python -m inferflow``
-  runs), the supervisor, model management, the embedding-only server;
-- ``litserve/`` and ``ray/`` — the two hosts; only ``litserve/`` imports ``litserve``.
+- ``process/`` — the main process and lifecycle: what every host builds from a graph
+  (``runtime``), the supervisor, model management, the embedding-only server;
+- ``litserve/`` and ``ray/`` — the two hosts (``litserve.build.serve`` is what ``python -m
+  inferflow`` runs); only ``litserve/`` imports ``litserve``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 
 
 def serve(graph: Any) -> None:
-    """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.process.runtime.serve``."""
-    from inferflow.server.process.runtime import serve as _serve
+    """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.litserve.build.serve``."""
+    from inferflow.server.litserve.build import serve as _serve
 
     _serve(graph)
