@@ -18,10 +18,13 @@ modules up to ``http/`` and ``worker/``, then to ``process/`` and the hosts:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
 
 
-def serve(graph: Any) -> None:
+def serve(graph: ServingGraph) -> None:
     """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.litserve.build.serve``."""
     from inferflow.server.litserve.build import serve as _serve
 

@@ -14,7 +14,7 @@ An embedding-only graph runs the single-process ``process/embedding_server.py`` 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
@@ -34,10 +34,13 @@ from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.service import GraphEngineFactory, WorkerService
 from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
+
 logger = logging.getLogger(__name__)
 
 
-def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowServer:
+def build_server(graph: ServingGraph, settings: ServerConfig | None = None) -> InferflowServer:
     """Wire the frontend and an engine worker per LLM of ``graph`` into LitServe's host."""
     settings = settings or graph.server.with_env_api_keys()
     config = graph.to_container()
@@ -107,7 +110,7 @@ def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowS
     )
 
 
-def serve(graph: Any) -> None:
+def serve(graph: ServingGraph) -> None:
     """Serve ``graph`` on ``server.host:server.port`` until SIGTERM/SIGINT (blocking).
 
     Returns after a clean, drained shutdown; raises :class:`ServerFailed` when the engine

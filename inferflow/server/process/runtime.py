@@ -8,7 +8,7 @@ and engine worker (``litserve/build.py``, ``ray/host.py``).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
@@ -20,13 +20,17 @@ from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.shared_state import SharedState
 
+if TYPE_CHECKING:
+    from inferflow.config.tracing import TracingConfig
+    from inferflow.graph import ServingGraph
+
 
 class ServerFailed(RuntimeError):
     """The server stopped because a part of it failed (e.g. the engine could not be loaded)."""
 
 
 def telemetry_settings(
-    graph: Any, config: dict[str, Any], model_label: str | None = None
+    graph: ServingGraph, config: dict[str, Any], model_label: str | None = None
 ) -> TelemetrySettings:
     """Both sides' telemetry settings; the resource names the executor stage's backend.
     ``model_label``: the metrics' ``model_name`` (default: the served name)."""
@@ -39,10 +43,10 @@ def telemetry_settings(
 
 
 def llm_deployments(
-    graph: Any, frontend_telemetry: FrontendTelemetry
-) -> list[tuple[Deployment, Any]]:
+    graph: ServingGraph, frontend_telemetry: FrontendTelemetry
+) -> list[tuple[Deployment, ServingGraph]]:
     """Each LLM of the repository: its API-side ``Deployment`` and its serving graph."""
-    out: list[tuple[Deployment, Any]] = []
+    out: list[tuple[Deployment, ServingGraph]] = []
     seen: dict[str, str] = {}
     for entry in llm_entries(graph.config):
         entry_graph = build_entry_graph(entry) if entry.key else graph
@@ -71,7 +75,7 @@ def llm_deployments(
 
 
 def start_line(
-    graph: Any, settings: ServerConfig, deployments: list[Deployment] | None = None
+    graph: ServingGraph, settings: ServerConfig, deployments: list[Deployment] | None = None
 ) -> str:
     """What is served, where, and where its traces go (printed once the server is ready)."""
     if deployments and deployments[0].key:  # a repository: one line for all its models
@@ -95,7 +99,7 @@ def start_line(
     )
 
 
-def _trace_target(tr: Any) -> str:
+def _trace_target(tr: TracingConfig) -> str:
     if tr.exporter == "file":
         return f"file {tr.resolved_file_path()}"
     if tr.exporter in ("otlp", "jaeger"):
