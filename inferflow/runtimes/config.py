@@ -72,3 +72,15 @@ class EngineConfig:
     @property
     def engine_dir(self) -> Path:
         return Path(self.cache_dir).expanduser() if self.cache_dir else default_engine_dir()
+
+
+@dataclass(frozen=True)
+class TorchSettings:
+    """How to build and run the torch engine (``runtimes/torch_engine``)."""
+
+    device: str = "cpu"  # cpu | cuda | cuda:N
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    compile: str = "inductor"  # inductor | eager
+    cuda_graphs: bool = True  # CUDA only: replay decode steps from captured graphs
+    threads: int = 0  # CPU intra-op threads; 0 = torch's default (one per core)
+    cache_dir: str | None = None  # None = default_engine_dir()

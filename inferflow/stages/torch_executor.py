@@ -137,7 +137,7 @@ class TorchExecutor(ExecutorStage):
 
     def torch_settings(self) -> Any:
         """The runner's ``TorchSettings`` from these fields."""
-        from inferflow.runtimes.torch_engine.runner import TorchSettings
+        from inferflow.runtimes.config import TorchSettings
 
         return TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
                              compile=CompileMode(self.compile).value,

@@ -30,7 +30,8 @@ from inferflow.scheduling.layout import KVLayout
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from inferflow.runtimes.torch_engine.runner import TorchRunner, TorchSettings  # noqa: E402
+from inferflow.runtimes.config import TorchSettings  # noqa: E402
+from inferflow.runtimes.torch_engine.runner import TorchRunner  # noqa: E402
 
 N_NEW = 24
 SYSTEM = "System: You are a helpful assistant. Answer briefly and truthfully, please. " * 3

@@ -61,7 +61,7 @@ def llm_deployments(
             SharedState(weight=model.weight),
             ResponsePipeline(entry_graph.response_stages),  # set up with the request stages
             str(entry_graph.model_path),
-            slots_hint=entry_graph.executor.max_slots or entry_graph.batching.max_num_seqs,
+            slots_hint=entry_graph.max_slots,
         )
         if deployment.model_id in seen:
             raise ConfigError(
