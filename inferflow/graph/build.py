@@ -59,14 +59,11 @@ _ADVICE = {
     "long_prefill_token_threshold": " (batching.long_prefill_token_threshold)",
 }
 
-# Engine-side slot -> the contract its _target_ must implement.
+# Engine-side slot -> the contract its _target_ must implement (each contract names its slot).
 ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
-    "cache": CacheStage,
-    "batching": BatchingStage,
-    "executor": ExecutorStage,
-    "detokenizer": DetokenizerStage,
-    "guided": GuidedDecodingStage,
-    "speculative": SpeculativeStage,
+    contract.kind: contract
+    for contract in (CacheStage, BatchingStage, ExecutorStage, DetokenizerStage,
+                     GuidedDecodingStage, SpeculativeStage)
 }
 
 
@@ -110,13 +107,12 @@ class ServingGraph:
         arch = self.model_arch
         limit = arch.max_position_embeddings
         wanted = min(limit, self.model.max_model_len or limit)
-        slots = self.executor.max_slots or self.batching.max_num_seqs
         fit = paged_context if self.executor.pages_kv else served_context
         try:
             budget = None
             if not self.model.is_embedding:
                 budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
-            return fit(wanted, slots, self.cache.block_size, self.cache.num_blocks, budget)
+            return fit(wanted, self.max_slots, self.cache.block_size, self.cache.num_blocks, budget)
         except ValueError as exc:
             raise ConfigError(str(exc), "executor.kv_cache_memory") from None
 
@@ -149,6 +145,11 @@ class ServingGraph:
 
         with _checkpoint_errors():
             return Tokenizer(self.model_path)
+
+    @property
+    def max_slots(self) -> int:
+        """Sequences the engine runs at once: the executor's slots, else ``batching.max_num_seqs``."""
+        return self.executor.max_slots or self.batching.max_num_seqs
 
     @property
     def max_model_len(self) -> int:
@@ -212,7 +213,7 @@ class ServingGraph:
         context = self.served_context  # (a KV budget too small is its own ConfigError)
         try:
             return KVLayout.plan(
-                max_slots=self.executor.max_slots or self.batching.max_num_seqs,
+                max_slots=self.max_slots,
                 max_model_len=context.served,
                 block_size=self.cache.block_size,
                 num_blocks=context.num_blocks or self.cache.num_blocks,

@@ -14,6 +14,8 @@ import pytest
 from inferflow.bench.cli import main
 from inferflow.testing.fake_server import FakeServer
 
+pytestmark = pytest.mark.server
+
 Factory = Callable[..., FakeServer]
 
 

@@ -5,14 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 # the compiler build() takes: $CXX, else g++
 pytestmark = pytest.mark.skipif(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,10 +17,6 @@ from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.scheduling.layout import KVLayout
-
-REPO = Path(__file__).resolve().parents[2]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++")),
                                 reason="the kernel needs a C++ compiler")

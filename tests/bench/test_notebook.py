@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from child_env import pythonpath
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "benchmark_results.ipynb"
@@ -22,6 +23,7 @@ def test_notebook_executes_and_writes_both_figures(
     monkeypatch.setenv("INFERFLOW_BENCH_RESULTS", str(empty))  # forces the demo-data path
     monkeypatch.setenv("INFERFLOW_BENCH_PLOTS", str(plots))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", pythonpath())  # the kernel imports this checkout
     nb = nbformat.read(NOTEBOOK, as_version=4)
     NotebookClient(
         nb,

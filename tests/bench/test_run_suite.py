@@ -13,6 +13,8 @@ import pytest
 
 from inferflow.testing.fake_server import FakeServer
 
+pytestmark = pytest.mark.server
+
 REPO = Path(__file__).resolve().parents[2]
 FAST = ["--num-prompts", "3", "--input-len", "4", "--output-len", "3", "--num-warmups", "0"]
 FAKE_CMD = "{python} -m inferflow.testing.fake_server --port {port} --ttft-ms 5 --token-delay-ms 1"

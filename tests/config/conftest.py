@@ -12,7 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cfg_helpers import ISOLATED_VARS, PLUGINS, REPO, pip_install_copy
+from cfg_helpers import ISOLATED_VARS, PLUGINS, pip_install_copy
+from child_env import pythonpath
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +48,7 @@ def config_env(inferflow_home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyP
 def cli_env(inferflow_home: Path, tmp_path: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ISOLATED_VARS}
     env.update(
-        PYTHONPATH=str(REPO),
+        PYTHONPATH=pythonpath(base=env),
         INFERFLOW_HOME=str(inferflow_home),
         HF_HOME=str(tmp_path / "hf"),
         PYTHONDONTWRITEBYTECODE="1",

@@ -12,6 +12,8 @@ from cfg_helpers import run_cli
 
 from inferflow.models.tiny import make_checkpoint
 
+pytestmark = pytest.mark.server
+
 SMALL = {"num_layers": 1, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 512}
 
 

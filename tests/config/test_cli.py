@@ -8,6 +8,8 @@ import pytest
 import yaml
 from cfg_helpers import run_cli
 
+pytestmark = pytest.mark.server
+
 
 def cfg_job(args: list[str], env: dict[str, str], cwd: Path) -> dict:
     proc = run_cli(["--cfg", "job", *args], env, cwd)

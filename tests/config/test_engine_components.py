@@ -21,7 +21,7 @@ from inferflow.stages.base import StageError, StageRequest
 from inferflow.stages.executor import OnnxRuntimeExecutor
 from inferflow.stages.response import ResponseDelta, ResponseStage
 
-pytestmark = pytest.mark.usefixtures("config_env")
+pytestmark = [pytest.mark.server, pytest.mark.usefixtures("config_env")]
 GREEDY = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
 
 

@@ -4,16 +4,15 @@ really turn prefix caching off."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
-from cfg_helpers import REPO, run_cli
-
-sys.path.insert(0, str(REPO / "tests" / "server"))
+from cfg_helpers import run_cli
 from server_harness import ServerProcess
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 # Non-default values for every engine-side knob (executor.cache_dir is left to the test env).
 KNOBS = [
@@ -78,7 +77,6 @@ def _lookup(cfg: dict, dotted: str) -> object:
     return node
 
 
-@pytest.mark.slow
 def test_every_engine_knob_in_cfg_job_is_the_value_in_effect(
     knob_server: ServerProcess, cli_env: dict[str, str], workdir: Path
 ) -> None:
@@ -99,7 +97,6 @@ def test_every_engine_knob_in_cfg_job_is_the_value_in_effect(
     assert engine["backend"] == "onnxruntime" and engine["runtime_version"]
 
 
-@pytest.mark.slow
 def test_stream_interval_batches_tokens_per_delta(knob_server: ServerProcess) -> None:
     chunks = knob_server.client().completions.create(
         model="tiny-llama",
@@ -119,7 +116,6 @@ def test_stream_interval_batches_tokens_per_delta(knob_server: ServerProcess) ->
     assert len(texts) <= 5  # 9 tokens every 2 -> 5 deltas (the last one carries one token)
 
 
-@pytest.mark.slow
 def test_cache_none_reports_no_hits_live(knob_server: ServerProcess) -> None:
     prompt = [11] * 64  # 8 full blocks of 8
     usages = []

@@ -14,6 +14,8 @@ from inferflow.config.server import ServerConfig
 from inferflow.graph.repository import embedding_entries, llm_entries, repository_entries
 from inferflow.scheduling.kv_budget import KVBudget, auto_share, parse_memory
 
+pytestmark = pytest.mark.server
+
 
 def test_without_models_the_top_level_model_is_the_only_entry() -> None:
     entries = repository_entries(compose_config([]))

@@ -4,7 +4,6 @@ and a batching policy from a pip-installed package (entry point ``inferflow.plug
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -16,13 +15,16 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from cfg_helpers import PII_CONF, PII_PLUGIN, REPO, run_cli
+from cfg_helpers import PII_CONF, PII_PLUGIN, run_cli
+from child_env import pythonpath
 
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError
 from inferflow.graph import build_graph
 from inferflow.models.tokenizer import Tokenizer
 from inferflow.stages.base import ATTR_API_KEY_ID, ATTR_PRIORITY, ATTR_USER, StageRequest
+
+pytestmark = pytest.mark.server
 
 EMAIL_PROMPT = "Write to jane.doe@example.com or call 415-555-0132 about card 4111 1111 1111 1111."
 REDACTED = "Write to [EMAIL] or call [PHONE] about card [CREDIT_CARD]."
@@ -120,7 +122,7 @@ def _pii_env(cli_env: dict[str, str]) -> dict[str, str]:
     return {
         **cli_env,
         "INFERFLOW_CONFIG_PATH": str(PII_CONF),
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(PII_PLUGIN)]),
+        "PYTHONPATH": pythonpath(PII_PLUGIN, base=cli_env),
         "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
     }
 
@@ -169,7 +171,7 @@ def test_two_plugin_stages_repeated_or_as_one_list(cli_env: dict[str, str], work
 def test_installed_plugin_is_found_through_its_entry_point(
     installed_priority_plugin: Path, cli_env: dict[str, str], workdir: Path
 ) -> None:
-    env = {**cli_env, "PYTHONPATH": os.pathsep.join([str(REPO), str(installed_priority_plugin)])}
+    env = {**cli_env, "PYTHONPATH": pythonpath(installed_priority_plugin, base=cli_env)}
     proc = run_cli(["task=check", "batching=priority", "+batching.tiers.gold=0"], env, workdir)
     assert proc.returncode == 0, proc.stderr
     assert "tokenizer (CheckpointTokenizer) -> priority_tagger (PriorityTagger)" in proc.stdout
@@ -251,7 +253,7 @@ def pii_server(
     env = {
         **cli_env,
         "INFERFLOW_CONFIG_PATH": str(PII_CONF),
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(PII_PLUGIN)]),
+        "PYTHONPATH": pythonpath(PII_PLUGIN, base=cli_env),
         "INFERFLOW_ALLOWED_TARGETS": "inferflow_pii_redactor",
     }
     args = [

@@ -17,6 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 from cfg_helpers import ISOLATED_VARS, REPO
+from child_env import pythonpath
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 README = (REPO / "README.md").read_text()
 NEEDS_A_CHECKPOINT = ("+model=llama_8b", "model.path=/models/")  # placeholders for your files
@@ -42,7 +45,7 @@ def newcomer_env(tmp_path: Path) -> dict[str, str]:
         del env[key]
     home = tmp_path / "home"
     home.mkdir()
-    env.update(HOME=str(home), PYTHONPATH=str(REPO), PYTHONDONTWRITEBYTECODE="1")
+    env.update(HOME=str(home), PYTHONPATH=pythonpath(base=env), PYTHONDONTWRITEBYTECODE="1")
     return env
 
 
@@ -71,7 +74,6 @@ def _python(
     )
 
 
-@pytest.mark.slow
 def test_every_configuration_command_builds_its_graph(
     newcomer_env: dict[str, str], tmp_path: Path
 ) -> None:
@@ -136,7 +138,6 @@ def readme_server(newcomer_env: dict[str, str], tmp_path: Path) -> Iterator[None
         log.close()
 
 
-@pytest.mark.slow
 @pytest.mark.usefixtures("readme_server")
 def test_readme_client_bench_and_traces_commands_work_verbatim(
     newcomer_env: dict[str, str], tmp_path: Path
@@ -163,7 +164,6 @@ def test_readme_client_bench_and_traces_commands_work_verbatim(
         time.sleep(0.5)
 
 
-@pytest.mark.slow
 def test_offline_api_and_checkpoint_helper_commands_work_verbatim(
     newcomer_env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -9,6 +9,8 @@ import pytest
 import yaml
 from cfg_helpers import run_cli
 
+pytestmark = pytest.mark.server
+
 
 def job_dirs(sweep: Path) -> list[Path]:
     return sorted(

@@ -17,6 +17,8 @@ from server_harness import ServerProcess
 
 from inferflow.bench.cli import main
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 INPUT_LEN = 48
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from server_harness import MODEL, ServerProcess
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 NUM_REQUESTS = 32
 MAX_TOKENS = 24

@@ -21,6 +21,8 @@ from server_harness import MODEL, ServerProcess, start_server
 
 from inferflow.server.http.connections import ConnectionGuard, ConnState
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 CAP, HEADER_S, BODY_S = 12, 2.0, 2.0
 
 

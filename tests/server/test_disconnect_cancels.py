@@ -6,7 +6,10 @@ import json
 import socket
 
 import httpx
+import pytest
 from server_harness import MODEL, ServerProcess
+
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}
 

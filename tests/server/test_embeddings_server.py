@@ -24,6 +24,8 @@ from server_harness import ServerProcess, start_server
 
 from inferflow.models.bert import minilm_path
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 

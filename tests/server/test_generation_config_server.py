@@ -22,7 +22,7 @@ from server_harness import ServerProcess, start_server
 
 from inferflow.models.tiny import TinySpec, make_checkpoint
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 PROMPT = "The quick brown fox"
 SPEC = TinySpec(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4, num_kv_heads=2,

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL, ServerProcess
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}}}
 VALID: dict[str, dict] = {
     "/v1/completions": {

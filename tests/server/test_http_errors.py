@@ -10,6 +10,8 @@ import openai
 import pytest
 from server_harness import MODEL, ServerProcess
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 ERROR_KEYS = {"message", "type", "param", "code"}
 
 

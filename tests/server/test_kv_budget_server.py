@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from server_harness import MODEL, start_server
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def test_the_served_context_is_what_the_kv_budget_holds(
     tmp_path_factory: pytest.TempPathFactory,

@@ -15,6 +15,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL, ServerProcess, start_server
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 GAUGES_IDLE = {
     "vllm:num_requests_running": 0.0,
     "vllm:num_requests_waiting": 0.0,

@@ -30,6 +30,8 @@ from server_harness import ServerProcess, start_server, trace_spans
 from inferflow.models.tiny import make_checkpoint
 from inferflow.server.process_utils import descendants, process_rss
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 KEY = "k-repo"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 PROMPT = "The quick brown fox"

@@ -7,6 +7,8 @@ import httpx
 import pytest
 from server_harness import MODEL, ServerProcess
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 @pytest.fixture
 def server(server_per_executor: ServerProcess) -> ServerProcess:

@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 from server_harness import MODEL, ServerProcess, start_server
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 pytest.importorskip("schemathesis")
 
 KEY = "fuzz-key"

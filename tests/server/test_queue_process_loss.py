@@ -16,6 +16,8 @@ from server_harness import MODEL, gone, start_server
 
 from inferflow.server.process_utils import QUEUE_PROCESS_NAME
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def _named(pids: list[int], name: str) -> list[int]:
     found = []

@@ -25,7 +25,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # before ray is
 pytest.importorskip("ray.serve", reason='the Ray host needs the ray extra: pip install "inferflow[ray]"')
 from ray.cluster_utils import Cluster
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In a distant galaxy"]
 

@@ -15,6 +15,8 @@ import httpx
 import pytest
 from server_harness import MODEL, ServerProcess, gone, start_server
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 2000, "ignore_eos": True}
 GRACE_S = 1.0
 

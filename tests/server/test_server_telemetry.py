@@ -11,6 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from server_harness import MODEL, ServerProcess, start_server, trace_spans
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 
 def spans_of(path, trace_id: str) -> list[dict]:
     return [s for s in trace_spans(path) if s["traceId"] == trace_id]
@@ -95,7 +97,7 @@ def sleepy_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPr
     env = {
         "INFERFLOW_CONFIG_PATH": str(SLEEPY / "conf"),
         "INFERFLOW_ALLOWED_TARGETS": "sleepy_stage",
-        "PYTHONPATH": str(SLEEPY),
+        "PYTHONPATH": str(SLEEPY),  # added in front of the current path
     }
     srv = start_server(
         tmp_path_factory,

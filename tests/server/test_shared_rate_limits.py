@@ -12,6 +12,8 @@ from server_harness import MODEL, start_server
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.limits import RateLimiter
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 LIMIT = 6
 
 

@@ -14,6 +14,8 @@ import pytest
 from server_harness import MODEL, ServerProcess, start_server, trace_spans
 from test_server_telemetry import metric_value
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 REPETITIVE = [
     ".. function:: open(file, mode='r')\n\n   Open *file* and return a file object.\n\n"
     ".. function:: open(",

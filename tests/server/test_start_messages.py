@@ -19,6 +19,8 @@ from server_harness import ServerProcess
 
 from inferflow.server.process.uvicorn_logs import uvicorn_log_config
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 CLAIMS = ("uvicorn running", "running on http", "application startup complete")
 PROGRESS = re.compile(r"engine of \S+: (\d+%|done)")  # build_progress's lines
 

@@ -17,6 +17,8 @@ import openai
 import pytest
 from server_harness import MODEL, ServerProcess
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 SEEDS = range(6)
 PROFILE = {
     "type": "object",

@@ -14,6 +14,8 @@ import httpx
 import pytest
 from server_harness import MODEL, ServerProcess, start_server
 
+pytestmark = [pytest.mark.server, pytest.mark.slow]
+
 STALL_S, WATCHDOG_S = 2.0, 5.0  # short limits (defaults: 10 s and 30 s)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child_env import pythonpath
 from prometheus_client.parser import text_string_to_metric_families
 from telemetry_scenarios import worker_side
 
@@ -116,7 +117,7 @@ def test_render_combines_in_memory_registries() -> None:
 )
 def test_multiprocess_mode_merges_launcher_and_two_workers(tmp_path: Path) -> None:
     directory = tmp_path / "prom"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE)])}
+    env = {**os.environ, "PYTHONPATH": pythonpath(HERE)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     code = f"import telemetry_scenarios as s; print(s.metrics_launcher_main({str(directory)!r}))"
     proc = subprocess.run(

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from child_env import pythonpath
 from nbclient import NotebookClient
 
 from inferflow.telemetry.trace_model import load_spans
@@ -28,6 +29,7 @@ def test_trace_notebook_executes_on_generated_trace(
     monkeypatch.setenv("INFERFLOW_TRACE_PLOTS", str(plots))
     monkeypatch.setenv("INFERFLOW_TRACE_DEMO_DIR", str(demo))
     monkeypatch.setenv("MPLBACKEND", "Agg")
+    monkeypatch.setenv("PYTHONPATH", pythonpath())  # the kernel imports this checkout
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         nb,

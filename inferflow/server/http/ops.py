@@ -21,8 +21,9 @@ from fastapi.responses import JSONResponse, Response
 import inferflow
 from inferflow.config import LoadMode
 from inferflow.server.http.deployments import Deployment, repository_metrics
+from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.json_body import read_json_body
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
@@ -81,12 +82,14 @@ def models_status(frontend: Frontend) -> list[dict[str, Any]]:
     return [describe_model(frontend, d) for d in frontend.deployments]
 
 
-Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint
+Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 
 
-def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
-    """``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats``, registered as
-    spec routes (``LitSpec.add_endpoint``)."""
+def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
+    """Every route of an API process, for either host to register: the OpenAI routes
+    (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
+    encoders are served), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
+    ``/admin/stats`` and the model repository's admin routes."""
 
     async def health() -> JSONResponse:
         """Liveness: the API process answers; says nothing about the model."""
@@ -111,7 +114,12 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
             body += repository_metrics(frontend.router)
         return Response(content=body, media_type=content_type)
 
+    embeddings = frontend.embeddings
     return [
+        (COMPLETIONS_PATH, frontend.completions, ["POST"]),
+        (CHAT_PATH, frontend.chat_completions, ["POST"]),
+        (MODELS_PATH, frontend.models, ["GET"]),
+        *([(EMBEDDINGS_PATH, embeddings.embeddings, ["POST"])] if embeddings is not None else []),
         ("/health", health, ["GET"]),
         ("/ready", ready, ["GET"]),
         ("/version", _version_route(frontend, model_path), ["GET"]),

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import openai
+from child_env import child_env
 
-import inferflow
 from inferflow.bench.suite import kv_resident
 from inferflow.server.process_utils import descendants
 
@@ -57,17 +57,6 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
-    """The test environment, with this checkout importable even when it is not installed."""
-    root = str(Path(inferflow.__file__).resolve().parent.parent)
-    path = os.environ.get("PYTHONPATH", "")
-    return {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(p for p in (root, path) if p),
-        **(extra or {}),
-    }
-
-
 class ServerProcess:
     """A ``python -m inferflow`` subprocess and helpers to talk to it."""
 
@@ -88,7 +77,7 @@ class ServerProcess:
         self.workdir = workdir
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=workdir, env=_child_env(env)
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, cwd=workdir, env=child_env(env)
         )
         self.pid = self.proc.pid
 
