@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 
 import inferflow
 from inferflow.config import LoadMode
+from inferflow.json_types import JSONObject, JSONValue
 from inferflow.server.http.deployments import Deployment, repository_metrics
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
@@ -36,8 +37,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def runtime_versions() -> dict[str, Any]:
-    versions: dict[str, Any] = {"python": platform.python_version()}
+def runtime_versions() -> JSONObject:
+    versions: JSONObject = {"python": platform.python_version()}
     versions.update({name: _version(name) for name in _RUNTIME_PACKAGES})
     return versions
 
@@ -68,7 +69,7 @@ def readiness(frontend: Frontend) -> str:
     return "stalled" if any(s == "stalled" for _, s in statuses) else "not_ready"
 
 
-def describe_model(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+def describe_model(frontend: Frontend, deployment: Deployment) -> JSONObject:
     """One version for ``/ready``, ``/version``, ``/admin/stats`` and the admin answers: its
     ``describe()``, its status and its share of unpinned requests now (``effective_weight``)."""
     return {
@@ -78,7 +79,7 @@ def describe_model(frontend: Frontend, deployment: Deployment) -> dict[str, Any]
     }
 
 
-def models_status(frontend: Frontend) -> list[dict[str, Any]]:
+def models_status(frontend: Frontend) -> list[JSONValue]:
     return [describe_model(frontend, d) for d in frontend.deployments]
 
 
@@ -97,7 +98,7 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
 
     async def ready() -> JSONResponse:
         status = readiness(frontend)
-        body: dict[str, Any] = {"status": status, "models": models_status(frontend)}
+        body: JSONObject = {"status": status, "models": models_status(frontend)}
         if frontend.embeddings is not None:
             body["embedding_models"] = {
                 "status": "ready" if frontend.embeddings.models.ready else "loading"
@@ -144,7 +145,8 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
                 isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()
             ):
                 raise ValueError
-            shares = {str(k): float(v) for k, v in weights.items()}  # (a huge int overflows)
+            # (a huge int overflows; the isinstance only narrows what all() checked)
+            shares = {str(k): float(v) for k, v in weights.items() if isinstance(v, int | float)}
         except (ValueError, OverflowError):
             raise OpenAIError.of(
                 400, 'weights: expected {"weights": {"VERSION": number, ...}}', param="weights"
@@ -211,7 +213,7 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
     return version
 
 
-def _model_versions(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+def _model_versions(frontend: Frontend, deployment: Deployment) -> JSONObject:
     """One LLM version with its engine's versions (once loaded) for ``/version``."""
     info = deployment.shared.info()
     return {
@@ -258,5 +260,5 @@ def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     return admin_stats
 
 
-def _ints(stats: dict[str, float]) -> dict[str, Any]:
+def _ints(stats: dict[str, float]) -> JSONObject:
     return {k: int(v) if float(v).is_integer() else v for k, v in stats.items()}
