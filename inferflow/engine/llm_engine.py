@@ -151,7 +151,7 @@ class LLMEngine:
             self._prompts[request_id] = prompt
 
     def _start_guided(self, request: Request, params: SamplingParams) -> None:
-        from inferflow.guided.constraint import GuidedError
+        from inferflow.sampling_params import GuidedError
 
         assert params.guided is not None
         try:

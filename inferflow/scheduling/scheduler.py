@@ -47,9 +47,8 @@ from inferflow.scheduling.plan import (
 from inferflow.scheduling.policy import AdmissionOrder, SortKey
 from inferflow.scheduling.request import Request, RequestStatus, check_stop
 from inferflow.scheduling.slots import SlotAllocator
-from inferflow.scheduling.speculation import DraftPlanner
+from inferflow.scheduling.speculation import DraftPlanner, DraftProposer
 from inferflow.scheduling.updates import SchedulerStats, SpecDecodeStats, StepUpdate
-from inferflow.speculative.proposer import DraftProposer
 
 
 @dataclass

@@ -15,8 +15,8 @@ from inferflow.scheduling.config import BatchingMode, check_budgets
 from inferflow.scheduling.integrity import check_scheduler
 from inferflow.scheduling.kv_cache_manager import KVCacheManager
 from inferflow.scheduling.plan import SchedulerOutput
+from inferflow.scheduling.speculation import DraftProposer, DraftRequest
 from inferflow.scheduling.updates import StepUpdate
-from inferflow.speculative.proposer import DraftProposer, DraftRequest
 
 VOCAB = 64
 EOS = 0
