@@ -39,13 +39,16 @@ import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.config import LoadMode
 from inferflow.server.messages import ErrorInfo, StopWorker, WorkerLost
 from inferflow.server.process_utils import process_rss
 from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
+
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +65,7 @@ CRASH_ERROR = ErrorInfo(
 )
 
 
-def estimate_model_bytes(graph: Any) -> int:
+def estimate_model_bytes(graph: ServingGraph) -> int:
     """Host memory an engine worker of ``graph`` will hold: its weights at the engine's
     precision (``executor.precision``, or the torch executor's ``dtype``), the KV buffers its
     layout reserves, and ``WORKER_BASE_BYTES``. (A GPU's memory is not host memory.)"""
