@@ -15,9 +15,8 @@ Built-ins: ``speculative=none`` (:class:`NoSpeculation`, the default) and ``spec
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from inferflow.stages.engine_slot import EngineStage
 
@@ -74,22 +73,3 @@ class NgramSpeculation(SpeculativeStage):
 
         return NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,
                              self.prompt_lookup_max)
-
-
-_METHODS: dict[str, type[SpeculativeStage]] = {"ngram": NgramSpeculation}
-
-
-def speculation_from_config(config: Mapping[str, Any] | None) -> SpeculativeStage:
-    """The offline API's ``speculative_config`` (vLLM's form: ``{"method": "ngram",
-    "num_speculative_tokens": 4, "prompt_lookup_max": 4}``) as a stage; None: no speculation."""
-    if not config:
-        return NoSpeculation()
-    settings = dict(config)
-    method = settings.pop("method", None)
-    if method not in _METHODS:
-        raise ValueError(f"speculative_config.method: must be one of {sorted(_METHODS)}, "
-                         f"got {method!r}")
-    try:
-        return _METHODS[method](**settings)
-    except TypeError as exc:  # an unknown key
-        raise ValueError(f"speculative_config: {exc}") from None
