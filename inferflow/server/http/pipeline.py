@@ -15,9 +15,8 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from inferflow.guided.constraint import GuidedError
 from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults
-from inferflow.sampling_params import SamplingParams, SamplingParamsError
+from inferflow.sampling_params import GuidedError, SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
 from inferflow.server.messages import ErrorInfo
