@@ -35,8 +35,10 @@ from inferflow.models.config import ModelArch
 from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arrays
 
 if TYPE_CHECKING:
+    from inferflow.models.checkpoint import Checkpoint
     from inferflow.runtimes.config import OrtSettings
     from inferflow.scheduling.layout import KVLayout
+    from inferflow.scheduling.plan import KVBlockCopy
 
 INSTALL_HINT = "TensorRT is not installed: pip install 'inferflow[tensorrt]' (needs an NVIDIA GPU)"
 
@@ -253,7 +255,7 @@ class TensorRTRunner:
     plan is never loaded on a runtime or device it was not built for.
     """
 
-    def __init__(self, checkpoint: Any, settings: OrtSettings, layout: KVLayout) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
         from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
         from inferflow.runtimes.engine_cache import get_or_build
         from inferflow.runtimes.llama_build import build_llama_engine
@@ -292,7 +294,7 @@ class TensorRTRunner:
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
         return self.runtime.forward(rows)
 
-    def _copy_blocks(self, copies: Sequence[Any], to_pool: bool) -> None:
+    def _copy_blocks(self, copies: Sequence[KVBlockCopy], to_pool: bool) -> None:
         """Strided device copies: a block is Hkv runs of block_size*D contiguous elements."""
         rt, cfg = self.runtime, self.model_config
         item = rt.itemsize
@@ -309,9 +311,9 @@ class TensorRTRunner:
                     _check(rt.cudart.cudaMemcpy2DAsync(dst, dpitch, src, spitch, run, cfg.num_kv_heads,
                                                        kind, rt.stream))
 
-    def load_blocks(self, copies: Sequence[Any]) -> None:
+    def load_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         self._copy_blocks(copies, to_pool=False)
 
-    def save_blocks(self, copies: Sequence[Any]) -> None:
+    def save_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         self._copy_blocks(copies, to_pool=True)
         _check(self.runtime.cudart.cudaStreamSynchronize(self.runtime.stream))
