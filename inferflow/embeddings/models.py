@@ -10,9 +10,10 @@ from omegaconf import DictConfig
 
 from inferflow.config.base import ConfigError, typed_config
 from inferflow.config.schema import ModelConfig, ModelTask
-from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
+from inferflow.embeddings.dynamic_batcher import default_batching
 from inferflow.graph.repository import embedding_entries
 from inferflow.models.lookup import resolve_model
+from inferflow.stages.batching import DynamicBatching
 
 if TYPE_CHECKING:
     from inferflow.graph.build import ServingGraph
@@ -26,19 +27,17 @@ class EmbeddingModelSpec:
     version: str
     path: str
     weight: float
-    batching: DynamicBatchingConfig
+    batching: DynamicBatching
 
     @property
     def model_id(self) -> str:
         return f"{self.name}@{self.version}"
 
 
-def batching_config(graph: ServingGraph) -> DynamicBatchingConfig:
-    """``batching=dynamic``'s window when chosen, else the dynamic batcher's defaults."""
+def batching_config(graph: ServingGraph) -> DynamicBatching:
+    """The ``batching=dynamic`` stage when chosen, else the dynamic batcher's defaults."""
     slot = graph.engine_slots.get("batching")
-    if slot is not None and hasattr(slot, "dynamic_batching_config"):
-        return slot.dynamic_batching_config()
-    return DynamicBatchingConfig()
+    return slot if isinstance(slot, DynamicBatching) else default_batching()
 
 
 def _entry(key: str, node: object) -> ModelConfig:

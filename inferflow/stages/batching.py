@@ -24,7 +24,6 @@ from inferflow.config.base import ConfigEnum
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
-    from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
     from inferflow.scheduling.policy import RequestQueue, SortKey
     from inferflow.scheduling.request import Request
 
@@ -122,7 +121,9 @@ class StaticBatching(BatchingStage):
 
 @dataclass
 class DynamicBatching(StaticBatching):
-    """``static`` for generation, plus a batching window for one-shot (embedding) models."""
+    """``static`` for generation, plus a batching window for one-shot (embedding) models: the
+    embeddings' ``DynamicBatcher`` takes this stage as its settings (``max_num_seqs`` items per
+    engine call, ``max_delay_ms`` window, ``max_queue_size``, length ``bucket_boundaries``)."""
 
     max_delay_ms: float = 2.0
     max_queue_size: int = 1024
@@ -133,17 +134,10 @@ class DynamicBatching(StaticBatching):
         if not 0.0 <= self.max_delay_ms <= 10.0:
             raise ValueError(f"max_delay_ms: must be in [0, 10], got {self.max_delay_ms}")
         _positive("max_queue_size", self.max_queue_size)
-
-    def dynamic_batching_config(self) -> DynamicBatchingConfig:
-        """The embedding path's ``DynamicBatchingConfig`` with these settings."""
-        from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-
-        return DynamicBatchingConfig(
-            max_batch_size=self.max_num_seqs,
-            max_delay_ms=self.max_delay_ms,
-            max_queue_size=self.max_queue_size,
-            bucket_boundaries=tuple(self.bucket_boundaries),
-        )
+        if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)):
+            raise ValueError(
+                f"bucket_boundaries: must be strictly increasing, got {self.bucket_boundaries}"
+            )
 
 
 @dataclass
