@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import re
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
@@ -62,7 +63,7 @@ class LLM:
     """
 
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
-        from hydra.errors import MissingConfigException
+        from hydra.errors import ConfigCompositionException
 
         from inferflow.compose import compose_config
         from inferflow.graph import build_graph
@@ -72,7 +73,7 @@ class LLM:
             cfg = compose_config(overrides + [o for k, v in kwargs.items() for o in _overrides(k, v)])
             graph = build_graph(cfg)
             self.engine: LLMEngine = graph.create_engine()
-        except (ValueError, MissingConfigException) as exc:
+        except (ValueError, ConfigCompositionException) as exc:
             raise _keyword_error(exc) from None
         if (note := graph.kv_budget_note()) is not None:  # as the server logs it at start
             logger.warning("inferflow: %s", note)
@@ -157,25 +158,35 @@ def _overrides(keyword: str, value: Any) -> list[str]:
 
 def _keyword_error(exc: Exception) -> Exception:
     """A config error as the keyword that caused it: ``executor.kv_cache_memory: ...`` becomes
-    ``kv_cache_memory: ...``, a missing group option names the keyword and the options."""
-    from hydra.errors import MissingConfigException
+    ``kv_cache_memory: ...``; a missing group option or a key the chosen option lacks names the
+    keyword."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
 
     from inferflow.config import ConfigError
 
     if isinstance(exc, MissingConfigException):
         group = str(exc.missing_cfg_file).split("/")[0]
-        keyword = next((k for k, v in KEYWORDS.items() if v == group), group)
+        keyword = _keyword_of(group)
         if keyword == "speculative_config":
             keyword = "speculative_config.method"
-        return ValueError(f"{keyword}: must be one of {sorted(exc.options or [])}; {exc}")
+        return ConfigError(f"{keyword}: must be one of {sorted(exc.options or [])}", keyword)
+    if isinstance(exc, ConfigCompositionException):  # "Could not override 'batching.x'." or
+        first = str(exc).splitlines()[0]  # "Error merging override executor.precision='fp64'"
+        found = re.search(r"override '?([\w.]+)", first)
+        keyword = _keyword_of(found.group(1) if found else "")
+        cause = str(exc.__cause__).splitlines()[0] if exc.__cause__ is not None else first
+        return ConfigError(f"{keyword}: {cause}", keyword)
     key = exc.key if isinstance(exc, ConfigError) else None
     message = str(exc)
     if key is None or not message.startswith(f"{key}:"):
         return exc
+    return ConfigError(_keyword_of(key) + message[len(key):], _keyword_of(key))
+
+
+def _keyword_of(key: str) -> str:
+    """The keyword that sets config ``key`` (``executor.precision`` -> ``precision``)."""
     exact = {v: k for k, v in KEYWORDS.items()}
     if key in exact or key.startswith("executor."):
-        name = exact.get(key, key.removeprefix("executor."))
-    else:  # a key under a group keyword: speculative.x -> speculative_config.x
-        group, _, rest = key.partition(".")
-        name = f"{exact.get(group, group)}.{rest}" if rest else key
-    return ConfigError(name + message[len(key):], name)
+        return exact.get(key, key.removeprefix("executor."))
+    group, _, rest = key.partition(".")  # under a group keyword: speculative.x -> speculative_config.x
+    return f"{exact.get(group, group)}.{rest}" if rest else key
