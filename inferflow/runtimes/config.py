@@ -37,7 +37,9 @@ def default_engine_dir() -> Path:
 @dataclass(frozen=True)
 class OrtSettings:
     """How to build and run the ONNX graph (ONNX Runtime, or TensorRT over the canonical graph).
-    The sizes are the engine's frozen ``KVLayout``, given beside these settings."""
+    The sizes are the engine's frozen ``KVLayout``, given beside these settings; the executor
+    stage checked the values (``precision`` a :class:`Precision`, ``graph_form`` a
+    :class:`GraphForm`)."""
 
     precision: str = "fp32"
     graph_form: str = "gqa"
@@ -51,13 +53,6 @@ class OrtSettings:
     # the scheduler's token budget per step (batching.max_num_batched_tokens): sizes the
     # TensorRT optimization profiles; 0 = unknown (profiles for chunks of up to 2048 tokens)
     max_num_batched_tokens: int = 0
-
-    def __post_init__(self) -> None:
-        for name, enum in (("precision", Precision), ("graph_form", GraphForm)):
-            value = getattr(self, name)
-            if value not in {e.value for e in enum}:
-                raise ValueError(f"executor.{name}: {value!r} is not one of "
-                                 f"{', '.join(e.value for e in enum)}")
 
     @property
     def engine_dir(self) -> Path:
