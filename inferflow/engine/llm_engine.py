@@ -16,7 +16,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
@@ -30,6 +30,8 @@ from inferflow.stages.detokenizer import DetokenizerStage, RequestDetokenizer
 from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
 
+if TYPE_CHECKING:
+    from inferflow.runtimes.plan_runner import Runner
 
 class RequestRejected(ValueError):
     """A request the engine can never run; ``field`` names the offending request field."""
@@ -83,9 +85,10 @@ class LLMEngine:
         self._lock = threading.RLock()
 
     @property
-    def engine(self) -> Any:
-        """The compiled model runtime of a built-in executor (e.g. ``OnnxRuntimeRunner``)."""
-        return getattr(self.model_executor, "runner", None)
+    def engine(self) -> Runner | None:
+        """The model runner of a built-in executor (e.g. ``OnnxRuntimeRunner``); None for an
+        executor that loads its own way (a plugin overriding ``load``)."""
+        return self.model_executor.runner if self.model_executor.loaded else None
 
     @property
     def max_model_len(self) -> int:
