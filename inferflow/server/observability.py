@@ -209,7 +209,7 @@ class WorkerTelemetry:
         error: str | None = None,
     ) -> RequestTimings | None:
         """Emit the request's spans and metrics; returns its timings."""
-        timings = self.telemetry.on_request_finished(
+        return self.telemetry.on_request_finished(
             request_id,
             finish_reason,
             metrics=metrics,
@@ -217,7 +217,6 @@ class WorkerTelemetry:
             num_output_tokens=num_output_tokens,
             error=error,
         )
-        return timings
 
     def metrics_text(self) -> str:
         """This engine's Prometheus samples (its in-memory registry), as exposition text."""

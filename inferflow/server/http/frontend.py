@@ -43,18 +43,18 @@ from inferflow.server.http.deployments import (
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
-from inferflow.server.http.pipeline import PreparedRequest, RequestPipeline
+from inferflow.server.http.pipeline import PreparedRequest
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from inferflow.server.http.request_flow import RequestFlow
-from inferflow.server.http.response_pipeline import ResponsePipeline
+from inferflow.server.http.request_flow import CLIENT_GONE, RequestFlow
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
 from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
-from inferflow.server.shared_state import LoadState, SharedState
+from inferflow.server.shared_state import SharedState
 
 if TYPE_CHECKING:
+    from inferflow.embeddings.models import EmbeddingModelSpec
     from inferflow.server.http.embeddings import EmbeddingsFrontend
     from inferflow.telemetry.spans import RequestSpan
 
@@ -65,8 +65,6 @@ ROUTE_KEY_HEADER = "x-inferflow-route-key"  # sticky canary key (else the body's
 COMPLETIONS_PATH = "/v1/completions"
 CHAT_PATH = "/v1/chat/completions"
 MODELS_PATH = "/v1/models"
-
-CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
 
 _ROUTES: dict[
     str, tuple[type[CompletionRequest | ChatCompletionRequest], type[ResponseFormatter], str]
@@ -81,30 +79,19 @@ class Frontend:
     """Handles ``/v1/completions``, ``/v1/chat/completions`` and ``/v1/models``.
 
     ``shared`` is the server's state (draining, queue lost). ``deployments`` are the served LLM
-    versions, each with its own ``SharedState`` (default: one, from ``pipeline`` and ``shared``,
-    loaded by its host); ``pipeline``/``request_queue`` are the first one's.
+    versions, each with its own ``SharedState`` and request queue.
     """
 
     def __init__(
         self,
-        pipeline: RequestPipeline,
+        deployments: list[Deployment],
         settings: ServerConfig,
         shared: SharedState,
         telemetry: FrontendTelemetry | None = None,
-        responses: ResponsePipeline | None = None,
-        deployments: list[Deployment] | None = None,
     ) -> None:
-        if deployments is None:
-            shared.set_load_state(LoadState.LOADED)  # one model, loaded by its host
-            deployments = [
-                Deployment("", pipeline.model_name, "1", LoadMode.eager, pipeline,
-                           shared, responses or ResponsePipeline([]))
-            ]
         self.deployments = deployments
         self.router = DeploymentRouter(deployments)
         self.load_requests = LoadRequests()  # the supervisor's wake-up pipe, set before forking
-        self.pipeline = deployments[0].pipeline
-        self.responses = deployments[0].responses
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
@@ -121,14 +108,21 @@ class Frontend:
         # EmbeddingsFrontend of the extra embedding models (``extra_models``), if any
         self.embeddings: EmbeddingsFrontend | None = None
 
-    @property
-    def request_queue(self) -> Any:
-        """The first model's engine worker queue (LitServe's request queue, a Manager proxy)."""
-        return self.deployments[0].request_queue
+    def serve_embeddings(self, specs: list[EmbeddingModelSpec]) -> None:
+        """Serve the ``extra_models`` encoders ``specs`` (if any) beside the LLMs, sharing this
+        frontend's keys, rate limits, draining and telemetry."""
+        if not specs:
+            return
+        from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 
-    @request_queue.setter
-    def request_queue(self, queue: Any) -> None:
-        self.deployments[0].request_queue = queue
+        self.embeddings = EmbeddingsFrontend(
+            EmbeddingModels(specs),
+            self.auth,
+            self.is_draining,
+            on_response=self.telemetry.on_response,
+            tracer=lambda: self.telemetry.tracer,
+            limiter=self.limiter,
+        )
 
     def deployment(self, key: str) -> Deployment | None:
         return next((d for d in self.deployments if d.key == key), None)
@@ -143,24 +137,24 @@ class Frontend:
     async def chat_completions(self, request: Request) -> Response:
         return await self._serve(request, "chat")
 
-    def served_model_ids(self) -> list[str]:
-        """The LLMs' ids (names, then ``name@version`` when a name has several versions), then
-        every embedding model id and ``name@version``."""
-        ids = [card["id"] for card in self.router.cards(self.created)]
-        if self.embeddings is not None:
-            ids += [card["id"] for card in self.embeddings.models.cards(self.created)]
-        return ids
-
-    async def models(self, request: Request) -> Response:
-        self.auth.authenticate(request.headers)
+    def _cards(self) -> list[dict[str, Any]]:
+        """``/v1/models``: the LLMs (names, then ``name@version`` when a name has several
+        versions), then every embedding model id and ``name@version``."""
         cards = self.router.cards(self.created)
         if self.embeddings is not None:
             cards += self.embeddings.models.cards(self.created)
-        return JSONResponse({"object": "list", "data": cards})
+        return cards
+
+    def served_model_ids(self) -> list[str]:
+        return [card["id"] for card in self._cards()]
+
+    async def models(self, request: Request) -> Response:
+        self.auth.authenticate(request.headers)
+        return JSONResponse({"object": "list", "data": self._cards()})
 
     # --- admission ----------------------------------------------------------------------------
     def check_accepting(self, deployment: Deployment | None = None) -> None:
-        if self.draining or self.shared.draining:
+        if self.is_draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
         if deployment is None:
             return
@@ -209,13 +203,11 @@ class Frontend:
         slots = int(shared.stats()["total_slots"]) or deployment.slots_hint  # (before its load)
         limit = None if waiting is None else slots + waiting
         if not shared.try_admit(limit):
-            raise OpenAIError(
-                ErrorInfo(
-                    429,
-                    "The server is at capacity: its waiting queue is full. Retry later.",
-                    code="queue_full",
-                    retry_after_s=1,
-                )
+            raise OpenAIError.of(
+                429,
+                "The server is at capacity: its waiting queue is full. Retry later.",
+                code="queue_full",
+                retry_after_s=1,
             )
 
     # --- request path -------------------------------------------------------------------------
@@ -366,7 +358,7 @@ class Frontend:
         deployment.shared.release()
         deployment.shared.touch()
         if client_gone and flow.error is None:
-            flow.error = ErrorInfo(499, "the client closed the connection", code="client_closed")
+            flow.error = CLIENT_GONE
         status = flow.error.status_code if flow.error is not None else 200
         flow.end_span(status)
         if flow.stream:

@@ -56,7 +56,7 @@ def model_status(frontend: Frontend, deployment: Deployment) -> str:
 def readiness(frontend: Frontend) -> str:
     """``ready`` when every eager model is ready or failed and some model can serve (an
     on-demand one can, once loaded)."""
-    if frontend.draining or frontend.shared.draining:
+    if frontend.is_draining():
         return "draining"
     if frontend.embeddings is not None and not frontend.embeddings.models.ready:
         return "not_ready"
@@ -79,10 +79,6 @@ def describe_model(frontend: Frontend, deployment: Deployment) -> JSONObject:
     }
 
 
-def models_status(frontend: Frontend) -> list[JSONValue]:
-    return [describe_model(frontend, d) for d in frontend.deployments]
-
-
 Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 
 
@@ -98,7 +94,8 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
 
     async def ready() -> JSONResponse:
         status = readiness(frontend)
-        body: JSONObject = {"status": status, "models": models_status(frontend)}
+        models: list[JSONValue] = [describe_model(frontend, d) for d in frontend.deployments]
+        body: JSONObject = {"status": status, "models": models}
         if frontend.embeddings is not None:
             body["embedding_models"] = {
                 "status": "ready" if frontend.embeddings.models.ready else "loading"
@@ -193,11 +190,12 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
     async def version(request: Request) -> JSONResponse:
         """Versions and settings (needs a key when keys are on; no filesystem paths)."""
         frontend.auth.authenticate(request.headers)
-        info = frontend.deployments[0].shared.info()
+        first = frontend.deployments[0]
+        info = first.shared.info()
         model = {
-            "name": frontend.pipeline.model_name,
+            "name": first.pipeline.model_name,
             "path": Path(model_path).name,  # the checkpoint folder's name, not where it lives
-            "max_model_len": frontend.pipeline.max_model_len,
+            "max_model_len": first.pipeline.max_model_len,
             **info.get("model", {}),
         }
         return JSONResponse(

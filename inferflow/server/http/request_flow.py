@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 WORKER_GRACE_S = 5.0  # how long past its deadline we wait for the worker's own 504
 DONE_EVENT = "data: [DONE]\n\n"
+CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
 
 
 def sse_data(obj: dict[str, Any]) -> str:
@@ -114,7 +115,7 @@ class RequestFlow:
                 with contextlib.suppress(BaseException):
                     await task
         if collect not in done:
-            self.error = ErrorInfo(499, "the client closed the connection", code="client_closed")
+            self.error = CLIENT_GONE
             return Response(status_code=499)  # nobody is listening
         final = collect.result()
         if final.error is not None:

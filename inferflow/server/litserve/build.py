@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
-from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.litserve.litserver import InferflowServer, engine_api
 from inferflow.server.observability import FrontendTelemetry
@@ -53,23 +52,12 @@ def build_server(graph: ServingGraph, settings: ServerConfig | None = None) -> I
         )
     first = deployments[0][0]
     frontend = Frontend(
-        first.pipeline,
+        [d for d, _ in deployments],
         settings,
         SharedState(),  # the server's own flags (draining, queue lost, ready)
         frontend_telemetry,
-        first.responses,
-        deployments=[d for d, _ in deployments],
     )
-    specs = embedding_specs(graph)  # extra_models: encoders served in the API process
-    if specs:
-        frontend.embeddings = EmbeddingsFrontend(
-            EmbeddingModels(specs),
-            frontend.auth,
-            frontend.is_draining,
-            on_response=frontend_telemetry.on_response,
-            tracer=lambda: frontend_telemetry.tracer,
-            limiter=frontend.limiter,
-        )
+    frontend.serve_embeddings(embedding_specs(graph))  # encoders live in each API process
     models = []
     for index, (deployment, entry_graph) in enumerate(deployments):
         entry_config = entry_graph.to_container()

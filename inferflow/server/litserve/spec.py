@@ -1,9 +1,9 @@
 """inferflow's LitSpec: the OpenAI routes, registered through LitServe's spec mechanism.
 
 LitServe's ``OpenAISpec`` serves only chat, gives every chunk a new id and always reports
-``finish_reason="stop"``; this spec registers our own handlers (``Frontend``) instead. LitServe
-calls ``setup(server)`` in the main process before the API processes fork; that is where the
-frontend gets the request queue it submits to.
+``finish_reason="stop"``; this spec registers our own handlers (``Frontend``) instead. The
+frontend's deployments get their request queues from ``InferflowServer.run`` before the API
+processes fork.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from inferflow.server.http.frontend import COMPLETIONS_PATH, Frontend
 from inferflow.server.http.ops import api_routes
 
 if TYPE_CHECKING:
-    from litserve import LitAPI, LitServer
+    from litserve import LitAPI
 
 
 class OpenAICompatibleSpec(LitSpec):
@@ -37,10 +37,6 @@ class OpenAICompatibleSpec(LitSpec):
     def pre_setup(self, lit_api: LitAPI) -> None:
         for path, endpoint, methods in api_routes(self.frontend, self.model_path):
             self.add_endpoint(path, endpoint, methods)
-
-    def setup(self, server: LitServer) -> None:
-        super().setup(server)
-        self.frontend.request_queue = self.request_queue
 
     def decode_request(self, request: Any, context_kwargs: Any = None) -> Any:
         return request

@@ -29,7 +29,6 @@ from inferflow.config import LoadMode
 from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
-from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.errors import install_error_handlers
 from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
@@ -144,23 +143,18 @@ class IngressDeployment:
         self.settings = graph.server.with_env_api_keys()
         self.telemetry = FrontendTelemetry(telemetry)
         self.shared = SharedState()
-        pipeline = RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage)
-        responses = ResponsePipeline(graph.response_stages)
         self.shared.set_load_state(LoadState.LOADED)  # the engine replicas' readiness: ready
-        model = Deployment("", graph.model_name, str(graph.model.version), LoadMode.eager,
-                           pipeline, self.shared, responses, str(graph.model_path))
-        self.frontend = Frontend(pipeline, self.settings, self.shared, self.telemetry, responses,
-                                 deployments=[model])
-        self.frontend.request_queue = EngineClient(engine, self.frontend)
-        specs = embedding_specs(graph)  # extra_models: encoders in the ingress, as in API processes
-        if specs:
-            embeddings = EmbeddingsFrontend(
-                EmbeddingModels(specs), self.frontend.auth, self.frontend.is_draining,
-                on_response=self.telemetry.on_response, tracer=lambda: self.telemetry.tracer,
-                limiter=self.frontend.limiter)
-            self.frontend.embeddings = embeddings
-            threading.Thread(target=embeddings.models.start, name="inferflow-encoders",
-                             daemon=True).start()
+        model = Deployment(
+            "", graph.model_name, str(graph.model.version), LoadMode.eager,
+            RequestPipeline.from_graph(graph, wrap_stage=self.telemetry.wrap_stage),
+            self.shared, ResponsePipeline(graph.response_stages), str(graph.model_path))
+        self.frontend = Frontend([model], self.settings, self.shared, self.telemetry)
+        model.request_queue = EngineClient(engine, self.frontend)
+        # extra_models: encoders in the ingress, as in API processes
+        self.frontend.serve_embeddings(embedding_specs(graph))
+        if self.frontend.embeddings is not None:
+            threading.Thread(target=self.frontend.embeddings.models.start,
+                             name="inferflow-encoders", daemon=True).start()
         self.board = BoardReader(board_name, self.shared, required_replicas)
         self.model_path = str(graph.model_path)
         self.telemetry.start()

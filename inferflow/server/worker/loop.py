@@ -104,8 +104,9 @@ class EngineLoop:
         """Hand ``request`` to the engine; a request it refuses gets its 400 right away."""
         engine = service.live_engine
         now = time.time()
+        timeout = None if request.deadline is None else request.deadline - request.arrival_time
         if request.deadline is not None and now >= request.deadline:
-            self._post(request.consumer_id, _error_update(uid, _timeout_error(request)))
+            self._post(request.consumer_id, _error_update(uid, _timeout_error(timeout)))
             self._counters["timed_out_requests"] += 1
             return
         try:
@@ -125,7 +126,6 @@ class EngineLoop:
                 request.consumer_id, _error_update(uid, ErrorInfo(400, str(exc), param=param))
             )
             return
-        timeout = None if request.deadline is None else request.deadline - request.arrival_time
         self._active[uid] = _Active(
             request.consumer_id, request.deadline, timeout, len(request.prompt_token_ids)
         )
@@ -143,10 +143,7 @@ class EngineLoop:
         for uid in expired:
             record = self._abort(service, uid, "timeout")
             self._counters["timed_out_requests"] += 1
-            message = f"the request did not finish within {record.timeout_s:.3g} s"
-            self._post(
-                record.consumer_id, _error_update(uid, ErrorInfo(504, message, code="timeout"))
-            )
+            self._post(record.consumer_id, _error_update(uid, _timeout_error(record.timeout_s)))
 
     def _fail_all(self, service: WorkerService, error: ErrorInfo) -> None:
         for uid in list(self._active):
@@ -197,8 +194,7 @@ class EngineLoop:
         service.publish_stats(dict(self._counters, worker_pid=os.getpid()))
 
 
-def _timeout_error(request: SubmitRequest) -> ErrorInfo:
-    timeout = (request.deadline or 0.0) - request.arrival_time
+def _timeout_error(timeout: float | None) -> ErrorInfo:
     return ErrorInfo(504, f"the request did not finish within {timeout:.3g} s", code="timeout")
 
 
