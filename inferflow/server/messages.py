@@ -30,7 +30,7 @@ from inferflow.telemetry.timings import RequestTimings
 MAX_MESSAGE_CHARS = 4096  # an error message echoing a client's input stays this short
 MAX_PARAM_CHARS = 256
 
-# HTTP status -> OpenAI error ``type`` when the raiser does not name one.
+# HTTP status -> OpenAI error ``type`` when the raiser does not name one (else server_error).
 _DEFAULT_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
@@ -40,10 +40,6 @@ _DEFAULT_TYPES = {
     413: "invalid_request_error",
     422: "invalid_request_error",
     429: "rate_limit_error",
-    500: "server_error",
-    502: "server_error",
-    503: "server_error",
-    504: "server_error",
 }
 
 

@@ -160,15 +160,16 @@ class EmbeddingModels:
         return self.router.route(model) is not None
 
     def route(self, model: str, user: str | None) -> EmbeddingService:
+        """The version that serves this request: 404 for an unknown model, 503 until every
+        version is loaded."""
         chosen = self.router.route(model, user)
         if chosen is None:
             raise model_not_found(model)
-        service = self.services.get(chosen.model_id)
-        if service is None:
+        if not self.ready:
             raise OpenAIError.of(
                 503, "The embedding model is not ready yet.", code="not_ready", retry_after_s=1
             )
-        return service
+        return self.services[chosen.model_id]
 
     def cards(self, created: int) -> list[dict[str, Any]]:
         return [
@@ -246,12 +247,6 @@ class EmbeddingsFrontend:
         if self.draining():
             raise OpenAIError.of(503, "The server is shutting down.", code="shutting_down")
         body = parse_embedding_request(await read_json_body(request))
-        if not self.models.serves(body.model):
-            raise model_not_found(body.model)
-        if not self.models.ready:
-            raise OpenAIError.of(
-                503, "The embedding model is not ready yet.", code="not_ready", retry_after_s=1
-            )
         service = self.models.route(body.model, body.user)
         if body.dimensions is not None and body.dimensions != service.embedding_dim:
             raise bad_request(

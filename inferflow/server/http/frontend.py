@@ -383,10 +383,6 @@ class Frontend:
             "engine worker of %s lost; failed %d in-flight request(s)", deployment.model_id, failed
         )
 
-    def fail_all(self, error: ErrorInfo) -> int:
-        """Fail every in-flight request of this process (shutdown after the grace period)."""
-        return len(self.registry.fail_all(error))
-
 
 def _end_failed_span(span: RequestSpan | None, error: ErrorInfo) -> None:
     if span is not None:

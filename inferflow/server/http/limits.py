@@ -118,15 +118,13 @@ class RateLimiter:
             return
         wait = self._requests.take(key_id, 1)
         if wait:
-            raise OpenAIError(
-                ErrorInfo(
-                    429,
-                    f"Rate limit reached for requests per minute (limit {self.rpm}); "
-                    f"retry in {wait:.1f} s.",
-                    type="requests",
-                    code="rate_limit_exceeded",
-                    retry_after_s=wait,
-                )
+            raise OpenAIError.of(
+                429,
+                f"Rate limit reached for requests per minute (limit {self.rpm}); "
+                f"retry in {wait:.1f} s.",
+                type="requests",
+                code="rate_limit_exceeded",
+                retry_after_s=wait,
             )
 
     def refund_request(self, key_id: str) -> None:
@@ -139,15 +137,13 @@ class RateLimiter:
             return
         wait = self._tokens.take(key_id, tokens)
         if wait:
-            raise OpenAIError(
-                ErrorInfo(
-                    429,
-                    f"Rate limit reached for tokens per minute (limit {self.tpm}, requested "
-                    f"{tokens}); retry in {wait:.1f} s.",
-                    type="tokens",
-                    code="rate_limit_exceeded",
-                    retry_after_s=wait,
-                )
+            raise OpenAIError.of(
+                429,
+                f"Rate limit reached for tokens per minute (limit {self.tpm}, requested "
+                f"{tokens}); retry in {wait:.1f} s.",
+                type="tokens",
+                code="rate_limit_exceeded",
+                retry_after_s=wait,
             )
 
 

@@ -19,7 +19,6 @@ from inferflow.models.generation_config import GenerationDefaults, load_generati
 from inferflow.sampling_params import GuidedError, SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
-from inferflow.server.messages import ErrorInfo
 from inferflow.server.observability import ATTR_TRACE_CONTEXT
 from inferflow.stages.base import (
     ATTR_API_KEY_ID,
@@ -183,8 +182,8 @@ class RequestPipeline:
             with self.wrap_stage(stage.name, request):
                 return stage.process(request)
         except StageError as exc:
-            raise OpenAIError(
-                ErrorInfo(exc.status_code, exc.message, param=exc.field, code=exc.code)
+            raise OpenAIError.of(
+                exc.status_code, exc.message, param=exc.field, code=exc.code
             ) from None
         except SamplingParamsError as exc:
             raise bad_request(str(exc), exc.field) from None

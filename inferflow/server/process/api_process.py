@@ -57,7 +57,7 @@ class DrainingServer(uvicorn.Server):
             await frontend.registry.wait_idle(step)
             remaining -= step
         if len(frontend.registry):
-            failed = frontend.fail_all(
+            failed = frontend.registry.fail_all(
                 QUEUE_LOST
                 if frontend.shared.queue_lost
                 else ErrorInfo(
@@ -65,7 +65,7 @@ class DrainingServer(uvicorn.Server):
                 )
             )
             logger.warning(
-                "shutdown: failed %d in-flight request(s) after the grace period", failed
+                "shutdown: failed %d in-flight request(s) after the grace period", len(failed)
             )
             await frontend.registry.wait_idle(FAIL_FLUSH_S)
         self._captured_signals.clear()  # exit normally instead of re-raising SIGTERM

@@ -70,7 +70,7 @@ class EmbeddingApp:
         self.frontend = EmbeddingsFrontend(
             models,
             auth,
-            self._draining,
+            lambda: self.draining,
             tracer=lambda: self.telemetry.tracer,
             limiter=RateLimiter(
                 settings.rate_limit_requests_per_minute,
@@ -88,9 +88,6 @@ class EmbeddingApp:
             "OpenAI-compatible embedding server",
         )
         self._routes()
-
-    def _draining(self) -> bool:
-        return self.draining
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: FastAPI) -> AsyncIterator[None]:
@@ -113,10 +110,8 @@ class EmbeddingApp:
     def _routes(self) -> None:
         app, frontend = self.app, self.frontend
         app.add_api_route(EMBEDDINGS_PATH, frontend.embeddings, methods=["POST"])
-        app.add_api_route("/v1/completions", self._unsupported("/v1/completions"), methods=["POST"])
-        app.add_api_route(
-            "/v1/chat/completions", self._unsupported("/v1/chat/completions"), methods=["POST"]
-        )
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            app.add_api_route(path, self._unsupported(path), methods=["POST"])
         app.add_api_route("/v1/models", self.list_models, methods=["GET"])
         app.add_api_route("/health", self.health, methods=["GET"])
         app.add_api_route("/ready", self.ready, methods=["GET"])

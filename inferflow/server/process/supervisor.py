@@ -39,8 +39,6 @@ logger = logging.getLogger(__name__)
 
 HARD_DEADLINE_MARGIN_S = 15.0  # beyond the grace period, before API processes are killed
 WORKER_STOP_TIMEOUT_S = 10.0
-
-
 READY_POLL_S = 0.25  # while the engine loads: how often to look for readiness (then: no polling)
 WATCHDOG_POLL_S = 1.0  # how often the watchdog reads the engine's heartbeat
 
@@ -56,20 +54,16 @@ class Supervisor:
         self.stopping = False
         self._hard_deadline = float("inf")
         self._signals: list[int] = []
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_w, False)
+        # the wake-up pipe; API processes (forked later) write to ``wake_fd`` when a request
+        # waits for a model that is not loaded
+        self._wake_r, self.wake_fd = os.pipe()
+        os.set_blocking(self.wake_fd, False)
         self._main_pid = os.getpid()
         self._dead: set[BaseProcess] = set()  # children whose exit has been handled
         self._announced = False  # the start line is printed once, when /ready first turns 200
         settings = getattr(server, "settings", None)
         self._watchdog_s: float | None = getattr(settings, "worker_watchdog_s", None)
         self.models = server.models  # ModelManager: the engine workers
-
-    @property
-    def wake_fd(self) -> int:
-        """Write end of the wake-up pipe: API processes (forked later) write to it when a
-        request waits for a model that is not loaded."""
-        return self._wake_w
 
     # --- signals ------------------------------------------------------------------------------
     def install_signal_handlers(self) -> None:
@@ -81,7 +75,7 @@ class Supervisor:
             return
         self._signals.append(sig)
         with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_w, b"\0")
+            os.write(self.wake_fd, b"\0")
 
     def _take_signals(self) -> list[int]:
         with contextlib.suppress(BlockingIOError):
@@ -121,7 +115,7 @@ class Supervisor:
             for fd in wait([self._wake_r, *watched], timeout):
                 if fd in watched:
                     watched[fd].join(2.0)  # it is exiting: reap it before the next check
-        self.stop_workers()
+        self.models.stop_all(WORKER_STOP_TIMEOUT_S)
         return self.exit_code
 
     def _announce_when_ready(self) -> None:
@@ -136,7 +130,7 @@ class Supervisor:
     def _children(self) -> list[BaseProcess]:
         # the Manager first: when it and the worker it took down are seen dead together, the
         # worker's death must not be taken for a crash to restart from (no queue to restart on)
-        return [*self._manager(), *self._workers(), *self.api_processes.values()]
+        return [*self._manager(), *self.models.processes(), *self.api_processes.values()]
 
     def _manager(self) -> list[BaseProcess]:
         process = getattr(self.server, "manager_process", None)
@@ -165,9 +159,6 @@ class Supervisor:
         ):
             logger.error("no model could be loaded; shutting down")
             self.begin_shutdown(exit_code=1)
-
-    def _workers(self) -> list[BaseProcess]:
-        return self.models.processes()
 
     def _on_shutdown_signal(self, sig: int) -> None:
         name = signal.Signals(sig).name
@@ -223,8 +214,4 @@ class Supervisor:
         for process in self.api_processes.values():
             process.join(2.0)
         self._kill_api_processes()
-        self.stop_workers()
-
-    def stop_workers(self) -> None:
-        """Ask each worker to stop (it fails what is left), then make sure it is gone."""
         self.models.stop_all(WORKER_STOP_TIMEOUT_S)
