@@ -46,22 +46,12 @@ class EmbeddingTrace:
                 "gen_ai.response.model": service.model_name,
                 "inferflow.model.version": service.model_version,
             }
-            emit_span(
-                self.tracer,
-                "queue",
-                parent=self.root,
-                start_time=submitted,
-                end_time=queued,
-                attributes=attrs,
-            )
-            emit_span(
-                self.tracer,
-                "compute",
-                parent=self.root,
-                start_time=queued,
-                end_time=queued + result.compute_time_s,
-                attributes=attrs,
-            )
+            spans = (("queue", submitted, queued), ("compute", queued, queued + result.compute_time_s))
+            for name, start, end in spans:
+                emit_span(
+                    self.tracer, name, parent=self.root, start_time=start, end_time=end,
+                    attributes=attrs,
+                )
             self.root.set_attributes({**attrs, "gen_ai.usage.input_tokens": result.prompt_tokens})
         except Exception:  # telemetry never fails a request
             logger.debug("embedding spans failed", exc_info=True)

@@ -40,12 +40,13 @@ from inferflow.server.http.deployments import (
     load_failed,
     wait_until_serving,
 )
-from inferflow.server.http.errors import OpenAIError
+from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend, unsupported_route
+from inferflow.server.http.errors import CLIENT_CLOSED, OpenAIError
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.pipeline import PreparedRequest
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from inferflow.server.http.request_flow import CLIENT_GONE, RequestFlow
+from inferflow.server.http.request_flow import RequestFlow
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import ToolCallFormatter
@@ -55,7 +56,6 @@ from inferflow.server.shared_state import SharedState
 
 if TYPE_CHECKING:
     from inferflow.embeddings.models import EmbeddingModelSpec
-    from inferflow.server.http.embeddings import EmbeddingsFrontend
     from inferflow.telemetry.spans import RequestSpan
 
 logger = logging.getLogger(__name__)
@@ -113,8 +113,6 @@ class Frontend:
         frontend's keys, rate limits, draining and telemetry."""
         if not specs:
             return
-        from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
-
         self.embeddings = EmbeddingsFrontend(
             EmbeddingModels(specs),
             self.auth,
@@ -236,8 +234,6 @@ class Frontend:
         )
         if deployment is None:
             if self.embeddings is not None and self.embeddings.models.serves(body.model):
-                from inferflow.server.http.embeddings import unsupported_route
-
                 raise unsupported_route(body.model, request.url.path)
             raise self._unknown_model(body.model)
         self.check_accepting(deployment)
@@ -252,7 +248,7 @@ class Frontend:
             await self._wait_loaded(deployment, span)
         except BaseException as exc:  # failed to load, timed out, or the client left
             deployment.shared.release()
-            _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_GONE)
+            _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_CLOSED)
             raise
         want_logprobs = prepared.params.logprobs is not None
         mode = body.tool_mode() if isinstance(body, ChatCompletionRequest) else None
@@ -358,7 +354,7 @@ class Frontend:
         deployment.shared.release()
         deployment.shared.touch()
         if client_gone and flow.error is None:
-            flow.error = CLIENT_GONE
+            flow.error = CLIENT_CLOSED
         status = flow.error.status_code if flow.error is not None else 200
         flow.end_span(status)
         if flow.stream:

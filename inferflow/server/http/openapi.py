@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 import inferflow
+from inferflow.server.http.embeddings import EmbeddingRequest
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -209,13 +210,7 @@ class Operation:
     other: dict[int, type[BaseModel]] | None = None  # non-error statuses besides 200
 
 
-def _embedding_request() -> type[BaseModel]:
-    from inferflow.server.http.embeddings import EmbeddingRequest
-
-    return EmbeddingRequest
-
-
-OPERATIONS: dict[tuple[str, str], Operation | Callable[[], Operation]] = {
+OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/v1/completions", "post"): Operation(
         "Text completion (OpenAI)",
         CompletionRequest,
@@ -230,8 +225,8 @@ OPERATIONS: dict[tuple[str, str], Operation | Callable[[], Operation]] = {
         streams=True,
         errors=GENERATE_ERRORS,
     ),
-    ("/v1/embeddings", "post"): lambda: Operation(
-        "Embeddings (OpenAI)", _embedding_request(), EmbeddingResponse, errors=EMBED_ERRORS
+    ("/v1/embeddings", "post"): Operation(
+        "Embeddings (OpenAI)", EmbeddingRequest, EmbeddingResponse, errors=EMBED_ERRORS
     ),
     ("/v1/models", "get"): Operation("Served models", response=ModelList, errors=(401,)),
     ("/health", "get"): Operation("Liveness: the API process answers", response=Health),
@@ -292,11 +287,10 @@ def build_openapi(
     for path in [p for p in paths if _is_hidden(p)]:
         del paths[path]
     components: dict[str, Any] = schema.setdefault("components", {}).setdefault("schemas", {})
-    for (path, method), entry in OPERATIONS.items():
+    for (path, method), doc in OPERATIONS.items():
         operation = paths.get(path, {}).get(method)
         if operation is None:
             continue  # not served by this server (e.g. no embedding model)
-        doc = entry() if callable(entry) else entry
         paths[path][method] = _describe(operation, doc, components)
     if model_ids:  # in request bodies: one of the served models (else 404)
         for name in ("CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest"):

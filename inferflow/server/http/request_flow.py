@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from inferflow.server.http.channels import RequestChannel
-from inferflow.server.http.errors import OpenAIError
+from inferflow.server.http.errors import CLIENT_CLOSED, OpenAIError
 from inferflow.server.http.response_pipeline import ResponseRun
 from inferflow.server.http.responses import Accumulated, ResponseFormatter
 from inferflow.server.http.sse import wait_for_disconnect
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
 
 WORKER_GRACE_S = 5.0  # how long past its deadline we wait for the worker's own 504
 DONE_EVENT = "data: [DONE]\n\n"
-CLIENT_GONE = ErrorInfo(499, "the client closed the connection", code="client_closed")
 
 
 def sse_data(obj: dict[str, Any]) -> str:
@@ -115,7 +114,7 @@ class RequestFlow:
                 with contextlib.suppress(BaseException):
                     await task
         if collect not in done:
-            self.error = CLIENT_GONE
+            self.error = CLIENT_CLOSED
             return Response(status_code=499)  # nobody is listening
         final = collect.result()
         if final.error is not None:

@@ -48,6 +48,7 @@ from typing import Any
 import litserve as ls
 import uvicorn
 from fastapi import FastAPI
+from litserve.specs.base import LitSpec
 from litserve.utils import configure_logging
 
 from inferflow.config.server import ServerConfig
@@ -58,7 +59,7 @@ from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddlewa
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.litserve.direct_transport import DirectTransport
 from inferflow.server.litserve.engine_api import API_PATH, EngineAPI
-from inferflow.server.litserve.spec import OpenAICompatibleSpec, QueueOnlySpec
+from inferflow.server.litserve.spec import OpenAICompatibleSpec
 from inferflow.server.litserve.startup import ApiProcessStartup
 from inferflow.server.process.api_process import DrainingServer, run_api_process
 from inferflow.server.process.model_manager import ManagedModel, ModelManager
@@ -71,6 +72,19 @@ logger = logging.getLogger(__name__)
 
 LITSERVE_HEALTH_PATH = "/_litserve/health"  # LitServe's own routes, out of the OpenAI namespace
 LITSERVE_INFO_PATH = "/_litserve/info"
+
+
+class QueueOnlySpec(LitSpec):
+    """The spec of every LLM but the first: no routes (the first one's spec serves them all),
+    so LitServe registers nothing for its ``api_path``, which only names its request queue."""
+
+    def __init__(self, api_path: str) -> None:
+        super().__init__()
+        self.api_path = api_path
+
+    @property
+    def stream(self) -> bool:
+        return True
 
 
 def engine_api(

@@ -19,28 +19,20 @@ if TYPE_CHECKING:
     from litserve import LitAPI
 
 
-class QueueOnlySpec(LitSpec):
-    """The spec of every LLM but the first: no routes (the first one's spec serves them all),
-    so LitServe registers nothing for its ``api_path``, which only names its request queue."""
-
-    def __init__(self, api_path: str) -> None:
-        super().__init__()
-        self.api_path = api_path
-
-    @property
-    def stream(self) -> bool:
-        return True
-
-
-class OpenAICompatibleSpec(QueueOnlySpec):
+class OpenAICompatibleSpec(LitSpec):
     """Routes ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (and
     ``/v1/embeddings``) to ``frontend``, plus the operational routes (``api_routes``): all of
     them LitServe spec endpoints."""
 
     def __init__(self, frontend: Frontend, model_path: str = "") -> None:
-        super().__init__(COMPLETIONS_PATH)
+        super().__init__()
+        self.api_path = COMPLETIONS_PATH
         self.frontend = frontend
         self.model_path = model_path
+
+    @property
+    def stream(self) -> bool:
+        return True
 
     def pre_setup(self, lit_api: LitAPI) -> None:
         for path, endpoint, methods in api_routes(self.frontend, self.model_path):

@@ -190,13 +190,10 @@ class EngineReplica:
                 "stats": self.shared.stats(), "executor": self.shared.executor_stats(),
                 "info": self.shared.info(), "metrics": self._metrics}
 
-    def queue_depth(self) -> float:
-        stats = self.shared.stats()
-        return float(stats.get("running", 0) + stats.get("waiting", 0))
-
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Ray Serve's custom autoscaling metric hook (read by ``queue_depth_policy``)."""
-        return {"queue_depth": self.queue_depth()}
+        stats = self.shared.stats()
+        return {"queue_depth": float(stats.get("running", 0) + stats.get("waiting", 0))}
 
     def check_health(self) -> None:
         """Ray Serve's health probe: a replica whose engine thread died or stalled is replaced."""

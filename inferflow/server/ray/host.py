@@ -151,16 +151,12 @@ def serve_on_ray(graph: Any) -> None:
         # our own proxy on this host: also wait for the ingress's /ready there
         _wait_ready(cfg, started_serve and (local or cfg.address in ("auto", "local")), stop)
         if not stop.is_set():
-            print(start_line(graph, graph_settings(graph)) + f" | ray {ray.__version__} "
+            print(start_line(graph, graph.server.with_env_api_keys()) + f" | ray {ray.__version__} "
                   f"({'local' if local else cfg.address})", flush=True)
         stop.wait()
         logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
     finally:
         _teardown(cfg, local, started_serve)
-
-
-def graph_settings(graph: Any) -> Any:
-    return graph.server.with_env_api_keys()
 
 
 def _block_size(graph: Any) -> int:
