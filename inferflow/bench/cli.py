@@ -239,11 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result = run_from_args(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
         print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:
-        print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, ConnectionError) else 2
     completed = result["completed"]
     return 0 if isinstance(completed, int) and completed > 0 else 1
