@@ -50,7 +50,6 @@ ENGINE_RULES: list[tuple[str, str]] = [
     ("sampler", "sampling/sampler.py"),
     ("guided decoding", "sampling/bitmask.py"),  # the token mask (was guided/bitmask.py)
     ("guided decoding", "stages/guided.py"),
-    ("detokenizer", "sampling/detokenizer.py"),
     ("detokenizer", "stages/detokenizer.py"),
     ("scheduler", "scheduling/"),
     ("telemetry", "telemetry/"),

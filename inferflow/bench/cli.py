@@ -136,15 +136,8 @@ def endpoint_from_args(args: argparse.Namespace, dataset: str) -> tuple[Endpoint
     headers = parse_pairs(args.header, "=", "--header")
     model = args.model or fetch_first_model(base_url, headers)
     backend = args.backend or ("openai-chat" if "chat" in args.endpoint else "openai")
-    extra = {
-        k: v
-        for k, v in (
-            ("temperature", args.temperature),
-            ("top_p", args.top_p),
-            ("top_k", args.top_k),
-        )
-        if v is not None
-    }
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    extra = {k: v for k, v in sampling.items() if v is not None}
     extra.update(args.extra_body or {})
     spec = EndpointSpec(
         api_url=base_url + args.endpoint,
@@ -239,11 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result = run_from_args(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
         print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:
-        print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, ConnectionError) else 2
     completed = result["completed"]
     return 0 if isinstance(completed, int) and completed > 0 else 1
