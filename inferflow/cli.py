@@ -51,12 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in SUBCOMMANDS:
             return _subcommand(args[0], args[1:])
         return _run_hydra(args)
-    except ConfigError as exc:
+    except (ConfigError, ComponentUnavailable) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    except ComponentUnavailable as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def _one_line_warning(

@@ -135,17 +135,14 @@ class TorchExecutor(ExecutorStage):
         return KVBudget(room, per_token, f"executor.kv_cache_memory={fraction} of the GPU's "
                         f"{human(total)}, less {human(total - free)} in use and the weights")
 
-    def torch_settings(self) -> TorchSettings:
-        """The runner's settings from these fields (the sizes are the layout's)."""
-        return TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
-                             compile=CompileMode(self.compile).value,
-                             cuda_graphs=self.cuda_graphs, threads=self.threads,
-                             cache_dir=self.cache_dir)
-
     def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
         from inferflow.runtimes.torch_engine.runner import TorchRunner
 
-        return TorchRunner(checkpoint, self.torch_settings(), layout)
+        settings = TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
+                                 compile=CompileMode(self.compile).value,
+                                 cuda_graphs=self.cuda_graphs, threads=self.threads,
+                                 cache_dir=self.cache_dir)  # (the sizes are the layout's)
+        return TorchRunner(checkpoint, settings, layout)
 
     def weight_scale(self) -> float:
         if self.on_cuda:
