@@ -75,13 +75,8 @@ class ModelRouter:
         if model in self.by_name:
             return choose_version(self.by_name[model], self.rng, user)
         name, version = split_model_id(model)
-        for candidate in self.by_name.get(name, []):
-            if candidate.version == version:
-                return candidate
-        return None
+        return next((v for v in self.by_name.get(name, []) if v.version == version), None)
 
     def model_ids(self) -> list[str]:
         """Every id a client may send: each name, then each ``name@version``."""
-        ids = list(self.by_name)
-        ids += [v.model_id for group in self.by_name.values() for v in group]
-        return ids
+        return [*self.by_name, *(v.model_id for group in self.by_name.values() for v in group)]

@@ -46,8 +46,8 @@ class EmbeddingTrace:
                 "gen_ai.response.model": service.model_name,
                 "inferflow.model.version": service.model_version,
             }
-            spans = (("queue", submitted, queued), ("compute", queued, queued + result.compute_time_s))
-            for name, start, end in spans:
+            computed = queued + result.compute_time_s
+            for name, start, end in (("queue", submitted, queued), ("compute", queued, computed)):
                 emit_span(
                     self.tracer, name, parent=self.root, start_time=start, end_time=end,
                     attributes=attrs,

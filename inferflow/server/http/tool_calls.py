@@ -199,14 +199,14 @@ class ToolCallFormatter(ChatFormatter):
         self._held += update.text
         if self.mode == "auto" and self._held.strip() and self._held.lstrip()[0] not in "{[":
             self._holding = False  # plain text after all: send what was held, then stream
-            held, self._held = self._held, ""
-            return super().delta_chunks(_with_text(update, held))
+            held = self.take_held_text()
+            return super().delta_chunks(replace(update, text=held))
         if update.finish_reason is None:
             return []
         calls = parse_tool_calls(self._held, self.names) if update.finish_reason == "stop" else None
-        held, self._held = self._held, ""
+        held = self.take_held_text()
         if calls is None:  # not a call (or cut short): the text, as it is
-            return super().delta_chunks(_with_text(update, held))
+            return super().delta_chunks(replace(update, text=held))
         chunks = []
         for index, call in enumerate(calls):
             head: JSONObject = {
@@ -247,7 +247,3 @@ class ToolCallFormatter(ChatFormatter):
             }
             choice["finish_reason"] = "tool_calls"
         return choice
-
-
-def _with_text(update: RequestUpdate, text: str) -> RequestUpdate:
-    return replace(update, text=text)

@@ -106,7 +106,7 @@ class EngineLoop:
         now = time.time()
         timeout = None if request.deadline is None else request.deadline - request.arrival_time
         if request.deadline is not None and now >= request.deadline:
-            self._post(request.consumer_id, _error_update(uid, _timeout_error(timeout)))
+            self._post(request.consumer_id, RequestUpdate(uid, error=_timeout_error(timeout)))
             self._counters["timed_out_requests"] += 1
             return
         try:
@@ -123,7 +123,7 @@ class EngineLoop:
         except ValueError as exc:
             param = getattr(exc, "field", None)
             self._post(
-                request.consumer_id, _error_update(uid, ErrorInfo(400, str(exc), param=param))
+                request.consumer_id, RequestUpdate(uid, error=ErrorInfo(400, str(exc), param=param))
             )
             return
         self._active[uid] = _Active(
@@ -143,12 +143,13 @@ class EngineLoop:
         for uid in expired:
             record = self._abort(service, uid, "timeout")
             self._counters["timed_out_requests"] += 1
-            self._post(record.consumer_id, _error_update(uid, _timeout_error(record.timeout_s)))
+            error = _timeout_error(record.timeout_s)
+            self._post(record.consumer_id, RequestUpdate(uid, error=error))
 
     def _fail_all(self, service: WorkerService, error: ErrorInfo) -> None:
         for uid in list(self._active):
             record = self._abort(service, uid, error.code or "error")
-            self._post(record.consumer_id, _error_update(uid, error))
+            self._post(record.consumer_id, RequestUpdate(uid, error=error))
 
     def _abort(self, service: WorkerService, uid: str, why: str) -> _Active:
         """Free the request's slot and KV blocks now and close its telemetry."""
@@ -196,10 +197,6 @@ class EngineLoop:
 
 def _timeout_error(timeout: float | None) -> ErrorInfo:
     return ErrorInfo(504, f"the request did not finish within {timeout:.3g} s", code="timeout")
-
-
-def _error_update(uid: str, error: ErrorInfo) -> RequestUpdate:
-    return RequestUpdate(request_id=uid, error=error)
 
 
 def _update_from(
