@@ -179,6 +179,10 @@ class SharedState:
     def touch(self) -> None:
         self._last_used.value = time.time()
 
+    def load_retry_due(self) -> bool:
+        """The last failed load is over ``LOAD_RETRY_S`` old (an on-demand model may retry)."""
+        return time.time() - float(self.info().get("failed_at") or 0.0) > LOAD_RETRY_S
+
     def in_flight_fenced(self) -> int:
         """``in_flight`` read under its lock: a full memory barrier after a ``load_state``
         write (the unload check must see a request admitted just before it)."""

@@ -87,12 +87,9 @@ class Deployment:
         more than ``LOAD_RETRY_S`` ago (the next request tries again)."""
         if self.shared.load_state != LoadState.FAILED:
             return None
-        info = self.shared.info()
-        if self.load is LoadMode.on_demand and (
-            time.time() - float(info.get("failed_at") or 0.0) > LOAD_RETRY_S
-        ):
+        if self.load is LoadMode.on_demand and self.shared.load_retry_due():
             return None
-        return str(info.get("load_error") or "the engine worker exited during load")
+        return str(self.shared.info().get("load_error") or "the engine worker exited during load")
 
     def describe(self) -> dict[str, Any]:
         """This version for ``/ready``, ``/version`` and ``/admin/stats``."""

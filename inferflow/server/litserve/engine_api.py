@@ -54,7 +54,11 @@ class EngineAPI(ls.LitAPI):
         name_process(self.process_name)  # the engine worker
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the whole process group;
         # the supervisor decides when the worker stops (after the API processes drained).
-        _configure_worker_logging(self.log_level)
+        if not logging.getLogger().handlers:  # a spawned worker starts with bare logging
+            logging.basicConfig(
+                level=self.log_level.upper(),
+                format="%(asctime)s %(levelname)s [engine worker] %(name)s: %(message)s",
+            )
         try:
             self.service.load()
         except BaseException as exc:  # LitServe logs it and the worker exits: say why on /ready
@@ -103,12 +107,3 @@ def run_worker(service: WorkerService, requests: RequestSource, transport: Updat
         outbox.close()
         service.close()
 
-
-def _configure_worker_logging(level: str) -> None:
-    """The spawned worker starts with bare logging; give it the server's level and a prefix."""
-    root = logging.getLogger()
-    if not root.handlers:
-        logging.basicConfig(
-            level=level.upper(),
-            format="%(asctime)s %(levelname)s [engine worker] %(name)s: %(message)s",
-        )

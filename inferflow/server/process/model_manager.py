@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from inferflow.config import LoadMode
 from inferflow.server.messages import ErrorInfo, StopWorker, WorkerLost
 from inferflow.server.process_utils import process_rss
-from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
+from inferflow.server.shared_state import LoadState, SharedState
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
 if TYPE_CHECKING:
@@ -118,10 +118,6 @@ class ManagedModel:
         self.shared.set_memory_bytes(footprint)
         return footprint
 
-    def failed_long_ago(self) -> bool:
-        failed_at = float(self.shared.info().get("failed_at") or 0.0)
-        return time.time() - failed_at > LOAD_RETRY_S
-
 
 class ModelManager:
     """Starts, stops and restarts the engine workers of ``models`` (``server`` launches them
@@ -192,7 +188,7 @@ class ModelManager:
             state = m.shared.load_state
             if state in (LoadState.LOADED, LoadState.LOADING) or not m.wanted:
                 continue
-            if state == LoadState.FAILED and (m.load is LoadMode.eager or not m.failed_long_ago()):
+            if state == LoadState.FAILED and (m.load is LoadMode.eager or not m.shared.load_retry_due()):
                 continue  # its error is on /ready; an on-demand model is retried later
             if state == LoadState.UNLOADING or m.alive:  # its old worker is still exiting
                 self.pending = True

@@ -63,10 +63,8 @@ class Inbox:
         """Everything queued, in order; with ``wait`` block until at least one item arrives
         (or ``timeout`` seconds passed: then possibly nothing)."""
         with self._cond:
-            if wait and not self._items and timeout is not None:
-                self._cond.wait(timeout)
-            while wait and not self._items and timeout is None:
-                self._cond.wait()
+            if wait:
+                self._cond.wait_for(lambda: self._items, timeout)
             items = list(self._items)
             self._items.clear()
             return items
