@@ -79,33 +79,29 @@ class EmbeddingMetrics:
     mode, so ``/metrics`` merges them across API processes)."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.registry = registry = CollectorRegistry()
         labels = ["model", "version"]
-        self.requests = Counter(
-            "inferflow:embedding_requests",
-            "Embedding requests served, by model version",
-            labels,
-            registry=self.registry,
+
+        def counter(name: str, text: str) -> Counter:
+            return Counter(name, text, labels, registry=registry)
+
+        def histogram(name: str, text: str, buckets: Sequence[float]) -> Histogram:
+            return Histogram(name, text, labels, buckets=buckets, registry=registry)
+
+        self.requests = counter(
+            "inferflow:embedding_requests", "Embedding requests served, by model version"
         )
-        self.inputs = Counter(
-            "inferflow:embedding_inputs", "Inputs embedded", labels, registry=self.registry
-        )
-        self.tokens = Counter(
-            "inferflow:embedding_prompt_tokens", "Tokens embedded", labels, registry=self.registry
-        )
-        self.batch_size = Histogram(
+        self.inputs = counter("inferflow:embedding_inputs", "Inputs embedded")
+        self.tokens = counter("inferflow:embedding_prompt_tokens", "Tokens embedded")
+        self.batch_size = histogram(
             "inferflow:embedding_batch_size",
             "Inputs per encoder call formed by the dynamic batcher",
-            labels,
-            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
-            registry=self.registry,
+            (1, 2, 4, 8, 16, 32, 64, 128),
         )
-        self.latency = Histogram(
+        self.latency = histogram(
             "inferflow:embedding_request_latency_seconds",
             "Embedding request latency (queue + compute)",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
+            REQUEST_LATENCY_BUCKETS,
         )
 
 
