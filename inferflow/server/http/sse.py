@@ -25,11 +25,6 @@ async def wait_for_disconnect(receive: Receive) -> None:
             return
 
 
-async def _watch(receive: Receive, gone: asyncio.Event) -> None:
-    await wait_for_disconnect(receive)
-    gone.set()
-
-
 class SSEResponse(StreamingResponse):
     """``text/event-stream`` response over an async iterator of ready-made event strings."""
 
@@ -50,9 +45,8 @@ class SSEResponse(StreamingResponse):
         self.on_close = on_close
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
-        watcher = asyncio.ensure_future(_watch(receive, gone))
-        streamer = asyncio.ensure_future(self._stream(send, gone))
+        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        streamer = asyncio.ensure_future(self._stream(send, watcher))
         client_gone = False
         error: BaseException | None = None
         try:
@@ -72,12 +66,13 @@ class SSEResponse(StreamingResponse):
         if error is not None and not isinstance(error, OSError):
             raise error
 
-    async def _stream(self, send: Send, gone: asyncio.Event) -> None:
+    async def _stream(self, send: Send, watcher: asyncio.Future[None]) -> None:
         await send(
             {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
         )
         async for event in self.events:
-            if gone.is_set():  # belt and braces: a swallowed cancellation must not keep us going
+            # the client left (belt and braces: a swallowed cancellation must not keep us going)
+            if watcher.done():
                 return
             await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

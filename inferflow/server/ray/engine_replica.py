@@ -86,9 +86,8 @@ class StreamTransport:
         self.loop: asyncio.AbstractEventLoop | None = None
 
     def open(self, request_id: str) -> _Stream:
-        loop = asyncio.get_running_loop()
-        self.loop = loop
-        stream = self.streams[request_id] = _Stream(loop)
+        self.loop = asyncio.get_running_loop()
+        stream = self.streams[request_id] = _Stream(self.loop)
         return stream
 
     def close(self, request_id: str) -> None:
