@@ -27,23 +27,25 @@ from inferflow.server.http.errors import bad_request
 BACKENDS = ("auto", "guidance", "llguidance")
 
 
-class _Forbid(BaseModel):
+class ClosedModel(BaseModel):
+    """A request object whose unknown fields are refused (a 400 naming them), not ignored."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class JsonSchemaFormat(_Forbid):
+class JsonSchemaFormat(ClosedModel):
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Forbid):
+class ResponseFormat(ClosedModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Forbid):
+class StructuredOutputs(ClosedModel):
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None

@@ -13,27 +13,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, Field, StrictInt, ValidationError
 
 from inferflow.json_types import JSONValue
 from inferflow.models.generation_config import GenerationDefaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request, field_path
-from inferflow.server.http.guided_fields import GuidedFields
+from inferflow.server.http.guided_fields import ClosedModel, GuidedFields
 from inferflow.server.http.tool_calls import ToolCall, ToolFields
 
 MAX_STOP_SEQUENCES = 4
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-
-class _Request(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class StreamOptions(_Request):
+class StreamOptions(ClosedModel):
     include_usage: bool = False
 
 
@@ -46,7 +38,7 @@ NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...], str], ...] = (
 )
 
 
-class _SamplingFields(GuidedFields, _Request):
+class _SamplingFields(GuidedFields, ClosedModel):
     """Fields both endpoints share (structured output: ``GuidedFields``)."""
 
     model: str
@@ -162,7 +154,7 @@ class CompletionRequest(_SamplingFields):
         return p  # type: ignore[return-value]
 
 
-class ChatMessage(_Strict):
+class ChatMessage(BaseModel):  # extra keys (an echoed ``refusal``...) are ignored
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None

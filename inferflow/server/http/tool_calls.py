@@ -31,38 +31,35 @@ import uuid
 from dataclasses import replace
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from inferflow.json_types import JSONObject
 from inferflow.sampling_params import GuidedConstraint
 from inferflow.server.http.errors import bad_request
+from inferflow.server.http.guided_fields import ClosedModel
 from inferflow.server.http.responses import Accumulated, ChatFormatter
 from inferflow.server.messages import RequestUpdate
 
 ToolMode = Literal["forced", "auto"]
 
 
-class _Forbid(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class FunctionDefinition(_Forbid):
+class FunctionDefinition(ClosedModel):
     name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class ToolDefinition(_Forbid):
+class ToolDefinition(ClosedModel):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Forbid):
+class FunctionName(ClosedModel):
     name: str
 
 
-class NamedToolChoice(_Forbid):
+class NamedToolChoice(ClosedModel):
     type: Literal["function"]
     function: FunctionName
 

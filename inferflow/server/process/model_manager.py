@@ -140,9 +140,6 @@ class ModelManager:
     def processes(self) -> list[BaseProcess]:
         return [m.process for m in self.models if m.process is not None]
 
-    def model_of(self, process: BaseProcess) -> ManagedModel | None:
-        return next((m for m in self.models if m.process is process), None)
-
     def settled(self) -> bool:
         """Every eager model is loaded or failed, and something can be served (an on-demand
         model can, until it fails)."""
@@ -200,7 +197,7 @@ class ModelManager:
     def on_death(self, process: BaseProcess) -> str | None:
         """Handle a worker's exit; returns ``"fatal"`` when the server cannot go on (no model
         can ever serve, or the queue process is gone)."""
-        m = self.model_of(process)
+        m = next((m for m in self.models if m.process is process), None)
         if m is None:
             return None
         if process.pid is not None and multiprocess_active():
