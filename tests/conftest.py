@@ -33,3 +33,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     if _SESSION_HOME is not None:
         shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (README's command) a test module runs whole on one
+    worker, so its module-scoped server starts once; modules that share a costly session server
+    name one ``xdist_group`` (e.g. ``torch_server``: Inductor compiles it on first start) and run
+    on the same worker. Without xdist the marks do nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
