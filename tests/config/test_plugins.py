@@ -170,6 +170,7 @@ def test_two_plugin_stages_repeated_or_as_one_list(cli_env: dict[str, str], work
     assert "response stages: pii_output_redactor (PIIOutputRedactor)\n" in proc.stdout
 
 
+@pytest.mark.slow  # pip-installs the plugin (once per session)
 def test_installed_plugin_is_found_through_its_entry_point(
     installed_priority_plugin: Path, cli_env: dict[str, str], workdir: Path
 ) -> None:
@@ -189,6 +190,7 @@ def test_installed_plugin_is_found_through_its_entry_point(
     assert info.stdout.count("pkg://inferflow_priority.conf") == 1, info.stdout
 
 
+@pytest.mark.slow  # pip-installs the plugin (once per session)
 def test_installed_priority_policy_in_process(
     installed_priority_plugin: Path, config_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
