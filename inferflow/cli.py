@@ -51,12 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] in SUBCOMMANDS:
             return _subcommand(args[0], args[1:])
         return _run_hydra(args)
-    except ConfigError as exc:
+    except (ConfigError, ComponentUnavailable) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
-        return 2
-    except ComponentUnavailable as exc:
-        print(f"{PROG}: {exc}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(exc, ConfigError) else 1
 
 
 def _one_line_warning(
@@ -192,13 +189,13 @@ def _task(cfg: DictConfig) -> None:
 
 
 def serve(graph: ServingGraph) -> None:
-    """Hand the graph to the LitServe runtime (``inferflow.server.process.runtime.serve``)."""
+    """Hand the graph to the LitServe runtime (``inferflow.server.litserve.build.serve``)."""
     try:
-        from inferflow.server.process.runtime import serve as serve_graph
+        from inferflow.server.litserve.build import serve as serve_graph
     except ModuleNotFoundError as exc:
-        if exc.name and "inferflow.server.process.runtime".startswith(exc.name):
+        if exc.name and "inferflow.server.litserve.build".startswith(exc.name):
             raise ComponentUnavailable(
-                "the HTTP server (inferflow.server.process.runtime) is not available in this build; "
+                "the HTTP server (inferflow.server.litserve.build) is not available in this build; "
                 "task=check validates the graph without serving"
             ) from None
         raise

@@ -89,7 +89,7 @@ def check_repository(graph: ServingGraph) -> list[str]:
         model = entry_graph.model
         precision = getattr(entry_graph.executor, "precision", None)
         lines.append(
-            f"models.{entry.key}: {entry_graph.model_name}@{model.version} weight={model.weight} "
+            f"models.{entry.key}: {model.model_id} weight={model.weight} "
             f"load={entry.load.value} executor={entry_graph.executor.backend}"
             + (f" {getattr(precision, 'value', precision)}" if precision is not None else "")
         )

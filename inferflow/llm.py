@@ -10,34 +10,73 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
+import re
 from collections.abc import Sequence
+from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferflow.engine.llm_engine import LLMEngine
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import RequestOutputKind, SamplingParams
+
+if TYPE_CHECKING:
+    from inferflow.engine.llm_engine import LLMEngine
+
+logger = logging.getLogger(__name__)
+
+# keyword -> the config key it sets (the server's). A key without a dot is a config group: the
+# value picks its option (``backend="torch"`` -> ``executor=torch``). A keyword not listed is an
+# executor setting (``precision`` -> ``executor.precision``).
+KEYWORDS: dict[str, str] = {
+    "max_num_seqs": "batching.max_num_seqs",
+    "max_num_batched_tokens": "batching.max_num_batched_tokens",
+    "enable_chunked_prefill": "batching.enable_chunked_prefill",
+    "long_prefill_token_threshold": "batching.long_prefill_token_threshold",
+    "policy": "batching.policy",
+    "mode": "batching",
+    "backend": "executor",
+    "enable_prefix_caching": "cache",  # True: cache=prefix, False: cache=none
+    "block_size": "cache.block_size",
+    "num_blocks": "cache.num_blocks",
+    "max_model_len": "model.max_model_len",
+    "generation_config": "model.generation_config",
+    "speculative_config": "speculative",  # {"method": "ngram", ...}: speculative=ngram ...
+}
 
 
 class LLM:
     """Generate from prompts on a checkpoint folder; runs the engine loop to completion.
 
-    Keyword arguments are engine settings (``precision``, ``max_slots``, ``max_model_len``,
-    ``graph_form``, ``intra_op_threads``, ...) and scheduler settings (``max_num_seqs``,
-    ``max_num_batched_tokens``, ``enable_prefix_caching``, ``mode``, ...). ``backend="torch"``
-    runs the torch executor (paged KV) and takes its settings instead of ONNX Runtime's:
+    The engine is the one ``python -m inferflow`` serves (``build_graph(...).create_engine()``),
+    with the server's defaults; keyword arguments are config overrides through ``KEYWORDS``:
+    ``max_num_seqs`` is ``batching.max_num_seqs``, ``mode="static"`` is ``batching=static``,
+    ``backend="torch"`` is ``executor=torch``, ``enable_prefix_caching=False`` is ``cache=none``,
+    and any executor setting by its name (``precision``, ``max_slots``, ``graph_form``,
+    ``intra_op_threads``, ``kv_cache_memory``; torch: ``device``, ``dtype``, ``compile``).
     ``LLM(path, backend="torch", device="cuda", dtype="bfloat16", kv_cache_memory="0.9")``.
-    ``generation_config``: ``"auto"`` (default) takes the checkpoint's generation_config.json as
-    the default sampling parameters and adds its EOS ids, ``"none"`` ignores it, a folder reads
-    that folder's (vLLM's ``generation_config``; ``inferflow/models/generation_config.py``).
+    ``speculative_config={"method": "ngram", "num_speculative_tokens": 4}`` (vLLM's form) turns
+    speculative decoding on. ``generation_config``: ``"auto"`` (default) takes the checkpoint's
+    generation_config.json as the default sampling parameters and adds its EOS ids, ``"none"``
+    ignores it, a folder reads that folder's (vLLM's ``generation_config``). A bad value is a
+    ValueError whose message starts with the keyword.
     """
 
     def __init__(self, model: str | Path | None = None, **kwargs: Any) -> None:
-        if model is None:
-            from inferflow.models.tiny import tiny_llama_path
+        from hydra.errors import ConfigCompositionException
 
-            model = tiny_llama_path()
-        self.engine = LLMEngine.from_path(model, **kwargs)
+        from inferflow.compose import compose_config
+        from inferflow.graph import build_graph
+
+        overrides = [] if model is None else ["model=local", f"model.path={_value(str(model))}"]
+        try:
+            cfg = compose_config(overrides + [o for k, v in kwargs.items() for o in _overrides(k, v)])
+            graph = build_graph(cfg)
+            self.engine: LLMEngine = graph.create_engine()
+        except (ValueError, ConfigCompositionException) as exc:
+            raise _keyword_error(exc) from None
+        if (note := graph.kv_budget_note()) is not None:  # as the server logs it at start
+            logger.warning("inferflow: %s", note)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
@@ -86,3 +125,68 @@ class LLM:
                         final[out.request_id] = out
                         bar.update(1)
         return [final[rid] for rid in order]
+
+
+def _value(value: Any) -> str:
+    """``value`` in override syntax: strings quoted (a path may hold any character)."""
+    if isinstance(value, Enum):
+        value = value.value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return str(value)
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def _overrides(keyword: str, value: Any) -> list[str]:
+    key = KEYWORDS.get(keyword, f"executor.{keyword}")
+    if keyword == "enable_prefix_caching":
+        return [f"cache={'prefix' if value else 'none'}"]
+    if keyword == "speculative_config":
+        settings = dict(value or {"method": "none"})
+        method = settings.pop("method", None)
+        if not isinstance(method, str) or not method.isidentifier():
+            raise ValueError(f"speculative_config.method: got {method!r}")
+        return [f"speculative={method}", *(f"speculative.{k}={_value(v)}" for k, v in settings.items())]
+    if "." not in key:  # a group: the value names its option
+        return [f"{key}={value}"]
+    return [f"{key}={_value(value)}"]
+
+
+def _keyword_error(exc: Exception) -> Exception:
+    """A config error as the keyword that caused it: ``executor.kv_cache_memory: ...`` becomes
+    ``kv_cache_memory: ...``; a missing group option or a key the chosen option lacks names the
+    keyword."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException
+
+    from inferflow.config import ConfigError
+
+    if isinstance(exc, MissingConfigException):
+        group = str(exc.missing_cfg_file).split("/")[0]
+        keyword = _keyword_of(group)
+        if keyword == "speculative_config":
+            keyword = "speculative_config.method"
+        return ConfigError(f"{keyword}: must be one of {sorted(exc.options or [])}", keyword)
+    if isinstance(exc, ConfigCompositionException):  # "Could not override 'batching.x'." or
+        first = str(exc).splitlines()[0]  # "Error merging override executor.precision='fp64'"
+        found = re.search(r"override '?([\w.]+)", first)
+        keyword = _keyword_of(found.group(1) if found else "")
+        cause = str(exc.__cause__).splitlines()[0] if exc.__cause__ is not None else first
+        return ConfigError(f"{keyword}: {cause}", keyword)
+    key = exc.key if isinstance(exc, ConfigError) else None
+    message = str(exc)
+    if key is None or not message.startswith(f"{key}:"):
+        return exc
+    return ConfigError(_keyword_of(key) + message[len(key):], _keyword_of(key))
+
+
+def _keyword_of(key: str) -> str:
+    """The keyword that sets config ``key`` (``executor.precision`` -> ``precision``)."""
+    exact = {v: k for k, v in KEYWORDS.items()}
+    if key in exact or key.startswith("executor."):
+        return exact.get(key, key.removeprefix("executor."))
+    group, _, rest = key.partition(".")  # under a group keyword: speculative.x -> speculative_config.x
+    return f"{exact.get(group, group)}.{rest}" if rest else key

@@ -10,7 +10,9 @@ import argparse
 import json
 import math
 import sys
+from dataclasses import fields
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 
@@ -23,6 +25,8 @@ from inferflow.bench.report import default_filename, format_table, run_header, s
 from inferflow.bench.runner import LoadConfig, run_load_sync
 from inferflow.bench.text import make_text_source
 from inferflow.bench.tokenizer_lookup import TokenCounting, choose_token_counting
+
+C = TypeVar("C", DatasetConfig, LoadConfig)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,15 +136,8 @@ def endpoint_from_args(args: argparse.Namespace, dataset: str) -> tuple[Endpoint
     headers = parse_pairs(args.header, "=", "--header")
     model = args.model or fetch_first_model(base_url, headers)
     backend = args.backend or ("openai-chat" if "chat" in args.endpoint else "openai")
-    extra = {
-        k: v
-        for k, v in (
-            ("temperature", args.temperature),
-            ("top_p", args.top_p),
-            ("top_k", args.top_k),
-        )
-        if v is not None
-    }
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    extra = {k: v for k, v in sampling.items() if v is not None}
     extra.update(args.extra_body or {})
     spec = EndpointSpec(
         api_url=base_url + args.endpoint,
@@ -178,35 +175,21 @@ def make_samples(
     return build_dataset(fitted, make_text_source(counting.tokenizer)), counting
 
 
+def config_from_args(cls: type[C], args: argparse.Namespace, **option_of: str) -> C:
+    """A bench config dataclass from the options of its fields' names (``option_of``: field ->
+    option name, where they differ)."""
+    return cls(**{f.name: getattr(args, option_of.get(f.name, f.name)) for f in fields(cls)})
+
+
 def run_from_args(args: argparse.Namespace) -> dict[str, object]:
     """Build the dataset, run the load, and return the result dict (vLLM layout)."""
-    dataset = DatasetConfig(
-        name=args.dataset_name,
-        num_prompts=args.num_prompts,
-        input_len=args.input_len,
-        output_len=args.output_len,
-        range_ratio=args.range_ratio,
-        prefix_len=args.prefix_len,
-        num_prefixes=args.num_prefixes,
-        num_docs=args.num_docs,
-        path=args.dataset_path,
-        seed=args.seed,
-    )
+    dataset = config_from_args(DatasetConfig, args, name="dataset_name", path="dataset_path")
     percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
     metric_names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
     goodput = parse_goodput(args.goodput)
     spec, model = endpoint_from_args(args, dataset.name)
     samples, counting = make_samples(args, dataset, spec, model)
-    load = LoadConfig(
-        request_rate=args.request_rate,
-        burstiness=args.burstiness,
-        max_concurrency=args.max_concurrency,
-        seed=args.seed,
-        request_id_prefix=args.request_id_prefix,
-        num_warmups=args.num_warmups,
-        timeout_s=args.timeout,
-        disable_tqdm=args.disable_tqdm,
-    )
+    load = config_from_args(LoadConfig, args, timeout_s="timeout")
     run = run_load_sync(spec, samples, load)
     result = run_header(
         backend="openai-chat" if spec.chat else "openai",
@@ -249,11 +232,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(exc.code or 0)
     try:
         result = run_from_args(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, ConnectionError) as exc:
         print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 2
-    except ConnectionError as exc:
-        print(f"inferflow bench: error: {exc}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(exc, ConnectionError) else 2
     completed = result["completed"]
     return 0 if isinstance(completed, int) and completed > 0 else 1

@@ -71,12 +71,15 @@ def build_payload(spec: EndpointSpec, sample: SampleRequest) -> dict[str, object
     return payload
 
 
+def with_api_key(headers: dict[str, str]) -> dict[str, str]:
+    """The bearer token from ``OPENAI_API_KEY`` (if set), then ``headers`` (which win)."""
+    key = os.environ.get("OPENAI_API_KEY")
+    return {**({"Authorization": f"Bearer {key}"} if key else {}), **headers}
+
+
 def build_headers(spec: EndpointSpec, request_id: str, traceparent: str) -> dict[str, str]:
     headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
-    api_key = os.environ.get("OPENAI_API_KEY")
-    if api_key:
-        headers["Authorization"] = f"Bearer {api_key}"
-    headers.update(spec.extra_headers)
+    headers.update(with_api_key(spec.extra_headers))
     headers["x-request-id"] = request_id
     headers["traceparent"] = traceparent
     return headers

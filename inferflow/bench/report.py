@@ -98,9 +98,8 @@ def default_filename(result: Mapping[str, object]) -> str:
     conc = f"-concurrency{concurrency}" if concurrency is not None else ""
     model = str(result.get("model_id") or "model").split("/")[-1]
     label = result.get("label") or result.get("backend")
-    rate = result.get("request_rate") or 0
-    number = float(rate) if isinstance(rate, int | float | str) and rate != "inf" else 0.0
-    rate_text = "inf" if rate == "inf" else str(number)
+    rate = result.get("request_rate")
+    rate_text = "inf" if rate == "inf" else str(float(rate if isinstance(rate, int | float) else 0))
     return f"{label}-{rate_text}qps{conc}-{model}-{result['date']}.json"
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -102,11 +103,8 @@ async def _one(
     bar: tqdm | None,
 ) -> RequestRecord:
     released = time.perf_counter()
-    if semaphore is None:
+    async with semaphore or contextlib.nullcontext():
         record = await send_request(client, spec, sample, request_id)
-    else:
-        async with semaphore:
-            record = await send_request(client, spec, sample, request_id)
     record.client_queue_time = record.start_time - released
     if bar is not None:
         bar.update(1)

@@ -15,7 +15,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +193,7 @@ def load_results(results: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
+def _cell(row: Mapping[str, object], key: str, fmt: str) -> str:
     value = row.get(key)
     return "n/a" if value is None else fmt.format(value)
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import httpx
 
+from inferflow.bench.client import with_api_key
 from inferflow.paths import inferflow_home
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -94,7 +95,7 @@ def served_checkpoint_name(base_url: str, model: str, headers: dict[str, str]) -
     the model is not listed, or the request failed.
     """
     try:
-        response = httpx.get(f"{base_url}/version", headers=_auth(headers), timeout=30.0)
+        response = httpx.get(f"{base_url}/version", headers=with_api_key(headers), timeout=30.0)
         response.raise_for_status()
         info = response.json()
     except (httpx.HTTPError, ValueError):
@@ -108,12 +109,6 @@ def served_checkpoint_name(base_url: str, model: str, headers: dict[str, str]) -
             if isinstance(path, str) and path and Path(path).name == path:
                 return path  # a bare folder name (never a path to follow)
     return None
-
-
-def _auth(headers: dict[str, str]) -> dict[str, str]:
-    """``headers`` plus the bearer token requests carry (``OPENAI_API_KEY``), as ``client``."""
-    key = os.environ.get("OPENAI_API_KEY")
-    return {**({"Authorization": f"Bearer {key}"} if key else {}), **headers}
 
 
 def checkpoint_folders(name: str) -> list[Path]:

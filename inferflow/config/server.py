@@ -84,10 +84,11 @@ class ServerConfig:
         for name in ("num_api_servers", "workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
-        for f in dataclasses.fields(ServerConfig):  # every limit and timeout: >= 0 or null (off)
+        for f in dataclasses.fields(self):  # every limit, timeout and size: >= 0 (or null: off)
             value = getattr(self, f.name)
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
-                raise ValueError(f"{f.name}: must be >= 0 or null, got {value}")
+                null = " or null" if "None" in str(f.type) else ""
+                raise ValueError(f"{f.name}: must be >= 0{null}, got {value}")
         if self.workers != 1:
             raise ValueError(
                 "workers: one engine worker per model is supported (it owns the KV cache and "
@@ -178,7 +179,3 @@ class RayServerConfig(ServerConfig):
             raise ValueError(f"num_replicas: must be >= 1, got {self.num_replicas}")
         if self.max_ongoing_requests is not None and self.max_ongoing_requests < 1:
             raise ValueError(f"max_ongoing_requests: must be >= 1, got {self.max_ongoing_requests}")
-        if self.stream_batching_interval_ms < 0:
-            raise ValueError("stream_batching_interval_ms: must be >= 0")
-        if self.num_cpus < 0 or self.num_gpus < 0:
-            raise ValueError("num_cpus/num_gpus: must be >= 0")

@@ -31,9 +31,6 @@ class OtlpProtocol(ConfigEnum):
     http = "http"
 
 
-EXPORTERS = tuple(e.value for e in TracingExporter)
-PROTOCOLS = tuple(p.value for p in OtlpProtocol)
-
 
 class TracingConfigError(ValueError):
     """A tracing setting is invalid; ``field`` names it (``tracing.<field>``)."""
@@ -81,18 +78,13 @@ class TracingConfig:
 
     def __post_init__(self) -> None:
         # plain strings (Python callers) become the enums (what Hydra hands over)
-        try:
-            self.exporter = TracingExporter(getattr(self.exporter, "value", self.exporter))
-        except ValueError:
-            raise TracingConfigError(
-                "exporter", f"must be one of {'|'.join(EXPORTERS)}, got {self.exporter!r}"
-            ) from None
-        try:
-            self.protocol = OtlpProtocol(getattr(self.protocol, "value", self.protocol))
-        except ValueError:
-            raise TracingConfigError(
-                "protocol", f"must be one of {'|'.join(PROTOCOLS)}, got {self.protocol!r}"
-            ) from None
+        for name, enum in (("exporter", TracingExporter), ("protocol", OtlpProtocol)):
+            value = getattr(self, name)
+            try:
+                setattr(self, name, enum(getattr(value, "value", value)))
+            except ValueError:
+                choices = "|".join(e.value for e in enum)
+                raise TracingConfigError(name, f"must be one of {choices}, got {value!r}") from None
         self.headers = _parse_headers(self.headers)
         if (
             not isinstance(self.sample_ratio, int | float)

@@ -5,7 +5,7 @@ batches and calls ``batch_fn(items) -> results`` (same length, same order). Poli
 
 - items are queued per *length bucket* (``bucket_boundaries``), so a batch holds items of
   similar length and padding stays small;
-- a bucket holding ``max_batch_size`` items is dispatched at once (full batches first, the
+- a bucket holding ``max_num_seqs`` items is dispatched at once (full batches first, the
   one with the oldest head wins);
 - otherwise the bucket of the oldest queued item is dispatched when that item has waited
   ``max_delay_ms`` (0 = dispatch whatever is queued right away; batches still form while the
@@ -26,13 +26,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from inferflow.stages.batching import DynamicBatching
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-MAX_DELAY_MS_LIMIT = 10.0
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+def default_batching() -> DynamicBatching:
+    """The batcher's settings without a ``batching=dynamic`` stage: 32 items per call."""
+    return DynamicBatching(max_num_seqs=32)
 
 
 class QueueFull(RuntimeError):
@@ -41,30 +45,6 @@ class QueueFull(RuntimeError):
 
 class BatcherClosed(RuntimeError):
     """The batcher was closed; no new work is accepted and queued work is failed (HTTP 503)."""
-
-
-@dataclass(frozen=True)
-class DynamicBatchingConfig:
-    """Typed config of the ``batching=dynamic`` stage."""
-
-    max_batch_size: int = 32
-    max_delay_ms: float = 2.0  # 0..10
-    max_queue_size: int = 1024
-    bucket_boundaries: tuple[int, ...] = DEFAULT_BUCKETS  # () = one bucket, no length grouping
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if not 0.0 <= self.max_delay_ms <= MAX_DELAY_MS_LIMIT:
-            raise ValueError(
-                f"max_delay_ms must be in [0, {MAX_DELAY_MS_LIMIT:g}], got {self.max_delay_ms}"
-            )
-        if self.max_queue_size < 1:
-            raise ValueError(f"max_queue_size must be >= 1, got {self.max_queue_size}")
-        if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)):
-            raise ValueError(
-                f"bucket_boundaries must be strictly increasing, got {self.bucket_boundaries}"
-            )
 
 
 class WorkerState(Enum):
@@ -114,12 +94,12 @@ class DynamicBatcher(Generic[T, R]):
     def __init__(
         self,
         batch_fn: Callable[[list[T]], Sequence[R]],
-        config: DynamicBatchingConfig | None = None,
+        config: DynamicBatching | None = None,
         *,
         length_fn: Callable[[T], int] | None = None,
         name: str = "dynamic-batcher",
     ) -> None:
-        self.config = config or DynamicBatchingConfig()
+        self.config = config or default_batching()
         self._batch_fn = batch_fn
         self._length_fn = length_fn
         buckets = self.config.bucket_boundaries if length_fn else ()
@@ -250,7 +230,7 @@ class DynamicBatcher(Generic[T, R]):
     def _due_bucket(self, now: float) -> tuple[int | None, float]:
         """(bucket to dispatch now, or None and how long until the oldest item is due)."""
         heads = [(q[0].seq, i) for i, q in enumerate(self._queues) if q]
-        full = [(seq, i) for seq, i in heads if len(self._queues[i]) >= self.config.max_batch_size]
+        full = [(seq, i) for seq, i in heads if len(self._queues[i]) >= self.config.max_num_seqs]
         if full:
             return min(full)[1], 0.0
         _, oldest = min(heads)
@@ -260,9 +240,9 @@ class DynamicBatcher(Generic[T, R]):
         return None, due_at - now
 
     def _pop(self, bucket: int) -> list[_Pending[T, R]]:
-        """Take up to max_batch_size items of ``bucket``, dropping cancelled futures."""
+        """Take up to max_num_seqs items of ``bucket``, dropping cancelled futures."""
         queue, batch = self._queues[bucket], list[_Pending[T, R]]()
-        while queue and len(batch) < self.config.max_batch_size:
+        while queue and len(batch) < self.config.max_num_seqs:
             p = queue.popleft()
             self._depth -= 1
             if p.future.set_running_or_notify_cancel():
@@ -290,3 +270,22 @@ class DynamicBatcher(Generic[T, R]):
             self._counters.batches += 1
             self._counters.items += len(batch)
             self._counters.histogram[len(batch)] += 1
+
+
+def __getattr__(name: str) -> Any:
+    if name == "DynamicBatchingConfig":  # documented before 0.2: the settings are the stage now
+        import warnings
+
+        warnings.warn("DynamicBatchingConfig is the batching=dynamic stage now: "
+                      "inferflow.stages.batching.DynamicBatching (max_batch_size -> max_num_seqs)",
+                      DeprecationWarning, stacklevel=2)
+        return _dynamic_batching_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _dynamic_batching_config(max_batch_size: int = 32, max_delay_ms: float = 2.0,
+                             max_queue_size: int = 1024,
+                             bucket_boundaries: Sequence[int] = (16, 32, 64, 128, 256, 512),
+                             ) -> DynamicBatching:
+    return DynamicBatching(max_num_seqs=max_batch_size, max_delay_ms=max_delay_ms,
+                           max_queue_size=max_queue_size, bucket_boundaries=list(bucket_boundaries))

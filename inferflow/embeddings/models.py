@@ -4,15 +4,19 @@ plus every ``extra_models`` entry (all ``task=embed`` in this version)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
 from inferflow.config.base import ConfigError, typed_config
 from inferflow.config.schema import ModelConfig, ModelTask
-from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
+from inferflow.embeddings.dynamic_batcher import default_batching
 from inferflow.graph.repository import embedding_entries
 from inferflow.models.lookup import resolve_model
+from inferflow.stages.batching import DynamicBatching
+
+if TYPE_CHECKING:
+    from inferflow.graph.build import ServingGraph
 
 
 @dataclass(frozen=True)
@@ -23,22 +27,20 @@ class EmbeddingModelSpec:
     version: str
     path: str
     weight: float
-    batching: DynamicBatchingConfig
+    batching: DynamicBatching
 
     @property
     def model_id(self) -> str:
         return f"{self.name}@{self.version}"
 
 
-def batching_config(graph: Any) -> DynamicBatchingConfig:
-    """``batching=dynamic``'s window when chosen, else the dynamic batcher's defaults."""
+def batching_config(graph: ServingGraph) -> DynamicBatching:
+    """The ``batching=dynamic`` stage when chosen, else the dynamic batcher's defaults."""
     slot = graph.engine_slots.get("batching")
-    if slot is not None and hasattr(slot, "dynamic_batching_config"):
-        return slot.dynamic_batching_config()
-    return DynamicBatchingConfig()
+    return slot if isinstance(slot, DynamicBatching) else default_batching()
 
 
-def _entry(key: str, node: Any) -> ModelConfig:
+def _entry(key: str, node: object) -> ModelConfig:
     entry = typed_config(ModelConfig, node, f"extra_models.{key}")
     assert isinstance(entry, ModelConfig)
     if not entry.is_embedding:
@@ -50,7 +52,7 @@ def _entry(key: str, node: Any) -> ModelConfig:
     return entry
 
 
-def embedding_specs(graph: Any) -> list[EmbeddingModelSpec]:
+def embedding_specs(graph: ServingGraph) -> list[EmbeddingModelSpec]:
     """The graph's embedding model versions, main model first, then ``extra_models`` and the
     repository's embedding entries; ``ConfigError`` for a bad entry
     or two entries with the same ``name@version``."""

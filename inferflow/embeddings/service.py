@@ -7,7 +7,7 @@ Offline::
 
 Serving (``POST /v1/embeddings``)::
 
-    service = EmbeddingService.from_path(path, batching=DynamicBatchingConfig(max_delay_ms=2))
+    service = EmbeddingService.from_path(path, batching=DynamicBatching(max_num_seqs=32, max_delay_ms=2))
     result = service.embed(["a sentence"])            # blocking, thread-safe
     result = await service.embed_async(["a sentence"])  # asyncio; cancelling drops queued inputs
     result.vectors (N, E) float32, result.prompt_tokens
@@ -31,13 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from inferflow.embeddings.dynamic_batcher import (
-    BatcherStats,
-    DynamicBatcher,
-    DynamicBatchingConfig,
-)
+from inferflow.embeddings.dynamic_batcher import BatcherStats, DynamicBatcher
 from inferflow.embeddings.encoder_runner import EncoderRunner, EncoderSettings
 from inferflow.models.bert import BertTokenizer, load_bert_checkpoint, minilm_path
+from inferflow.stages.batching import DynamicBatching
 
 EmbeddingInput = str | Sequence[int]
 MAX_INPUTS_PER_REQUEST = 2048  # OpenAI's limit for one embeddings request
@@ -107,7 +104,7 @@ class EmbeddingService:
         self,
         engine: EncoderRunner,
         tokenizer: BertTokenizer,
-        batching: DynamicBatchingConfig | None = None,
+        batching: DynamicBatching | None = None,
         *,
         model_name: str = "embedding-model",
         model_version: str = "1",
@@ -132,7 +129,7 @@ class EmbeddingService:
         cls,
         path: str | Path,
         *,
-        batching: DynamicBatchingConfig | None = None,
+        batching: DynamicBatching | None = None,
         model_name: str | None = None,
         model_version: str = "1",
         cache_dir: str | Path | None = None,
@@ -234,15 +231,6 @@ def _gather(items: list[_Item], futures: list[Future[np.ndarray]]) -> Future[Emb
     result: Future[EmbeddingResult] = Future()
     lock, remaining = threading.Lock(), [len(futures)]
 
-    def finish(value: EmbeddingResult | None, exc: BaseException | None) -> None:
-        try:
-            if exc is not None:
-                result.set_exception(exc)
-            else:
-                result.set_result(value)  # type: ignore[arg-type]
-        except InvalidStateError:  # cancelled meanwhile
-            pass
-
     def on_done(f: Future[np.ndarray]) -> None:
         if f.cancelled():
             return
@@ -252,9 +240,11 @@ def _gather(items: list[_Item], futures: list[Future[np.ndarray]]) -> Future[Emb
             if result.done() or (exc is None and remaining[0]):
                 return
             if exc is None:
-                finish(_assemble(items, [fut.result() for fut in futures]), None)
+                with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                    result.set_result(_assemble(items, [fut.result() for fut in futures]))
         if exc is not None:
-            finish(None, exc)
+            with contextlib.suppress(InvalidStateError):
+                result.set_exception(exc)
             for other in futures:
                 other.cancel()
 

@@ -6,10 +6,8 @@ strings, ``stream_interval``). It does no I/O and starts no threads: the offline
 server's loop drive it. Thread safety: every public method takes one lock, so a server may
 add/abort from request threads while another thread steps.
 
-Two ways to build one: :meth:`LLMEngine.from_components` takes the serving graph's engine-side
-stages (what ``ServingGraph.create_engine`` does); ``LLMEngine(checkpoint, EngineConfig,
-SchedulerConfig)`` and :meth:`LLMEngine.from_path` are the offline shorthand for the built-in
-components.
+One constructor: it takes the serving graph's engine-side stages, which
+``ServingGraph.create_engine`` assembles for the server and the offline ``LLM`` alike.
 """
 
 from __future__ import annotations
@@ -18,33 +16,22 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from inferflow.engine.offline_sizing import budgeted_context, server_batching
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
-from inferflow.models.checkpoint import Checkpoint, load_checkpoint
+from inferflow.models.checkpoint import Checkpoint
 from inferflow.outputs import CompletionOutput, RequestOutput, StageTime
-from inferflow.runtimes.config import EngineConfig
 from inferflow.sampling_params import RequestOutputKind, SamplingParams
-from inferflow.scheduling.config import SchedulerConfig
-from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.request import Request, RequestStatus
 from inferflow.scheduling.scheduler import Scheduler
 from inferflow.scheduling.updates import SchedulerStats, StepUpdate
-from inferflow.stages.detokenizer import (
-    DetokenizerStage,
-    RequestDetokenizer,
-    StreamingDetokenizer,
-)
-from inferflow.stages.executor import ExecutorStage, executor_for
+from inferflow.stages.detokenizer import DetokenizerStage, RequestDetokenizer
+from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
-from inferflow.stages.speculative import speculation_from_config
 
 if TYPE_CHECKING:
-    from inferflow.speculative.proposer import DraftProposer
-
+    from inferflow.runtimes.plan_runner import Runner
 
 class RequestRejected(ValueError):
     """A request the engine can never run; ``field`` names the offending request field."""
@@ -54,7 +41,6 @@ class RequestRejected(ValueError):
         self.field = field_name
 
 
-DetokenizerFactory = Callable[[SamplingParams], RequestDetokenizer]
 # Wraps the executor the step calls (telemetry's TracedExecutor): (executor, stats) -> executor.
 ExecutorWrapper = Callable[[Executor, Callable[[], SchedulerStats]], Executor]
 
@@ -73,136 +59,36 @@ class _Pending:
 
 
 class LLMEngine:
-    def __init__(self, checkpoint: Checkpoint, engine_config: EngineConfig | None = None,
-                 scheduler_config: SchedulerConfig | None = None,
-                 detokenizer_factory: DetokenizerFactory | None = None,
-                 proposer: DraftProposer | None = None) -> None:
-        """The built-in components for ``engine_config`` (offline use and tests); ``proposer``
-        drafts tokens for speculative decoding."""
-        engine_config = engine_config or EngineConfig()
-        layout = KVLayout.plan(
-            engine_config.max_slots,
-            min(engine_config.max_model_len, checkpoint.config.max_position_embeddings),
-            engine_config.block_size, engine_config.num_blocks)
-        executor = executor_for(engine_config)
-        if proposer is not None and not executor.verifies_drafts:
-            raise ValueError(f"speculative_config: the {executor.backend} executor does not "
-                             "verify drafts")
-        executor.load(checkpoint, layout)
-        budgets = scheduler_config or SchedulerConfig()
-        scheduler = Scheduler(dataclasses.replace(
-            budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
-            block_size=layout.block_size, num_blocks=layout.num_blocks), proposer=proposer)
-        self._init(checkpoint, executor, scheduler, StreamingDetokenizer(), detokenizer_factory,
-                   LLGuidanceDecoding())
-
-    @classmethod
-    def from_components(cls, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
-                        detokenizer: DetokenizerStage,
-                        wrap_executor: ExecutorWrapper | None = None,
-                        guided: GuidedDecodingStage | None = None) -> LLMEngine:
+    def __init__(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
+                 detokenizer: DetokenizerStage, wrap_executor: ExecutorWrapper | None = None,
+                 guided: GuidedDecodingStage | None = None) -> None:
         """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout;
         ``wrap_executor`` wraps what the step calls (telemetry), once, here; ``guided``: the
         structured-output stage (default: llguidance)."""
-        engine = cls.__new__(cls)
-        engine._init(checkpoint, executor, scheduler, detokenizer, None,
-                     guided if guided is not None else LLGuidanceDecoding())
-        if wrap_executor is not None:
-            engine.executor = wrap_executor(executor, lambda: scheduler.stats)
-        return engine
-
-    def _init(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
-              detokenizer: DetokenizerStage, detokenizer_factory: DetokenizerFactory | None,
-              guided: GuidedDecodingStage) -> None:
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
         self.model_executor = executor  # the executor stage: backend, versions, settings
         self.scheduler = scheduler
-        self.scheduler_config = scheduler.config
-        self.layout = scheduler.config.layout
+        self.layout = scheduler.layout
         # what the step calls: the executor stage, or a wrapper around it (telemetry)
         self.executor: Executor = executor
+        if wrap_executor is not None:
+            self.executor = wrap_executor(executor, lambda: scheduler.stats)
         self.detokenizer = detokenizer
-        self._detokenizer_factory = detokenizer_factory or (
-            lambda p: detokenizer.start(self.tokenizer, p))
         self._detok: dict[str, RequestDetokenizer] = {}
         self._pending: dict[str, _Pending] = {}
         self._prompts: dict[str, str | None] = {}
         self._aborted: list[Request] = []  # reported by the next step()
-        self.guided = guided
+        self.guided = guided if guided is not None else LLGuidanceDecoding()
         self._guided_bound = False  # bound to the tokenizer at the first constrained request
         self._lock = threading.RLock()
 
-    @classmethod
-    def from_path(cls, path: str | Path, **engine_kwargs: Any) -> LLMEngine:
-        """The engine the server runs by default, offline (``EngineConfig`` and
-        ``SchedulerConfig`` fields as keywords override it): the server's budgets for the
-        batching ``mode`` (continuous: ``max_num_seqs`` 64 in as many slots, steps of up to
-        ``max_num_batched_tokens`` 2,048 tokens), and the checkpoint's context (or
-        ``max_model_len``), lowered with a warning when the slots and the prefix pool would not
-        fit the KV budget: ``kv_cache_memory`` as ``executor.kv_cache_memory`` takes it
-        (``"8GiB"``; the default ``"auto"`` is half of the memory after the weights, ``"auto/2"``
-        half of what one engine alone would reserve at ``"auto"``, as each of two models of a
-        repository gets). ``backend="torch"`` builds the torch executor (paged KV; see
-        ``torch_from_path``); ``speculative_config={"method": "ngram",
-        "num_speculative_tokens": 4, ...}`` (vLLM's form; keys as in ``speculative=ngram``)
-        turns speculative decoding on; ``generation_config`` (``"auto"``, ``"none"`` or a
-        folder) is where request defaults and extra EOS ids come from."""
-        # slots, capacity and blocks are the engine's physical layout: EngineConfig owns them
-        physical = {"max_slots", "max_model_len", "block_size", "num_blocks"}
-        generation = str(engine_kwargs.pop("generation_config", "auto"))
-        sched_fields = {f.name for f in dataclasses.fields(SchedulerConfig)} - physical
-        sched = {k: v for k, v in engine_kwargs.items() if k in sched_fields}
-        eng = {k: v for k, v in engine_kwargs.items() if k not in sched}
-        server = server_batching(sched.get("mode", "continuous"))  # its default budgets
-        sched.setdefault("max_num_seqs", server.max_num_seqs)
-        sched.setdefault("max_num_batched_tokens", server.max_num_batched_tokens)
-        proposer = speculation_from_config(eng.pop("speculative_config", None)).proposer()
-        if eng.get("backend") == "torch":  # (other backends are EngineConfig's: tensorrt)
-            del eng["backend"]
-            return cls.torch_from_path(path, SchedulerConfig(**sched), proposer=proposer,
-                                       generation_config=generation, **eng)
-        kv_cache_memory = eng.pop("kv_cache_memory", None)
-        checkpoint = load_checkpoint(path, generation)
-        eng.setdefault("max_slots", sched["max_num_seqs"])  # as executor.max_slots: null does
-        config = EngineConfig(**eng)
-        context = budgeted_context(checkpoint, config, eng.get("max_model_len"), kv_cache_memory)
-        return cls(checkpoint, dataclasses.replace(config, max_model_len=context),
-                   SchedulerConfig(**sched), proposer=proposer)
-
-    @classmethod
-    def torch_from_path(cls, path: str | Path, budgets: SchedulerConfig | None = None, *,
-                        max_model_len: int | None = None, block_size: int = 16,
-                        num_blocks: int = 0, proposer: DraftProposer | None = None,
-                        generation_config: str = "auto", **executor_kwargs: Any) -> LLMEngine:
-        """The torch executor (``TorchExecutor`` fields: ``device``, ``dtype``, ``compile``,
-        ``kv_cache_memory``, ...) over a paged pool of ``num_blocks`` blocks (0: what
-        ``kv_cache_memory`` holds, as the server sizes it); ``budgets.max_num_seqs`` rows."""
-        from inferflow.scheduling.kv_budget import paged_context, weights_bytes
-        from inferflow.stages.torch_executor import TorchExecutor
-
-        checkpoint = load_checkpoint(path, generation_config)
-        budgets = budgets or SchedulerConfig()
-        executor = TorchExecutor(**executor_kwargs)
-        limit = checkpoint.config.max_position_embeddings
-        wanted = min(limit, max_model_len or limit)
-        budget = executor.kv_budget(checkpoint.config, weights_bytes(checkpoint.shards))
-        context = paged_context(wanted, budgets.max_num_seqs, block_size, num_blocks, budget)
-        layout = KVLayout(budgets.max_num_seqs, context.served, block_size, context.num_blocks,
-                          paged=True)
-        executor.limit_steps(budgets.max_num_batched_tokens)
-        executor.load(checkpoint, layout)
-        scheduler = Scheduler(dataclasses.replace(
-            budgets, max_slots=layout.max_slots, max_model_len=layout.max_model_len,
-            block_size=layout.block_size, num_blocks=layout.num_blocks, paged=True),
-            proposer=proposer)
-        return cls.from_components(checkpoint, executor, scheduler, StreamingDetokenizer())
-
     @property
-    def engine(self) -> Any:
-        """The compiled model runtime of a built-in executor (e.g. ``OnnxRuntimeRunner``)."""
-        return getattr(self.model_executor, "runner", None)
+    def engine(self) -> Runner | None:
+        """The model runner of a built-in executor (e.g. ``OnnxRuntimeRunner``); None for an
+        executor that loads its own way (a plugin overriding ``load``)."""
+        return self.model_executor.runner if self.model_executor.loaded else None
 
     @property
     def max_model_len(self) -> int:
@@ -210,19 +96,19 @@ class LLMEngine:
 
     def describe(self) -> dict[str, Any]:
         """What runs and with which settings, read back from the live components."""
-        cfg = self.scheduler.config
+        budgets = self.scheduler.budgets
         return {
             **self.model_executor.describe(),
             "layout": dataclasses.asdict(self.layout),
             "scheduler": {
-                "max_num_seqs": cfg.max_num_seqs,
-                "max_num_batched_tokens": cfg.max_num_batched_tokens,
-                "max_running": cfg.max_running,
+                "max_num_seqs": budgets.max_num_seqs,
+                "max_num_batched_tokens": budgets.max_num_batched_tokens,
+                "max_running": self.scheduler.max_running,
                 "enable_prefix_caching": self.scheduler.kv.enable_prefix_caching,
-                "enable_chunked_prefill": cfg.enable_chunked_prefill,
-                "long_prefill_token_threshold": cfg.long_prefill_token_threshold,
-                "mode": cfg.mode,
-                "policy": cfg.policy,
+                "enable_chunked_prefill": budgets.enable_chunked_prefill,
+                "long_prefill_token_threshold": budgets.long_prefill_token_threshold,
+                "mode": budgets.mode,
+                "policy": str(budgets.policy),
                 "policy_class": type(self.scheduler.policy).__name__,
             },
             "executor": self.model_executor.settings(),
@@ -263,12 +149,12 @@ class LLMEngine:
             except ValueError as exc:
                 self.guided.finish([request_id])
                 raise RequestRejected("prompt", str(exc)) from None
-            self._detok[request_id] = self._detokenizer_factory(params)
+            self._detok[request_id] = self.detokenizer.start(self.tokenizer, params)
             self._pending[request_id] = _Pending()
             self._prompts[request_id] = prompt
 
     def _start_guided(self, request: Request, params: SamplingParams) -> None:
-        from inferflow.guided.constraint import GuidedError
+        from inferflow.sampling_params import GuidedError
 
         assert params.guided is not None
         try:

@@ -46,7 +46,6 @@ if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
     from inferflow.models.config import ModelArch
     from inferflow.models.tokenizer import Tokenizer
-    from inferflow.scheduling.config import SchedulerConfig
     from inferflow.scheduling.kv_budget import ServedContext
     from inferflow.scheduling.layout import KVLayout
 
@@ -60,14 +59,11 @@ _ADVICE = {
     "long_prefill_token_threshold": " (batching.long_prefill_token_threshold)",
 }
 
-# Engine-side slot -> the contract its _target_ must implement.
+# Engine-side slot -> the contract its _target_ must implement (each contract names its slot).
 ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
-    "cache": CacheStage,
-    "batching": BatchingStage,
-    "executor": ExecutorStage,
-    "detokenizer": DetokenizerStage,
-    "guided": GuidedDecodingStage,
-    "speculative": SpeculativeStage,
+    contract.kind: contract
+    for contract in (CacheStage, BatchingStage, ExecutorStage, DetokenizerStage,
+                     GuidedDecodingStage, SpeculativeStage)
 }
 
 
@@ -226,18 +222,18 @@ class ServingGraph:
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None
 
-    def check_engine_settings(self) -> tuple[KVLayout, SchedulerConfig]:
+    def check_engine_settings(self) -> KVLayout:
         """Refuse, in one line naming the keys, every engine setting the worker would refuse:
         the layout, the scheduler's budgets against it, the executor's settings. Loads nothing;
-        returns the layout and the scheduler config ``create_engine`` builds on. (The
+        returns the layout ``create_engine`` builds on. (The
         checkpoint's files: ``check_checkpoint``, which a single-model server runs at start; a
         model repository reports a model that cannot load and serves the others.)
         """
-        from inferflow.scheduling.config import SchedulerConfigError
+        from inferflow.scheduling.config import SchedulerConfigError, check_budgets
 
         layout = self.kv_layout()
         try:
-            scheduler_config = self.batching.scheduler_config(layout, self.cache.enabled)
+            check_budgets(self.batching, layout)
         except SchedulerConfigError as exc:
             raise ConfigError(
                 f"batching.{exc}{_ADVICE.get(exc.field, '')}", f"batching.{exc.field}"
@@ -253,7 +249,7 @@ class ServingGraph:
         except ValueError as exc:
             message = str(exc).removeprefix("executor.")
             raise ConfigError(f"executor.{message}", "executor") from None
-        return layout, scheduler_config
+        return layout
 
     def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
@@ -263,13 +259,13 @@ class ServingGraph:
         from inferflow.models.checkpoint import load_checkpoint
         from inferflow.scheduling.scheduler import Scheduler
 
-        layout, scheduler_config = self.check_engine_settings()
+        layout = self.check_engine_settings()
         checkpoint = load_checkpoint(self.model_path, self.model.generation_config)
-        self.executor.limit_steps(scheduler_config.max_num_batched_tokens)
+        self.executor.limit_steps(self.batching.max_num_batched_tokens)
         self.executor.load(checkpoint, layout)
-        scheduler = Scheduler(scheduler_config, policy=self.batching, kv=self.cache.create(layout),
+        scheduler = Scheduler(self.batching, layout, kv=self.cache.create(layout),
                               proposer=self.speculative.proposer())
-        return LLMEngine.from_components(
+        return LLMEngine(
             checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided
         )
 

@@ -75,15 +75,19 @@ def locate_target(target: Any, where: str, prefixes: list[str]) -> Any:
     return obj
 
 
-def _check_nested_targets(node: Any, where: str, prefixes: list[str]) -> None:
+def _check_nested_targets(node: Any, where: str, prefixes: list[str]) -> bool:
+    """Refuse a nested ``_target_`` that is not allowlisted; whether ``node`` holds any."""
+    found = False
     if isinstance(node, dict):
         if "_target_" in node:
             locate_target(node["_target_"], where, prefixes)
+            found = True
         for key, value in node.items():
-            _check_nested_targets(value, f"{where}.{key}", prefixes)
+            found = _check_nested_targets(value, f"{where}.{key}", prefixes) or found
     elif isinstance(node, list):
         for i, value in enumerate(node):
-            _check_nested_targets(value, f"{where}[{i}]", prefixes)
+            found = _check_nested_targets(value, f"{where}[{i}]", prefixes) or found
+    return found
 
 
 # ---------------------------------------------------------------------- instantiation
@@ -123,9 +127,9 @@ def instantiate_stage(
         raise describe_omegaconf_error(exc, prefix=f"{where}.") from None
     assert isinstance(container, dict)
     kwargs: dict[str, Any] = {str(k): v for k, v in container.items()}
-    _check_nested_targets(kwargs, where, prefixes)
+    nested = _check_nested_targets(kwargs, where, prefixes)
     try:
-        if any(_has_target(v) for v in kwargs.values()):
+        if nested:
             from hydra.utils import instantiate
 
             kwargs = {k: instantiate(v, _convert_="all") for k, v in kwargs.items()}
@@ -135,9 +139,3 @@ def instantiate_stage(
     if isinstance(stage, RequestStage | ResponseStage):
         stage.name = where.rsplit(".", 1)[-1]
     return stage
-
-
-def _has_target(value: Any) -> bool:
-    if isinstance(value, dict):
-        return "_target_" in value or any(_has_target(v) for v in value.values())
-    return isinstance(value, list) and any(_has_target(v) for v in value)

@@ -1,6 +1,2 @@
-"""Structured output: the constraint a request carries and how its token bitmask is applied.
-
-The grammar stage (``inferflow/stages/guided.py``) compiles constraints and fills bitmasks; the
-sampler applies them (``bitmask.py``); ``constraint.py`` is what travels with a request. It
-imports nothing of inferflow (``sampling_params`` and ``sampling/`` import it).
-"""
+"""Deprecated package: only ``inferflow.guided.constraint`` remains, a shim that imports
+``sampling_params.py`` (the constraint lives there, the token bitmask in ``sampling/bitmask.py``)."""

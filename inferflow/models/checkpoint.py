@@ -26,84 +26,51 @@ from inferflow.models.safetensors_reader import SafetensorsFile, iter_shards
 from inferflow.models.tokenizer import Tokenizer
 
 
+class _Weight:
+    """A layer tensor read from the checkpoint on each access (nothing is kept: the caller holds
+    it); projections come transposed to (in_features, out_features) for MatMul."""
+
+    def __init__(self, name: str, transpose: bool = True) -> None:
+        self.name, self.transpose = name, transpose
+
+    def __get__(self, layer: LayerWeights, owner: type | None = None) -> np.ndarray:
+        return layer.weights.read(layer.prefix + self.name, self.transpose)
+
+
+class _Bias:
+    """The bias, or None where config.json gives the projection none (``expected_shapes``
+    decides which biases a checkpoint has; ``ModelWeights`` located exactly those)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __get__(self, layer: LayerWeights, owner: type | None = None) -> np.ndarray | None:
+        name = layer.prefix + self.name
+        return layer.weights.read(name) if layer.weights.has(name) else None
+
+
 class LayerWeights:
-    """One decoder layer's weights in (in_features, out_features) layout for MatMul; each
-    property reads its tensor from the checkpoint (nothing is kept: the caller holds it)."""
+    """One decoder layer's weights; each attribute reads its tensor from the checkpoint."""
+
+    input_norm = _Weight("input_layernorm.weight", transpose=False)  # (H,)
+    wq = _Weight("self_attn.q_proj.weight")  # (H, Hq*D)
+    wk = _Weight("self_attn.k_proj.weight")  # (H, Hkv*D)
+    wv = _Weight("self_attn.v_proj.weight")  # (H, Hkv*D)
+    wo = _Weight("self_attn.o_proj.weight")  # (Hq*D, H)
+    post_norm = _Weight("post_attention_layernorm.weight", transpose=False)  # (H,)
+    w_gate = _Weight("mlp.gate_proj.weight")  # (H, I)
+    w_up = _Weight("mlp.up_proj.weight")  # (H, I)
+    w_down = _Weight("mlp.down_proj.weight")  # (I, H)
+    bq = _Bias("self_attn.q_proj.bias")  # (Hq*D,)
+    bk = _Bias("self_attn.k_proj.bias")  # (Hkv*D,)
+    bv = _Bias("self_attn.v_proj.bias")  # (Hkv*D,)
+    bo = _Bias("self_attn.o_proj.bias")  # (H,)
+    b_gate = _Bias("mlp.gate_proj.bias")  # (I,)
+    b_up = _Bias("mlp.up_proj.bias")  # (I,)
+    b_down = _Bias("mlp.down_proj.bias")  # (H,)
 
     def __init__(self, weights: ModelWeights, index: int) -> None:
-        self._w, self._prefix = weights, f"model.layers.{index}."
-
-    def _read(self, name: str, transpose: bool = False) -> np.ndarray:
-        return self._w.read(self._prefix + name, transpose)
-
-    def _bias(self, name: str) -> np.ndarray | None:
-        """The bias, or None where config.json gives the projection none (``expected_shapes``
-        decides which biases a checkpoint has; ``ModelWeights`` located exactly those)."""
-        return self._read(name) if self._w.has(self._prefix + name) else None
-
-    @property
-    def input_norm(self) -> np.ndarray:  # (H,)
-        return self._read("input_layernorm.weight")
-
-    @property
-    def wq(self) -> np.ndarray:  # (H, Hq*D)
-        return self._read("self_attn.q_proj.weight", transpose=True)
-
-    @property
-    def wk(self) -> np.ndarray:  # (H, Hkv*D)
-        return self._read("self_attn.k_proj.weight", transpose=True)
-
-    @property
-    def wv(self) -> np.ndarray:  # (H, Hkv*D)
-        return self._read("self_attn.v_proj.weight", transpose=True)
-
-    @property
-    def wo(self) -> np.ndarray:  # (Hq*D, H)
-        return self._read("self_attn.o_proj.weight", transpose=True)
-
-    @property
-    def post_norm(self) -> np.ndarray:  # (H,)
-        return self._read("post_attention_layernorm.weight")
-
-    @property
-    def w_gate(self) -> np.ndarray:  # (H, I)
-        return self._read("mlp.gate_proj.weight", transpose=True)
-
-    @property
-    def w_up(self) -> np.ndarray:  # (H, I)
-        return self._read("mlp.up_proj.weight", transpose=True)
-
-    @property
-    def w_down(self) -> np.ndarray:  # (I, H)
-        return self._read("mlp.down_proj.weight", transpose=True)
-
-    @property
-    def bq(self) -> np.ndarray | None:  # (Hq*D,)
-        return self._bias("self_attn.q_proj.bias")
-
-    @property
-    def bk(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.k_proj.bias")
-
-    @property
-    def bv(self) -> np.ndarray | None:  # (Hkv*D,)
-        return self._bias("self_attn.v_proj.bias")
-
-    @property
-    def bo(self) -> np.ndarray | None:  # (H,)
-        return self._bias("self_attn.o_proj.bias")
-
-    @property
-    def b_gate(self) -> np.ndarray | None:  # (I,)
-        return self._bias("mlp.gate_proj.bias")
-
-    @property
-    def b_up(self) -> np.ndarray | None:  # (I,)
-        return self._bias("mlp.up_proj.bias")
-
-    @property
-    def b_down(self) -> np.ndarray | None:  # (H,)
-        return self._bias("mlp.down_proj.bias")
+        self.weights, self.prefix = weights, f"model.layers.{index}."
 
 
 class ModelWeights:

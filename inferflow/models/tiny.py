@@ -64,7 +64,6 @@ SPEC_100M = TinySpec(
     num_heads=12,
     num_kv_heads=4,
     vocab_size=16384,
-    max_position_embeddings=2048,
 )
 
 # A ~4.5M-parameter Llama (6 layers, hidden 256, vocab 1,024): per-step overhead, not compute,
@@ -76,7 +75,6 @@ SPEC_4M5 = TinySpec(
     num_heads=8,
     num_kv_heads=2,
     vocab_size=1024,
-    max_position_embeddings=2048,
 )
 
 

@@ -18,7 +18,7 @@ import onnxruntime as ort
 
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
-from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
 from inferflow.runtimes.kv_memory import check_fits, kv_buffer, make_resident
 from inferflow.runtimes.llama_build import build_llama_engine
@@ -30,6 +30,7 @@ from inferflow.runtimes.step_inputs import (
     split_calls,
     split_padding,
 )
+from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.plan import KVBlockCopy
 
 log = logging.getLogger(__name__)
@@ -40,22 +41,22 @@ MAX_BINDINGS = 64  # slot windows whose IOBinding is kept (binding one is ~50 ca
 class OnnxRuntimeRunner:
     """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
 
-    def __init__(self, checkpoint: Checkpoint, config: EngineConfig) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
         cfg = checkpoint.config
         cfg.check_context(checkpoint.path / "config.json",
-                          min(config.max_model_len, cfg.max_position_embeddings), "max_model_len")
-        self.model_config, self.config = cfg, config
-        self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
-        self.spec = GraphSpec(config.graph_form, config.precision, self.capacity,  # type: ignore[arg-type]
-                              config.quant_block_size, config.quant_accuracy_level)
+                          min(layout.max_model_len, cfg.max_position_embeddings), "max_model_len")
+        self.model_config, self.settings, self.layout = cfg, settings, layout
+        self.capacity = min(layout.max_model_len, cfg.max_position_embeddings)
+        self.spec = GraphSpec(settings.graph_form, settings.precision, self.capacity,  # type: ignore[arg-type]
+                              settings.quant_block_size, settings.quant_accuracy_level)
         self.cache_entry: CacheEntry = get_or_build(
-            config.engine_dir, self.cache_fields(checkpoint),
+            settings.engine_dir, self.cache_fields(checkpoint),
             lambda folder: build_llama_engine(checkpoint, self.spec, folder))
         self.session = ort.InferenceSession(str(self.cache_entry.model_path), self.session_options(),
                                             providers=["CPUExecutionProvider"])
         dtype = self.spec.act_dtype
-        shape = (config.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
-        pool = (config.resolved_num_blocks, cfg.num_kv_heads, config.block_size, cfg.head_dim)
+        shape = (layout.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        pool = (layout.num_blocks, cfg.num_kv_heads, layout.block_size, cfg.head_dim)
         # kv[layer][0] is K, kv[layer][1] is V; checked against the machine's memory now, made
         # resident by a background thread, slot buffers first (kv_memory.py)
         check_fits(2 * cfg.num_layers * (int(np.prod(shape)) + int(np.prod(pool))) * dtype.itemsize)
@@ -77,13 +78,13 @@ class OnnxRuntimeRunner:
         """The options every session of this engine runs with (threads, spinning, quantization)."""
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        so.intra_op_num_threads = self.config.intra_op_threads
-        so.inter_op_num_threads = self.config.inter_op_threads
+        so.intra_op_num_threads = self.settings.intra_op_threads
+        so.inter_op_num_threads = self.settings.inter_op_threads
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # spinning pool threads pick up each op of a call at once instead of being woken (a
         # ~25 % shorter decode call at batch 1 on 2 cores); force_spinning_stop ends the spin
         # when the call returns, so between calls (and in an idle server) nothing spins
-        spin = "1" if self.config.allow_spinning else "0"
+        spin = "1" if self.settings.allow_spinning else "0"
         so.add_session_config_entry("session.intra_op.allow_spinning", spin)
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
         so.add_session_config_entry("session.force_spinning_stop", "1")
@@ -98,7 +99,7 @@ class OnnxRuntimeRunner:
 
     @property
     def num_slots(self) -> int:
-        return self.config.max_slots
+        return self.layout.max_slots
 
     @property
     def weight_bytes(self) -> int:
@@ -115,7 +116,7 @@ class OnnxRuntimeRunner:
     def _slot_blocks(self, buf: np.ndarray) -> np.ndarray:
         """``buf`` (slots, Hkv, C, D) as a view (slots, Hkv, C // bs, bs, D)."""
         slots, heads, capacity, dim = buf.shape
-        bs = self.config.block_size
+        bs = self.layout.block_size
         whole = capacity // bs * bs  # a block always lies inside the capacity
         return buf[:, :, :whole].reshape(slots, heads, whole // bs, bs, dim)
 

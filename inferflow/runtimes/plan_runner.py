@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.sampling.rejection import verify_drafts
 from inferflow.sampling.sampler import Sampler, SampleRow
-from inferflow.scheduling.plan import ExecutorOutput, ScheduledChunk, SchedulerOutput
+from inferflow.scheduling.plan import ExecutorOutput, KVBlockCopy, ScheduledChunk, SchedulerOutput
 from inferflow.scheduling.plan import SampledToken as SampledToken
 
 
@@ -44,27 +45,49 @@ def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> 
     return ExecutorOutput(sampled, accepted)
 
 
+class Runner(Protocol):
+    """A model runner: one forward pass over a step's rows (``TorchRunner``: paged KV)."""
+
+    def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
+        """Logits ``(R, V)``: each row's ``num_logits`` rows, in row order."""
+        ...
+
+
+@runtime_checkable
+class SlotRunner(Runner, Protocol):
+    """A runner with KV slots beside the block pool (``OnnxRuntimeRunner``, ``TensorRTRunner``):
+    prefix-cache hits are copied pool -> slot, full blocks slot -> pool."""
+
+    def load_blocks(self, copies: Sequence[KVBlockCopy]) -> None: ...
+    def save_blocks(self, copies: Sequence[KVBlockCopy]) -> None: ...
+
+
 class PlanRunner:
-    """Runs a :class:`SchedulerOutput` on an engine with ``forward`` (and, for slot engines,
-    ``load_blocks``/``save_blocks``; a paged engine gets plans without copies).
+    """Runs a :class:`SchedulerOutput` on a :class:`Runner` (a paged one gets plans without
+    copies; a plan with copies needs a :class:`SlotRunner`).
 
     Order within a step: prefix-cache loads, the forward pass, sampling, then saves of the blocks
     that became full (so their KV is complete when copied to the pool).
     """
 
-    def __init__(self, engine: object, sampler: Sampler) -> None:
-        self.engine = engine
+    def __init__(self, runner: Runner, sampler: Sampler) -> None:
+        self.runner = runner
         self.sampler = sampler
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        engine = self.engine
         self.sampler.forget(plan.finished_request_ids)
         if plan.kv_loads:
-            engine.load_blocks(plan.kv_loads)  # type: ignore[attr-defined]
+            self._slots().load_blocks(plan.kv_loads)
         output = ExecutorOutput()
         if plan.chunks:
-            logits = engine.forward(engine_rows(plan.chunks))  # type: ignore[attr-defined]  # (R, V)
+            logits = self.runner.forward(engine_rows(plan.chunks))  # (R, V)
             output = sample_plan(self.sampler, plan, logits)
         if plan.kv_saves:
-            engine.save_blocks(plan.kv_saves)  # type: ignore[attr-defined]
+            self._slots().save_blocks(plan.kv_saves)
         return output
+
+    def _slots(self) -> SlotRunner:
+        if not isinstance(self.runner, SlotRunner):
+            raise TypeError(f"{type(self.runner).__name__} has no KV slots: a paged runner gets "
+                            "plans without block copies")
+        return self.runner

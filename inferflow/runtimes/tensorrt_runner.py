@@ -27,12 +27,18 @@ import importlib
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from inferflow.models.config import ModelArch
 from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arrays
+
+if TYPE_CHECKING:
+    from inferflow.models.checkpoint import Checkpoint
+    from inferflow.runtimes.config import OrtSettings
+    from inferflow.scheduling.layout import KVLayout
+    from inferflow.scheduling.plan import KVBlockCopy
 
 INSTALL_HINT = "TensorRT is not installed: pip install 'inferflow[tensorrt]' (needs an NVIDIA GPU)"
 
@@ -249,50 +255,50 @@ class TensorRTRunner:
     plan is never loaded on a runtime or device it was not built for.
     """
 
-    def __init__(self, checkpoint: Any, config: Any) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
         from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
         from inferflow.runtimes.engine_cache import get_or_build
         from inferflow.runtimes.llama_build import build_llama_engine
 
         trt, cudart = import_tensorrt(), import_cudart()
-        _check(cudart.cudaSetDevice(config.device_id))
-        props = _check(cudart.cudaGetDeviceProperties(config.device_id))
+        _check(cudart.cudaSetDevice(settings.device_id))
+        props = _check(cudart.cudaGetDeviceProperties(settings.device_id))
         cfg = checkpoint.config
-        self.model_config, self.config = cfg, config
-        self.capacity = min(config.max_model_len, cfg.max_position_embeddings)
+        self.model_config, self.settings, self.layout = cfg, settings, layout
+        self.capacity = min(layout.max_model_len, cfg.max_position_embeddings)
         cfg.check_context(checkpoint.path / "config.json", self.capacity, "max_model_len")
-        max_chunk, max_tokens = step_limits(self.capacity, config.max_num_batched_tokens)
+        max_chunk, max_tokens = step_limits(self.capacity, settings.max_num_batched_tokens)
         alloc = self.capacity + max_chunk  # headroom for idle slots' padded writes
-        spec = GraphSpec("canonical", config.precision, alloc, config.quant_block_size)
+        spec = GraphSpec("canonical", settings.precision, alloc, settings.quant_block_size)
         fields = {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
-                  "graph_form": "canonical", "precision": config.precision, "max_model_len": alloc,
+                  "graph_form": "canonical", "precision": settings.precision, "max_model_len": alloc,
                   "tensorrt_version": trt.__version__, "gpu": bytes(props.name).rstrip(b"\0").decode(),
-                  "compute_capability": f"{props.major}.{props.minor}", "max_slots": config.max_slots,
+                  "compute_capability": f"{props.major}.{props.minor}", "max_slots": layout.max_slots,
                   "max_num_batched_tokens": max_tokens}
-        self.cache_entry = get_or_build(config.engine_dir, fields,
+        self.cache_entry = get_or_build(settings.engine_dir, fields,
                                         lambda folder: build_llama_engine(checkpoint, spec, folder))
         plan_path = self.cache_entry.path / "engine.plan"
-        profiles = optimization_profiles(cfg, config.max_slots, alloc, max_chunk, max_tokens)
+        profiles = optimization_profiles(cfg, layout.max_slots, alloc, max_chunk, max_tokens)
         if not plan_path.exists():
             plan_path.write_bytes(build_serialized_engine(str(self.cache_entry.model_path), profiles))
-        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, config.max_slots, alloc, spec.act_dtype,
+        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, layout.max_slots, alloc, spec.act_dtype,
                                        profiles)
-        self.block_bytes = cfg.num_kv_heads * config.block_size * cfg.head_dim * np.dtype(spec.act_dtype).itemsize
-        self.pool = [[_check(cudart.cudaMalloc(self.block_bytes * config.resolved_num_blocks)) for _ in range(2)]
+        self.block_bytes = cfg.num_kv_heads * layout.block_size * cfg.head_dim * np.dtype(spec.act_dtype).itemsize
+        self.pool = [[_check(cudart.cudaMalloc(self.block_bytes * layout.num_blocks)) for _ in range(2)]
                      for _ in range(cfg.num_layers)]
 
     @property
     def num_slots(self) -> int:
-        return int(self.config.max_slots)
+        return int(self.layout.max_slots)
 
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
         return self.runtime.forward(rows)
 
-    def _copy_blocks(self, copies: Sequence[Any], to_pool: bool) -> None:
+    def _copy_blocks(self, copies: Sequence[KVBlockCopy], to_pool: bool) -> None:
         """Strided device copies: a block is Hkv runs of block_size*D contiguous elements."""
         rt, cfg = self.runtime, self.model_config
         item = rt.itemsize
-        run = self.config.block_size * cfg.head_dim * item  # bytes of one head's block
+        run = self.layout.block_size * cfg.head_dim * item  # bytes of one head's block
         slot_pitch = rt.capacity * cfg.head_dim * item  # bytes between heads in a slot
         kind = rt.cudart.cudaMemcpyKind.cudaMemcpyDeviceToDevice
         for c in copies:
@@ -305,9 +311,9 @@ class TensorRTRunner:
                     _check(rt.cudart.cudaMemcpy2DAsync(dst, dpitch, src, spitch, run, cfg.num_kv_heads,
                                                        kind, rt.stream))
 
-    def load_blocks(self, copies: Sequence[Any]) -> None:
+    def load_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         self._copy_blocks(copies, to_pool=False)
 
-    def save_blocks(self, copies: Sequence[Any]) -> None:
+    def save_blocks(self, copies: Sequence[KVBlockCopy]) -> None:
         self._copy_blocks(copies, to_pool=True)
         _check(self.runtime.cudart.cudaStreamSynchronize(self.runtime.stream))

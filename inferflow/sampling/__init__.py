@@ -1,4 +1,4 @@
-"""Token sampling (pure numpy) of a scheduler plan's logits, rejection sampling of drafts, and
-stop-string handling. Core layer: imports ``sampling_params``, ``guided/``'s bitmask and
-``scheduling/``'s plan.
+"""Token sampling (pure numpy) of a scheduler plan's logits, the structured-output token bitmask
+and rejection sampling of drafts. Core layer: imports ``sampling_params`` and ``scheduling/``'s
+plan.
 """

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from inferflow.guided.bitmask import allowed_tokens
+from inferflow.sampling.bitmask import allowed_tokens
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.plan import SampledToken
 

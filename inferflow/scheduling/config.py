@@ -1,12 +1,19 @@
-"""The scheduler's own small typed config (it never sees the root config)."""
+"""The scheduler's budgets (what it may run per step) and the rules that check them.
+
+The physical sizes are not here: they are the frozen :class:`~inferflow.scheduling.layout.KVLayout`
+the scheduler is given beside its budgets. On the server the ``batching`` stage *is* the budgets
+and the admission order (``stages/batching.py``); :class:`SchedulerConfig` is the same thing as
+plain values, for offline tools and tests.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from inferflow.scheduling.layout import KVLayout
-from inferflow.scheduling.policy import PolicyName
+from inferflow.scheduling.policy import AdmissionOrder, RequestQueue, SortKey, make_queue, sort_key
+from inferflow.scheduling.request import Request, max_kv_tokens
 
 BatchingMode = Literal["continuous", "static", "none"]
 
@@ -19,52 +26,49 @@ class SchedulerConfigError(ValueError):
         self.field = field_name
 
 
+class Budgets(AdmissionOrder, Protocol):
+    """What the scheduler reads of its budgets (the ``batching`` stage, or a SchedulerConfig).
+
+    - ``max_num_seqs``: running requests at once (also bounded by the layout's slots);
+    - ``max_num_batched_tokens``: tokens computed per step (decode rows count 1 each);
+    - ``enable_chunked_prefill``: a long prompt may take several steps;
+      ``long_prefill_token_threshold`` caps one request's chunk per step (0 = none);
+    - ``mode``: ``continuous`` (admit whenever there is room), ``static`` (form a batch, run it to
+      completion, then form the next) or ``none`` (one request at a time);
+    - ``policy``: the name of the admission order (``fcfs``, ``priority``), for reports.
+    """
+
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def max_num_batched_tokens(self) -> int: ...
+    @property
+    def enable_chunked_prefill(self) -> bool: ...
+    @property
+    def long_prefill_token_threshold(self) -> int: ...
+    @property
+    def mode(self) -> str: ...
+    @property
+    def policy(self) -> str: ...
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """Budgets and switches of :class:`~inferflow.scheduling.scheduler.Scheduler`.
-
-    - ``max_num_seqs``: running requests at once (also bounded by ``max_slots``);
-    - ``max_num_batched_tokens``: tokens computed per step (decode rows count 1 each);
-    - ``max_model_len``: prompt + output limit, and the engine's per-slot KV capacity;
-    - ``num_blocks`` x ``block_size``: accounted KV memory (tokens);
-    - ``max_slots``: engine slots (rows of the KV buffer ``[max_slots, Hkv, capacity, D]``);
-    - ``long_prefill_token_threshold``: cap on one request's prefill chunk per step (0 = none), so
-      several prompts can share a step;
-    - ``paged``: the KV lives in the pool's blocks (``KVLayout.paged``): plans carry block tables
-      instead of slot <-> pool copies;
-    - ``mode``: ``continuous`` (admit whenever there is room), ``static`` (form a batch, run it to
-      completion, then form the next) or ``none`` (one request at a time).
-    """
+    """:class:`Budgets` as plain values; ``policy`` names the admission order (``fcfs``: arrival;
+    ``priority``: lower ``Request.priority`` first, then earlier arrival)."""
 
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
-    max_model_len: int = 2048
-    num_blocks: int = 512
-    block_size: int = 16
-    max_slots: int = 16
-    enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-    policy: PolicyName = "fcfs"
+    policy: str = "fcfs"
     mode: BatchingMode = "continuous"
-    paged: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "max_num_seqs",
-            "max_num_batched_tokens",
-            "max_model_len",
-            "num_blocks",
-            "block_size",
-            "max_slots",
-        ):
+        for name in ("max_num_seqs", "max_num_batched_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise SchedulerConfigError(name, f"must be an integer >= 1, got {value!r}")
-        if self.long_prefill_token_threshold < 0:
-            raise SchedulerConfigError(
-                "long_prefill_token_threshold", "must be >= 0 (0 disables it)"
-            )
         if self.policy not in ("fcfs", "priority"):
             raise SchedulerConfigError(
                 "policy", f"must be 'fcfs' or 'priority', got {self.policy!r}"
@@ -73,55 +77,48 @@ class SchedulerConfig:
             raise SchedulerConfigError(
                 "mode", f"must be 'continuous', 'static' or 'none', got {self.mode!r}"
             )
-        if self.max_num_batched_tokens < self.max_running:
-            raise SchedulerConfigError(
-                "max_num_batched_tokens",
-                f"{self.max_num_batched_tokens} < {self.max_running} running sequences: "
-                "decodes could not all get a token every step",
-            )
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise SchedulerConfigError(
-                "max_num_batched_tokens",
-                f"must be >= max_model_len ({self.max_model_len}) without chunked prefill, "
-                "or a long prompt could never be scheduled",
-            )
 
-    @classmethod
-    def for_layout(
-        cls,
-        layout: KVLayout,
-        *,
-        max_num_seqs: int,
-        max_num_batched_tokens: int,
-        enable_prefix_caching: bool,
-        enable_chunked_prefill: bool = True,
-        long_prefill_token_threshold: int = 0,
-        policy: PolicyName = "fcfs",
-        mode: BatchingMode = "continuous",
-    ) -> SchedulerConfig:
-        """The config whose physical sizes are ``layout``'s (never changed afterwards)."""
-        return cls(
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            max_model_len=layout.max_model_len,
-            num_blocks=layout.num_blocks,
-            block_size=layout.block_size,
-            max_slots=layout.max_slots,
-            enable_prefix_caching=enable_prefix_caching,
-            enable_chunked_prefill=enable_chunked_prefill,
-            long_prefill_token_threshold=long_prefill_token_threshold,
-            policy=policy,
-            mode=mode,
-            paged=layout.paged,
+    def sort_key(self, request: Request, seq: int) -> SortKey:
+        return sort_key(self.policy, request, seq)
+
+    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
+        return make_queue(self.policy, keys)
+
+
+def max_running(budgets: Budgets, layout: KVLayout) -> int:
+    """Effective cap on running requests (``none`` mode runs one at a time)."""
+    return 1 if budgets.mode == "none" else min(budgets.max_num_seqs, layout.max_slots)
+
+
+def check_budgets(budgets: Budgets, layout: KVLayout) -> None:
+    """Raise :class:`SchedulerConfigError` for budgets the scheduler cannot honour on ``layout``."""
+    if budgets.long_prefill_token_threshold < 0:
+        raise SchedulerConfigError("long_prefill_token_threshold", "must be >= 0 (0 disables it)")
+    running = max_running(budgets, layout)
+    if budgets.max_num_batched_tokens < running:
+        raise SchedulerConfigError(
+            "max_num_batched_tokens",
+            f"{budgets.max_num_batched_tokens} < {running} running sequences: "
+            "decodes could not all get a token every step",
+        )
+    if not budgets.enable_chunked_prefill and budgets.max_num_batched_tokens < layout.max_model_len:
+        raise SchedulerConfigError(
+            "max_num_batched_tokens",
+            f"must be >= max_model_len ({layout.max_model_len}) without chunked prefill, "
+            "or a long prompt could never be scheduled",
         )
 
-    @property
-    def layout(self) -> KVLayout:
-        return KVLayout(
-            self.max_slots, self.max_model_len, self.block_size, self.num_blocks, self.paged
-        )
 
-    @property
-    def max_running(self) -> int:
-        """Effective cap on running requests (``none`` mode runs one at a time)."""
-        return 1 if self.mode == "none" else min(self.max_num_seqs, self.max_slots)
+def check_fits(request: Request, layout: KVLayout) -> None:
+    """Raise ValueError if ``request`` could not finish even alone on ``layout``."""
+    n, limit = request.num_prompt_tokens, layout.max_model_len
+    if n > limit:
+        raise ValueError(
+            f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {limit}"
+        )
+    need = -(-max_kv_tokens(n, request.sampling_params.max_tokens, limit) // layout.block_size)
+    if need > layout.num_blocks:
+        raise ValueError(
+            f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has "
+            f"{layout.num_blocks}"
+        )

@@ -1,5 +1,5 @@
-"""Consistency checks of a scheduler's bookkeeping (``Scheduler.check_integrity``; tests run it
-after every step)."""
+"""Consistency checks of a scheduler's bookkeeping (tests run ``check_scheduler`` after every
+step)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ def check_scheduler(scheduler: Scheduler) -> None:
     (tests call it after every step)."""
     scheduler.kv.check_integrity()
     scheduler.slots.check_integrity()
-    assert len(scheduler.running) <= scheduler.config.max_running
+    assert len(scheduler.running) <= scheduler.max_running
     assert {r.slot for r in scheduler.running} == set(scheduler.slots.used), "slot bookkeeping"
     for r in scheduler.running:
         assert r.status == RequestStatus.RUNNING and 0 < r.num_computed_tokens <= r.num_tokens
         assert len(scheduler.kv.block_ids(r.request_id)) == scheduler.kv.num_blocks_for(
             r.num_computed_tokens
         )
-        assert r.num_computed_tokens <= scheduler.config.max_model_len
+        assert r.num_computed_tokens <= scheduler.layout.max_model_len
     for r in scheduler.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), r.status
         assert r.slot is None and r.num_computed_tokens == 0 and not scheduler.kv.holds(r.request_id)

@@ -4,11 +4,11 @@ A policy is one function, ``sort_key(request, seq)``: smaller keys are admitted 
 preempted last (the preemption victim is always the *last* running request in key order), plus
 the queue that keeps waiting requests in that order. ``seq`` is the ``add_request`` order.
 
-- ``fcfs`` (:class:`FCFSPolicy`): order of ``add_request``;
-- ``priority`` (:class:`PriorityPolicy`): lower ``Request.priority`` first, then earlier
-  ``arrival_time``, then ``add_request`` order.
+- ``fcfs``: order of ``add_request``;
+- ``priority``: lower ``Request.priority`` first, then earlier ``arrival_time``, then
+  ``add_request`` order.
 
-The ``batching`` stages implement :class:`SchedulingPolicy`, so a plugin decides admission order
+The ``batching`` stages implement :class:`AdmissionOrder`, so a plugin decides admission order
 (e.g. shortest prompt first) by overriding ``sort_key`` without touching the scheduler.
 """
 
@@ -17,11 +17,10 @@ from __future__ import annotations
 import bisect
 from collections import deque
 from collections.abc import Iterator
-from typing import Literal, Protocol
+from typing import Protocol
 
 from inferflow.scheduling.request import Request
 
-PolicyName = Literal["fcfs", "priority"]
 SortKey = tuple[float, ...]
 
 
@@ -97,10 +96,7 @@ class SortedQueue:
         return iter(self._reqs)
 
 
-PriorityQueue = SortedQueue  # the name before policies were pluggable
-
-
-class SchedulingPolicy(Protocol):
+class AdmissionOrder(Protocol):
     """Service order of the scheduler (see the module docstring)."""
 
     def sort_key(self, request: Request, seq: int) -> SortKey:
@@ -112,26 +108,13 @@ class SchedulingPolicy(Protocol):
         ...
 
 
-class FCFSPolicy:
-    """Arrival order; a preempted request goes back to the front."""
-
-    def sort_key(self, request: Request, seq: int) -> SortKey:
-        return (seq,)
-
-    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
-        return FCFSQueue()
-
-
-class PriorityPolicy:
-    """Lower ``Request.priority`` first, then earlier arrival."""
-
-    def sort_key(self, request: Request, seq: int) -> SortKey:
+def sort_key(policy: str, request: Request, seq: int) -> SortKey:
+    """The built-in orders: ``priority``, else arrival (``fcfs``)."""
+    if policy == "priority":
         return (request.priority, request.arrival_time, seq)
-
-    def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
-        return SortedQueue(keys)
+    return (seq,)
 
 
-def policy_named(name: PolicyName) -> SchedulingPolicy:
-    """The built-in policy called ``name``."""
-    return PriorityPolicy() if name == "priority" else FCFSPolicy()
+def make_queue(policy: str, keys: dict[str, SortKey]) -> RequestQueue:
+    """The waiting queue of a built-in order: a deque for arrival order, else sorted."""
+    return SortedQueue(keys) if policy == "priority" else FCFSQueue()

@@ -6,14 +6,10 @@ import enum
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from inferflow.outputs import RequestMetrics, TokenLogprob
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.block_hash import ExtraKeys
-
-if TYPE_CHECKING:
-    from inferflow.scheduling.config import SchedulerConfig
 
 
 class RequestStatus(enum.IntEnum):
@@ -178,19 +174,3 @@ def check_stop(request: Request, max_model_len: int) -> StopDecision | None:
     ) or check_length(
         request.num_output_tokens, request.num_tokens, params.max_tokens, max_model_len
     )
-
-
-def check_fits(request: Request, cfg: SchedulerConfig) -> None:
-    """Raise ValueError if ``request`` could not finish even alone under ``cfg``."""
-    n = request.num_prompt_tokens
-    if n > cfg.max_model_len:
-        raise ValueError(
-            f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {cfg.max_model_len}"
-        )
-    need = -(
-        -max_kv_tokens(n, request.sampling_params.max_tokens, cfg.max_model_len) // cfg.block_size
-    )
-    if need > cfg.num_blocks:
-        raise ValueError(
-            f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has {cfg.num_blocks}"
-        )

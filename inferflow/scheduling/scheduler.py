@@ -11,7 +11,7 @@ One step (``schedule``), under a budget of ``max_num_batched_tokens``:
    waiting requests in queue order, while a slot, ``max_running`` and blocks for the first chunk
    allow; prefix hits become ``kv_loads`` and only the rest is prefilled.
 
-With a paged layout (``config.paged``) the block ids are the executor's physical blocks: each
+With a paged layout (``layout.paged``) the block ids are the executor's physical blocks: each
 chunk carries its block table, a prefix hit shares the cached blocks (refcount, no copy) and a
 block that became full is registered in the prefix cache once the step ran, with nothing copied.
 The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
@@ -34,8 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from inferflow.outputs import TokenLogprob
-from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.config import Budgets, check_budgets, check_fits, max_running
 from inferflow.scheduling.kv_cache_manager import KVCacheManager, PrefixHit
+from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.plan import (
     ExecutorOutput,
     KVBlockCopy,
@@ -43,12 +44,11 @@ from inferflow.scheduling.plan import (
     ScheduledChunk,
     SchedulerOutput,
 )
-from inferflow.scheduling.policy import SchedulingPolicy, SortKey, policy_named
-from inferflow.scheduling.request import Request, RequestStatus, check_fits, check_stop
+from inferflow.scheduling.policy import AdmissionOrder, SortKey
+from inferflow.scheduling.request import Request, RequestStatus, check_stop
 from inferflow.scheduling.slots import SlotAllocator
-from inferflow.scheduling.speculation import DraftPlanner
+from inferflow.scheduling.speculation import DraftPlanner, DraftProposer
 from inferflow.scheduling.updates import SchedulerStats, SpecDecodeStats, StepUpdate
-from inferflow.speculative.proposer import DraftProposer
 
 
 @dataclass
@@ -65,27 +65,30 @@ class _Step:
 
 
 class Scheduler:
-    """``policy`` orders admission and preemption (default: the one ``config.policy`` names);
-    ``kv`` is the block accounting and prefix cache (default: a ``KVCacheManager`` sized by
-    ``config``, prefix caching per ``config.enable_prefix_caching``); ``proposer`` drafts tokens
-    for speculative decoding (None: no speculation)."""
+    """``budgets`` (the ``batching`` stage, or a ``SchedulerConfig``) bound what runs per step on
+    the frozen ``layout``; ``policy`` orders admission and preemption (default: ``budgets``);
+    ``kv`` is the block accounting and prefix cache (default: a ``KVCacheManager`` over the
+    layout's pool, prefix caching on); ``proposer`` drafts tokens for speculative decoding (None:
+    no speculation). Budgets the layout cannot honour are a ``SchedulerConfigError``."""
 
     def __init__(
         self,
-        config: SchedulerConfig,
-        clock: Callable[[], float] = time.time,
-        policy: SchedulingPolicy | None = None,
+        budgets: Budgets,
+        layout: KVLayout,
+        policy: AdmissionOrder | None = None,
         kv: KVCacheManager | None = None,
         proposer: DraftProposer | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self.config = config
-        self.drafts = None if proposer is None else DraftPlanner(proposer, config.max_model_len)
-        self.policy = policy or policy_named(config.policy)
-        self.kv = kv or KVCacheManager(config.num_blocks, config.block_size,
-                                       config.enable_prefix_caching)
-        if (self.kv.pool.num_blocks, self.kv.block_size) != (config.num_blocks, config.block_size):
-            raise ValueError("kv: its pool does not match config.num_blocks / block_size")
-        self.slots = SlotAllocator(config.max_slots)
+        check_budgets(budgets, layout)
+        self.budgets, self.layout = budgets, layout
+        self.max_running = max_running(budgets, layout)
+        self.drafts = None if proposer is None else DraftPlanner(proposer, layout.max_model_len)
+        self.policy = policy or budgets
+        self.kv = kv or KVCacheManager(layout.num_blocks, layout.block_size, True)
+        if (self.kv.pool.num_blocks, self.kv.block_size) != (layout.num_blocks, layout.block_size):
+            raise ValueError("kv: its pool does not match the layout's num_blocks / block_size")
+        self.slots = SlotAllocator(layout.max_slots)
         self._clock = clock
         self._keys: dict[str, SortKey] = {}  # live request id -> service-order key
         self.waiting = self.policy.make_queue(self._keys)
@@ -112,7 +115,7 @@ class Scheduler:
             or request.output_token_ids
         ):
             raise ValueError(f"request {request.request_id!r} is not fresh")
-        check_fits(request, self.config)
+        check_fits(request, self.layout)
         self._requests[request.request_id] = request
         self._keys[request.request_id] = self.policy.sort_key(request, next(self._seq))
         self.waiting.add(request)
@@ -137,15 +140,15 @@ class Scheduler:
 
     # -- schedule ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
-        step = _Step(budget=self.config.max_num_batched_tokens)
+        step = _Step(budget=self.budgets.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted and self._admission_open():
             self._schedule_waiting(step)
         self._num_steps += 1
-        self._num_scheduled_tokens += self.config.max_num_batched_tokens - step.budget
+        self._num_scheduled_tokens += self.budgets.max_num_batched_tokens - step.budget
         reported, self._to_report = frozenset(self._to_report), set()
         preempted, self._preempted = frozenset(self._preempted & reported), set()
-        if self.config.paged:  # nothing to copy: the blocks are registered after the step
+        if self.layout.paged:  # nothing to copy: the blocks are registered after the step
             self._uncommitted = {self._num_steps: step.saves} if step.saves else {}
             step.loads, step.saves = [], []
         return SchedulerOutput(
@@ -188,7 +191,7 @@ class Scheduler:
         n = self._chunk_size(request.num_tokens_to_compute, step.budget)
         while n > 0:
             fit = self.kv.max_tokens_fitting(request.request_id) - request.num_computed_tokens
-            if fit >= n or (fit > 0 and self.config.enable_chunked_prefill):
+            if fit >= n or (fit > 0 and self.budgets.enable_chunked_prefill):
                 self._emit_chunk(request, min(n, fit), step)
                 return
             victim = self._pick_victim(step, behind=request)
@@ -197,7 +200,7 @@ class Scheduler:
             self._preempt(victim, step)
 
     def _admission_open(self) -> bool:
-        if self.config.mode != "static":
+        if self.budgets.mode != "static":
             return True
         if not self.running:
             self._batch_open = True
@@ -205,11 +208,10 @@ class Scheduler:
 
     def _schedule_waiting(self, step: _Step) -> None:
         """Admit in queue order; stop at the first request that does not fit (no overtaking)."""
-        cfg = self.config
         while (
             self.waiting
             and step.budget > 0
-            and len(self.running) < cfg.max_running
+            and len(self.running) < self.max_running
             and self.slots.num_free
         ):
             request = self.waiting.peek()
@@ -240,12 +242,12 @@ class Scheduler:
 
     def _chunk_size(self, remaining: int, budget: int) -> int:
         """Tokens of a prefill to compute this step; 0 if it must wait (unchunked and too long)."""
-        cfg = self.config
-        if not cfg.enable_chunked_prefill:
+        budgets = self.budgets
+        if not budgets.enable_chunked_prefill:
             return remaining if remaining <= budget else 0
         n = min(remaining, budget)
-        if cfg.long_prefill_token_threshold:
-            n = min(n, cfg.long_prefill_token_threshold)
+        if budgets.long_prefill_token_threshold:
+            n = min(n, budgets.long_prefill_token_threshold)
         return n
 
     def _emit_chunk(
@@ -258,7 +260,7 @@ class Scheduler:
         assert 0 < n + len(drafts) <= step.budget
         rid = request.request_id
         self.kv.grow(rid, end + len(drafts))
-        table = tuple(self.kv.block_ids(rid)) if self.config.paged else ()
+        table = tuple(self.kv.block_ids(rid)) if self.layout.paged else ()
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
@@ -360,7 +362,7 @@ class Scheduler:
                 new_logprobs.append(logprob)
             request.append_output(sampled.token_id, logprob)
             new_ids.append(sampled.token_id)
-            decision = check_stop(request, self.config.max_model_len)
+            decision = check_stop(request, self.layout.max_model_len)
             if decision is not None:
                 self._finish(request, decision.status, decision.stop_reason)
             elif sampled.grammar_complete:  # structured output: nothing more may follow
@@ -392,9 +394,3 @@ class Scheduler:
             num_steps=self._num_steps,
             num_scheduled_tokens=self._num_scheduled_tokens,
         )
-
-    def check_integrity(self) -> None:
-        """Raise AssertionError if scheduler, KV manager, pool or slots disagree."""
-        from inferflow.scheduling.integrity import check_scheduler
-
-        check_scheduler(self)

@@ -1,15 +1,47 @@
 """The scheduler's side of speculative decoding: which decodes get drafts, how many, and the KV
-rollback once they were verified (the proposer drafts; the executor verifies)."""
+rollback once they were verified (the proposer drafts; the executor verifies).
+
+The :class:`DraftProposer` contract is batched (one call per engine step over every decoding
+request that may speculate), so a draft-model proposer can run its own model once per step; it is
+told when requests end (``forget``) so it can drop per-request state such as its own KV cache. A
+proposer never decides correctness: the target model verifies every draft, so a bad guess costs
+compute, never output. The n-gram proposer is in ``stages/speculative.py``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
 
 from inferflow.scheduling.kv_cache_manager import KVCacheManager
 from inferflow.scheduling.plan import SampledToken, ScheduledChunk
 from inferflow.scheduling.request import Request
 from inferflow.scheduling.updates import SpecDecodeStats
-from inferflow.speculative.proposer import DraftProposer, DraftRequest
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    """One decoding request asking for drafts in this step."""
+
+    request_id: str
+    token_ids: Sequence[int]  # prompt + output so far; the last one is sampled, without KV yet
+    max_draft_tokens: int  # at most this many drafts (>= 1): max_tokens, context and budget allow
+
+
+class DraftProposer(Protocol):
+    """Proposes up to ``num_speculative_tokens`` drafts per request (fewer, or none, is fine)."""
+
+    num_speculative_tokens: int
+
+    def propose(self, requests: Sequence[DraftRequest]) -> list[tuple[int, ...]]:
+        """Drafts for each request, in order: the tokens guessed to follow ``token_ids``, at
+        most ``max_draft_tokens`` of them (``()``: nothing to propose)."""
+        ...
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """These requests finished or were preempted: drop any state kept for them."""
+        ...
 
 
 class DraftPlanner:

@@ -10,18 +10,22 @@ modules up to ``http/`` and ``worker/``, then to ``process/`` and the hosts:
   SSE, ops routes;
 - ``worker/`` — the engine worker: ``WorkerService`` (owns the engine), the engine loop
   (``loop``) and its inbox/outbox (``queues``);
-- ``process/`` — the main process and lifecycle: ``runtime.serve`` (what ``python -m inferflow``
-  runs), the supervisor, model management, the embedding-only server;
-- ``litserve/`` and ``ray/`` — the two hosts; only ``litserve/`` imports ``litserve``.
+- ``process/`` — the main process and lifecycle: what every host builds from a graph
+  (``runtime``), the supervisor, model management, the embedding-only server;
+- ``litserve/`` and ``ray/`` — the two hosts (``litserve.build.serve`` is what ``python -m
+  inferflow`` runs); only ``litserve/`` imports ``litserve``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
 
 
-def serve(graph: Any) -> None:
-    """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.process.runtime.serve``."""
-    from inferflow.server.process.runtime import serve as _serve
+def serve(graph: ServingGraph) -> None:
+    """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.litserve.build.serve``."""
+    from inferflow.server.litserve.build import serve as _serve
 
     _serve(graph)

@@ -8,6 +8,8 @@ nothing of ``engine/``, ``graph/`` or ``server/`` (they assemble and drive the s
   scheduler's budgets and admission order), ``cache`` (prefix cache), ``executor`` (owns the runner
   that runs the model), ``detokenizer``.
 - Response stages (``response.ResponseStage``), per request on the engine's output.
+- ``registry.py``: the built-in options of each slot group (``conf/<slot>/<option>.yaml``) and
+  their Hydra schemas.
 """
 
 from typing import Any

@@ -8,8 +8,8 @@
 ``continuous`` requests join and leave the running batch every step (chunked prefill)
 =============  =====================================================================
 
-A :class:`BatchingStage` gives the scheduler its budgets (:meth:`~BatchingStage.scheduler_config`)
-and *is* its :class:`~inferflow.scheduling.policy.SchedulingPolicy`: override
+A :class:`BatchingStage` *is* the scheduler's budgets (:class:`~inferflow.scheduling.config.Budgets`)
+and its :class:`~inferflow.scheduling.policy.AdmissionOrder`: override
 :meth:`~BatchingStage.sort_key` to change the order in which queued requests are admitted (and,
 reversed, preempted) without forking the scheduler.
 """
@@ -21,13 +21,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from inferflow.config.base import ConfigEnum
-from inferflow.scheduling.config import BatchingMode
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
-    from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-    from inferflow.scheduling.config import SchedulerConfig
-    from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.policy import RequestQueue, SortKey
     from inferflow.scheduling.request import Request
 
@@ -37,9 +33,6 @@ class SchedulingPolicy(ConfigEnum):
 
     fcfs = "fcfs"
     priority = "priority"
-
-
-_MODES: dict[str, BatchingMode] = {"continuous": "continuous", "static": "static", "none": "none"}
 
 
 def _positive(name: str, value: int) -> None:
@@ -53,9 +46,9 @@ class BatchingStage(EngineStage):
 
     - ``max_num_seqs``: requests running at once (vLLM's name; ``max_batch_size`` is the old
       spelling, still accepted with a warning); ``max_num_batched_tokens``: tokens per step.
-    - :meth:`scheduler_config` turns the fields plus the engine's frozen
-      :class:`~inferflow.scheduling.layout.KVLayout` into the scheduler's config; it is called
-      once, in the engine worker.
+    - the stage is the scheduler's budgets as it is (``Scheduler(batching, layout, ...)``, in the
+      engine worker); ``mode`` and the chunked-prefill switches are read-only here and fields of
+      ``ContinuousBatching``.
     - :meth:`sort_key` / :meth:`make_queue`: the scheduling policy. ``sort_key`` is computed once
       per request when it is queued; smaller keys are admitted first and preempted last. It must
       be a pure function of the request (prompt, params, priority, arrival) and ``seq``.
@@ -80,37 +73,26 @@ class BatchingStage(EngineStage):
         _positive("max_num_seqs", self.max_num_seqs)
         _positive("max_num_batched_tokens", self.max_num_batched_tokens)
 
-    def scheduler_config(self, layout: KVLayout, enable_prefix_caching: bool) -> SchedulerConfig:
-        from inferflow.scheduling.config import SchedulerConfig
+    @property
+    def enable_chunked_prefill(self) -> bool:
+        return True
 
-        chunked, threshold = self._chunking()
-        return SchedulerConfig.for_layout(
-            layout,
-            max_num_seqs=self.max_num_seqs,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            enable_prefix_caching=enable_prefix_caching,
-            enable_chunked_prefill=chunked,
-            long_prefill_token_threshold=threshold,
-            policy="priority" if self.policy == SchedulingPolicy.priority else "fcfs",
-            mode=_MODES[self.mode],
-        )
-
-    def _chunking(self) -> tuple[bool, int]:
-        """(enable_chunked_prefill, long_prefill_token_threshold)."""
-        return True, 0
+    @property
+    def long_prefill_token_threshold(self) -> int:
+        return 0
 
     # -- the scheduling policy ------------------------------------------------------------------
     def sort_key(self, request: Request, seq: int) -> SortKey:
-        if SchedulingPolicy(self.policy) is SchedulingPolicy.priority:
-            return (request.priority, request.arrival_time, seq)
-        return (seq,)
+        from inferflow.scheduling.policy import sort_key
+
+        return sort_key(SchedulingPolicy(self.policy).value, request, seq)
 
     def make_queue(self, keys: dict[str, SortKey]) -> RequestQueue:
-        from inferflow.scheduling.policy import FCFSQueue, SortedQueue
+        from inferflow.scheduling.policy import SortedQueue, make_queue
 
-        if type(self).sort_key is BatchingStage.sort_key and self.policy == SchedulingPolicy.fcfs:
-            return FCFSQueue()  # arrival order: a deque is enough
-        return SortedQueue(keys)
+        if type(self).sort_key is not BatchingStage.sort_key:
+            return SortedQueue(keys)  # a plugin's order
+        return make_queue(SchedulingPolicy(self.policy).value, keys)
 
 
 @dataclass
@@ -139,7 +121,9 @@ class StaticBatching(BatchingStage):
 
 @dataclass
 class DynamicBatching(StaticBatching):
-    """``static`` for generation, plus a batching window for one-shot (embedding) models."""
+    """``static`` for generation, plus a batching window for one-shot (embedding) models: the
+    embeddings' ``DynamicBatcher`` takes this stage as its settings (``max_num_seqs`` items per
+    engine call, ``max_delay_ms`` window, ``max_queue_size``, length ``bucket_boundaries``)."""
 
     max_delay_ms: float = 2.0
     max_queue_size: int = 1024
@@ -150,17 +134,10 @@ class DynamicBatching(StaticBatching):
         if not 0.0 <= self.max_delay_ms <= 10.0:
             raise ValueError(f"max_delay_ms: must be in [0, 10], got {self.max_delay_ms}")
         _positive("max_queue_size", self.max_queue_size)
-
-    def dynamic_batching_config(self) -> DynamicBatchingConfig:
-        """The embedding path's ``DynamicBatchingConfig`` with these settings."""
-        from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig
-
-        return DynamicBatchingConfig(
-            max_batch_size=self.max_num_seqs,
-            max_delay_ms=self.max_delay_ms,
-            max_queue_size=self.max_queue_size,
-            bucket_boundaries=tuple(self.bucket_boundaries),
-        )
+        if list(self.bucket_boundaries) != sorted(set(self.bucket_boundaries)):
+            raise ValueError(
+                f"bucket_boundaries: must be strictly increasing, got {self.bucket_boundaries}"
+            )
 
 
 @dataclass
@@ -175,6 +152,3 @@ class ContinuousBatching(BatchingStage):
     mode: ClassVar[str] = "continuous"
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0
-
-    def _chunking(self) -> tuple[bool, int]:
-        return self.enable_chunked_prefill, self.long_prefill_token_threshold

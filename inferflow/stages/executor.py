@@ -14,32 +14,16 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from inferflow.config.base import ConfigEnum
+from inferflow.runtimes.config import GraphForm, OrtSettings, Precision
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
     from inferflow.models.checkpoint import Checkpoint
     from inferflow.models.config import ModelArch
-    from inferflow.runtimes.config import EngineConfig
+    from inferflow.runtimes.plan_runner import PlanRunner, Runner
     from inferflow.scheduling.kv_budget import KVBudget
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
-
-
-class Precision(ConfigEnum):
-    """Weight precision of the compiled engine (int8/int4: weight-only quantization)."""
-
-    fp32 = "fp32"
-    fp16 = "fp16"
-    int8 = "int8"
-    int4 = "int4"
-
-
-class GraphForm(ConfigEnum):
-    """``gqa``: ONNX Runtime's GroupQueryAttention graph (CPU); ``canonical``: standard ops."""
-
-    gqa = "gqa"
-    canonical = "canonical"
 
 
 @dataclass
@@ -68,6 +52,12 @@ class ExecutorStage(EngineStage):
       ``ExecutorOutput.accepted_drafts``. An executor without it (the default for plugins)
       refuses ``speculative=...``; the built-in ones run plans through ``PlanRunner``, which
       verifies.
+    - The stage owns that ``PlanRunner``: a stage that implements :meth:`create_runner` (a
+      :class:`~inferflow.runtimes.plan_runner.Runner` for the checkpoint and layout) gets
+      :meth:`load`, :meth:`execute` and :attr:`runner` from here; a plugin may instead override
+      :meth:`load` and :meth:`execute` themselves.
+    - :meth:`estimate_bytes`: the host memory a loaded engine holds (a model repository's
+      admission check).
     """
 
     kind: ClassVar[str] = "executor"
@@ -77,6 +67,8 @@ class ExecutorStage(EngineStage):
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
     step_token_budget: int = field(default=0, init=False, repr=False)  # from limit_steps; 0 = unset
+    # the PlanRunner once loaded (Any: the schema of a stage resolves its fields' types)
+    _plan: Any = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_slots is not None and self.max_slots < 1:
@@ -95,13 +87,54 @@ class ExecutorStage(EngineStage):
         ``max_model_len`` so the slots and the pool fit in it (``scheduling/kv_budget.py``)."""
         return None
 
-    @abstractmethod
+    def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
+        """The model runner :meth:`load` wraps in a ``PlanRunner`` (built-in executors)."""
+        raise NotImplementedError(f"{type(self).__name__}: implement create_runner, or load "
+                                  "and execute")
+
     def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
         """Build or load the compiled model and allocate its KV (expensive, once)."""
+        from inferflow.runtimes.plan_runner import PlanRunner
+        from inferflow.sampling.sampler import Sampler
 
-    @abstractmethod
+        runner = self.create_runner(checkpoint, layout)
+        self._plan = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
+
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         """Run one step's plan; see the class docstring for the order of its parts."""
+        return self._loaded().execute(plan)
+
+    @property
+    def runner(self) -> Runner:
+        """The loaded model runner (``OnnxRuntimeRunner``, ``TensorRTRunner``, ``TorchRunner``)."""
+        return self._loaded().runner
+
+    @property
+    def loaded(self) -> bool:
+        return self._plan is not None
+
+    def _loaded(self) -> PlanRunner:
+        from inferflow.runtimes.plan_runner import PlanRunner
+
+        if not isinstance(self._plan, PlanRunner):
+            raise RuntimeError(f"executor={self.backend}: load() was not called")
+        return self._plan
+
+    def weight_scale(self) -> float:
+        """Host bytes of the loaded weights per byte of fp32 weights (0: they live on a GPU)."""
+        return 1.0
+
+    def estimate_bytes(self, layout: KVLayout, fp32_weight_bytes: float,
+                       budget: KVBudget | None) -> int:
+        """Host memory this executor holds once loaded: the weights (``weight_scale``) and the
+        KV ``layout`` reserves (the pool, and the slots unless paged) at the budget's bytes per
+        token (none on a GPU, or without a budget)."""
+        scale = self.weight_scale()
+        tokens = layout.num_blocks * layout.block_size
+        if not layout.paged:
+            tokens += layout.max_slots * layout.max_model_len
+        kv = 0 if scale == 0 or budget is None else tokens * budget.bytes_per_token
+        return int(fp32_weight_bytes * scale) + kv
 
     @property
     @abstractmethod
@@ -129,6 +162,11 @@ class ExecutorStage(EngineStage):
         return {}
 
 
+# host bytes of the weights per byte of fp32 ones (int8/int4 keep scales and fp32 embeddings)
+_PRECISION_SCALE = {Precision.fp32: 1.0, Precision.fp16: 0.5, Precision.int8: 0.3,
+                    Precision.int4: 0.2}
+
+
 @dataclass
 class OnnxRuntimeExecutor(ExecutorStage):
     """ONNX Runtime on CPU. ``intra_op_threads=0`` lets ONNX Runtime pick (one per core);
@@ -147,7 +185,6 @@ class OnnxRuntimeExecutor(ExecutorStage):
     quant_block_size: int = 32
     quant_accuracy_level: int = 4  # int8/int4 MatMulNBits: 0 = float activations, 4 = int8 (faster)
     kv_cache_memory: str = "auto"  # KV budget: bytes, "4GiB", "512MiB", or auto
-    _executor: Any = field(default=None, init=False, repr=False)  # PlanRunner once loaded
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -171,18 +208,11 @@ class OnnxRuntimeExecutor(ExecutorStage):
             self.kv_cache_memory, kv_bytes_per_token(arch, itemsize), model_bytes
         )
 
-    def engine_config(self, layout: KVLayout) -> EngineConfig:
-        """The compiled runtime's settings: these fields plus the layout."""
-        from inferflow.runtimes.config import EngineConfig
-
-        return EngineConfig(
-            backend=self.runtime_package,  # the compiled runtime (a subclass may rename backend)
+    def settings_for_runner(self) -> OrtSettings:
+        """The runner's settings: these fields (the sizes are the layout's)."""
+        return OrtSettings(
             precision=Precision(self.precision).value,
             graph_form=GraphForm(self.graph_form).value,
-            max_slots=layout.max_slots,
-            max_model_len=layout.max_model_len,
-            block_size=layout.block_size,
-            num_blocks=layout.num_blocks,
             intra_op_threads=self.intra_op_threads,
             inter_op_threads=self.inter_op_threads,
             allow_spinning=self.allow_spinning,
@@ -192,25 +222,13 @@ class OnnxRuntimeExecutor(ExecutorStage):
             max_num_batched_tokens=self.step_token_budget,
         )
 
-    def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
-        from inferflow.runtimes.factory import create_runner
-        from inferflow.runtimes.plan_runner import PlanRunner
-        from inferflow.sampling.sampler import Sampler
+    def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
+        from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 
-        runner = create_runner(checkpoint, self.engine_config(layout))
-        self._executor = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
+        return OnnxRuntimeRunner(checkpoint, self.settings_for_runner(), layout)
 
-    @property
-    def runner(self) -> Any:
-        """The compiled model runtime (``OnnxRuntimeRunner`` / ``TensorRTRunner``)."""
-        if self._executor is None:
-            raise RuntimeError(f"executor={self.backend}: load() was not called")
-        return self._executor.engine
-
-    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        if self._executor is None:
-            raise RuntimeError(f"executor={self.backend}: load() was not called")
-        return self._executor.execute(plan)
+    def weight_scale(self) -> float:
+        return _PRECISION_SCALE[Precision(self.precision)]
 
     @property
     def runtime_version(self) -> str:
@@ -221,17 +239,17 @@ class OnnxRuntimeExecutor(ExecutorStage):
     def stats(self) -> dict[str, float]:
         """``kv_resident``: 1 once the runner's KV memory is resident (populated in the
         background after load, ``runtimes/kv_memory.py``), 0 before."""
-        resident = getattr(self.runner, "kv_resident", None) if self._executor else None
+        resident = getattr(self.runner, "kv_resident", None) if self.loaded else None
         if resident is None:  # a runner without background population (TensorRT)
             return {}
         return {"kv_resident": float(resident)}
 
     def describe(self) -> dict[str, Any]:
-        if self._executor is None:
+        if not self.loaded:
             return super().describe()
         entry = getattr(self.runner, "cache_entry", None)
-        config = getattr(self.runner, "config", None)  # the EngineConfig it was built with
-        settings = dataclasses.asdict(config) if config is not None else None
+        built = getattr(self.runner, "settings", None)  # the OrtSettings it was built with
+        settings = dataclasses.asdict(built) if built is not None else None
         if settings and settings.get("cache_dir"):
             settings["cache_dir"] = "(set)"  # where engines are cached is not for clients
         return {
@@ -263,8 +281,13 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
         if self.device_id < 0:
             raise ValueError(f"device_id: must be >= 0, got {self.device_id}")
 
-    def engine_config(self, layout: KVLayout) -> EngineConfig:
-        return dataclasses.replace(super().engine_config(layout), device_id=self.device_id)
+    def settings_for_runner(self) -> OrtSettings:
+        return dataclasses.replace(super().settings_for_runner(), device_id=self.device_id)
+
+    def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
+        from inferflow.runtimes.tensorrt_runner import TensorRTRunner
+
+        return TensorRTRunner(checkpoint, self.settings_for_runner(), layout)
 
     def check(self, layout: KVLayout) -> None:
         super().check(layout)
@@ -278,20 +301,3 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
         import tensorrt  # only here: the optional extra
 
         return str(tensorrt.__version__)
-
-
-def executor_for(config: EngineConfig) -> OnnxRuntimeExecutor:
-    """The built-in executor stage for an offline ``EngineConfig`` (``LLMEngine(...)``)."""
-    common: dict[str, Any] = {
-        "precision": Precision(config.precision),
-        "graph_form": GraphForm(config.graph_form),
-        "intra_op_threads": config.intra_op_threads,
-        "inter_op_threads": config.inter_op_threads,
-        "allow_spinning": config.allow_spinning,
-        "cache_dir": config.cache_dir,
-        "quant_block_size": config.quant_block_size,
-        "quant_accuracy_level": config.quant_accuracy_level,
-    }
-    if config.backend == "tensorrt":
-        return TensorRTExecutor(**common, device_id=config.device_id)
-    return OnnxRuntimeExecutor(**common)

@@ -9,7 +9,7 @@ Contract (:class:`GuidedDecodingStage`), driven by the engine on its thread:
   grammar cached by the constraint (``GuidedConstraint.key``), so a schema sent by many requests
   is compiled once.
 - :meth:`bitmasks` every step, for the constrained requests that sample in it: one packed row
-  of allowed tokens each (``inferflow.guided.bitmask``). The executor's sampler masks those rows
+  of allowed tokens each (``inferflow.sampling.bitmask``). The executor's sampler masks those rows
   before sampling (greedy or random); unconstrained rows are not touched.
 - :meth:`advance` with each sampled token; ``True`` when the grammar is complete and allows no
   continuation, and the engine then ends the request (``finish_reason: "stop"``). A request
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from inferflow.guided.constraint import GuidedConstraint, GuidedError, GuidedKind
+from inferflow.sampling_params import GuidedConstraint, GuidedError, GuidedKind
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """The ``speculative`` slot: speculative decoding (a proposer drafts, the target verifies).
 
 Contract (:class:`SpeculativeStage`): :meth:`proposer` builds the scheduler's
-:class:`~inferflow.speculative.proposer.DraftProposer` once, in the engine worker (``None``: no
+:class:`~inferflow.scheduling.speculation.DraftProposer` once, in the engine worker (``None``: no
 speculation). Verification is the engine's own: decode rows carry the drafts in the normal
 batched step, the sampler accepts or rejects them (``inferflow.sampling.rejection``), the
 scheduler rolls the KV length back past rejected ones. Output is the same as without
@@ -15,14 +15,14 @@ Built-ins: ``speculative=none`` (:class:`NoSpeculation`, the default) and ``spec
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import ClassVar
 
+import numpy as np
+
+from inferflow.scheduling.speculation import DraftProposer, DraftRequest
 from inferflow.stages.engine_slot import EngineStage
-
-if TYPE_CHECKING:
-    from inferflow.speculative.proposer import DraftProposer
 
 
 @dataclass
@@ -64,32 +64,57 @@ class NgramSpeculation(SpeculativeStage):
     prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
-        from inferflow.speculative.proposer import NgramProposer
-
         NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,
                       self.prompt_lookup_max)  # the range checks, at config time
 
     def proposer(self) -> DraftProposer | None:
-        from inferflow.speculative.proposer import NgramProposer
-
         return NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,
                              self.prompt_lookup_max)
 
 
-_METHODS: dict[str, type[SpeculativeStage]] = {"ngram": NgramSpeculation}
+class NgramProposer:
+    """Prompt lookup (vLLM's ``ngram``, llama.cpp's ``lookup``): find the last
+    ``n`` tokens earlier in the request's own prompt + output, for the largest ``n`` in
+    ``[prompt_lookup_min, prompt_lookup_max]`` that occurs, and propose the tokens that followed
+    its most recent earlier occurrence. Stateless; costs O(length) numpy work per request."""
 
+    def __init__(self, num_speculative_tokens: int, prompt_lookup_min: int = 2,
+                 prompt_lookup_max: int = 4) -> None:
+        if num_speculative_tokens < 1:
+            raise ValueError(f"num_speculative_tokens: must be >= 1, got {num_speculative_tokens}")
+        if not 1 <= prompt_lookup_min <= prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min: must be in [1, prompt_lookup_max], got "
+                             f"{prompt_lookup_min} (prompt_lookup_max {prompt_lookup_max})")
+        self.num_speculative_tokens = num_speculative_tokens
+        self.prompt_lookup_min = prompt_lookup_min
+        self.prompt_lookup_max = prompt_lookup_max
 
-def speculation_from_config(config: Mapping[str, Any] | None) -> SpeculativeStage:
-    """The offline API's ``speculative_config`` (vLLM's form: ``{"method": "ngram",
-    "num_speculative_tokens": 4, "prompt_lookup_max": 4}``) as a stage; None: no speculation."""
-    if not config:
-        return NoSpeculation()
-    settings = dict(config)
-    method = settings.pop("method", None)
-    if method not in _METHODS:
-        raise ValueError(f"speculative_config.method: must be one of {sorted(_METHODS)}, "
-                         f"got {method!r}")
-    try:
-        return _METHODS[method](**settings)
-    except TypeError as exc:  # an unknown key
-        raise ValueError(f"speculative_config: {exc}") from None
+    def propose(self, requests: Sequence[DraftRequest]) -> list[tuple[int, ...]]:
+        return [self.propose_one(r.token_ids, min(r.max_draft_tokens, self.num_speculative_tokens))
+                for r in requests]
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        pass  # no per-request state
+
+    def propose_one(self, token_ids: Sequence[int], k: int) -> tuple[int, ...]:
+        """Up to ``k`` tokens following the most recent earlier match of the longest suffix."""
+        tokens = np.asarray(token_ids, dtype=np.int64)
+        last = len(tokens) - 1
+        # candidate ends: earlier positions holding the last token (each has a token after it)
+        ends = np.flatnonzero(tokens[:last] == tokens[last])
+        if ends.size == 0:
+            return ()
+        # grow every candidate's match backwards, one position at a time, up to the max n
+        matched = np.ones(ends.size, dtype=np.int64)
+        for d in range(1, min(self.prompt_lookup_max, last)):
+            alive = (matched == d) & (ends >= d)
+            if not alive.any():
+                break
+            hit = alive.copy()
+            hit[alive] = tokens[ends[alive] - d] == tokens[last - d]
+            matched += hit
+        best = int(matched.max())
+        if best < self.prompt_lookup_min:
+            return ()
+        start = int(ends[np.flatnonzero(matched == best)[-1]]) + 1  # the latest longest match
+        return tuple(tokens[start:start + k].tolist())

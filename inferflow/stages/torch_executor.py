@@ -7,18 +7,19 @@ of the GPU) and the one-line errors for settings it would refuse.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from inferflow.config.base import ConfigEnum
+from inferflow.runtimes.config import TorchSettings
 from inferflow.stages.executor import ExecutorStage
 
 if TYPE_CHECKING:
     from inferflow.models.checkpoint import Checkpoint
     from inferflow.models.config import ModelArch
+    from inferflow.runtimes.plan_runner import Runner
     from inferflow.scheduling.kv_budget import KVBudget
     from inferflow.scheduling.layout import KVLayout
-    from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput
 
 
 class TorchDType(ConfigEnum):
@@ -72,7 +73,6 @@ class TorchExecutor(ExecutorStage):
     threads: int = 0
     cache_dir: str | None = None
     kv_cache_memory: str = "auto"
-    _executor: Any = field(default=None, init=False, repr=False)  # PlanRunner once loaded
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -135,34 +135,19 @@ class TorchExecutor(ExecutorStage):
         return KVBudget(room, per_token, f"executor.kv_cache_memory={fraction} of the GPU's "
                         f"{human(total)}, less {human(total - free)} in use and the weights")
 
-    def torch_settings(self) -> Any:
-        """The runner's ``TorchSettings`` from these fields."""
-        from inferflow.runtimes.torch_engine.runner import TorchSettings
-
-        return TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
-                             compile=CompileMode(self.compile).value,
-                             cuda_graphs=self.cuda_graphs, threads=self.threads,
-                             cache_dir=self.cache_dir)
-
-    def load(self, checkpoint: Checkpoint, layout: KVLayout) -> None:
-        from inferflow.runtimes.plan_runner import PlanRunner
+    def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
         from inferflow.runtimes.torch_engine.runner import TorchRunner
-        from inferflow.sampling.sampler import Sampler
 
-        runner = TorchRunner(checkpoint, self.torch_settings(), layout)
-        self._executor = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
+        settings = TorchSettings(device=str(self.device), dtype=TorchDType(self.dtype).value,
+                                 compile=CompileMode(self.compile).value,
+                                 cuda_graphs=self.cuda_graphs, threads=self.threads,
+                                 cache_dir=self.cache_dir)  # (the sizes are the layout's)
+        return TorchRunner(checkpoint, settings, layout)
 
-    @property
-    def runner(self) -> Any:
-        """The loaded ``TorchRunner``."""
-        if self._executor is None:
-            raise RuntimeError("executor=torch: load() was not called")
-        return self._executor.engine
-
-    def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
-        if self._executor is None:
-            raise RuntimeError("executor=torch: load() was not called")
-        return self._executor.execute(plan)
+    def weight_scale(self) -> float:
+        if self.on_cuda:
+            return 0.0  # the weights and the pool live in the GPU's memory
+        return 0.5 if TorchDType(self.dtype) is not TorchDType.float32 else 1.0
 
     @property
     def runtime_version(self) -> str:
@@ -171,8 +156,11 @@ class TorchExecutor(ExecutorStage):
         return str(torch.__version__)
 
     def describe(self) -> dict[str, Any]:
-        if self._executor is None:
+        if not self.loaded:
             return super().describe()
+        from inferflow.runtimes.torch_engine.runner import TorchRunner  # (loaded: torch is in)
+
         runner = self.runner
+        assert isinstance(runner, TorchRunner)
         return {**super().describe(), "compiled_engine": str(runner.engine_dir.path),
                 "runtime_config": runner.describe()}

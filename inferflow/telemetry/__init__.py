@@ -63,40 +63,7 @@ _EXPORTS = {
     "traceparent_of": "inferflow.telemetry.spans",
 }
 
-__all__ = [
-    "EngineMetrics",
-    "EngineTelemetry",
-    "FinishedRequestStats",
-    "OtlpProtocol",
-    "RequestSpan",
-    "RequestTimings",
-    "RequestTrace",
-    "SchedulerSnapshot",
-    "ServerMetrics",
-    "StepStats",
-    "TracedExecutor",
-    "TracingConfig",
-    "TracingConfigError",
-    "TracingExporter",
-    "cleanup_multiprocess_dir",
-    "emit_span",
-    "extract_context",
-    "flush_tracing",
-    "get_tracer",
-    "make_stage_wrapper",
-    "mark_process_dead",
-    "phase_timing_headers",
-    "prepare_multiprocess_dir",
-    "record_step_span",
-    "render_metrics",
-    "resource_attributes",
-    "setup_tracing",
-    "shutdown_tracing",
-    "stage_span",
-    "start_request_span",
-    "timing_headers",
-    "traceparent_of",
-]
+__all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:

@@ -267,7 +267,7 @@ class EngineTelemetry:
             rt.update_from_metrics(metrics)
             finish_time = finish_time if finish_time is not None else metrics.finished_time
         if num_cached_tokens is not None:
-            rt.set_cached_tokens(num_cached_tokens)
+            rt.num_cached_tokens = num_cached_tokens
         if num_output_tokens is not None:  # the engine's count wins over tokens seen in steps
             rt.num_output_tokens = num_output_tokens
         timings = rt.finish(finish_reason, finish_time, error=error)

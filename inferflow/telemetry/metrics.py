@@ -41,6 +41,7 @@ GUIDED_COMPILE_BUCKETS = (1e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1
 COUNT_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 FINISH_REASONS = ("stop", "length", "abort", "error")
+ENGINE_LABELS = ["model_name", "engine"]  # the labels of every vllm:* / inferflow:* series
 
 
 @dataclass(frozen=True)
@@ -151,70 +152,54 @@ class EngineMetrics:
     def _gauge(self, name: str, doc: str) -> Gauge:
         # one live engine per label set: the most recent write wins across processes
         gauge = Gauge(
-            name,
-            doc,
-            ["model_name", "engine"],
-            registry=self.registry,
-            multiprocess_mode="mostrecent",
+            name, doc, ENGINE_LABELS, registry=self.registry, multiprocess_mode="mostrecent"
         )
         return gauge.labels(*self._labels)
 
     def _counter(self, name: str, doc: str) -> Counter:
-        return Counter(name, doc, ["model_name", "engine"], registry=self.registry).labels(
-            *self._labels
-        )
+        return Counter(name, doc, ENGINE_LABELS, registry=self.registry).labels(*self._labels)
 
     def _histogram(self, name: str, doc: str, buckets: Sequence[float]) -> Histogram:
-        hist = Histogram(
-            name, doc, ["model_name", "engine"], registry=self.registry, buckets=buckets
-        )
+        hist = Histogram(name, doc, ENGINE_LABELS, registry=self.registry, buckets=buckets)
         return hist.labels(*self._labels)
 
     def _build_scheduler_metrics(self) -> None:
-        self.num_running = self._gauge(
-            "vllm:num_requests_running", "Requests in the running batch."
-        )
-        self.num_waiting = self._gauge(
-            "vllm:num_requests_waiting", "Requests waiting to be scheduled."
-        )
-        self.kv_usage = self._gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent.")
-        self.kv_used = self._gauge("inferflow:kv_cache_blocks_used", "KV-cache blocks in use.")
-        self.kv_free = self._gauge("inferflow:kv_cache_blocks_free", "KV-cache blocks free.")
-        self.prefix_queries = self._counter(
-            "vllm:prefix_cache_queries", "Prefix-cache queries, in tokens."
-        )
-        self.prefix_hits = self._counter("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
-        self.prefix_hit_rate = self._gauge(
+        g, c, h = self._gauge, self._counter, self._histogram
+        self.num_running = g("vllm:num_requests_running", "Requests in the running batch.")
+        self.num_waiting = g("vllm:num_requests_waiting", "Requests waiting to be scheduled.")
+        self.kv_usage = g("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100 percent.")
+        self.kv_used = g("inferflow:kv_cache_blocks_used", "KV-cache blocks in use.")
+        self.kv_free = g("inferflow:kv_cache_blocks_free", "KV-cache blocks free.")
+        self.prefix_queries = c("vllm:prefix_cache_queries", "Prefix-cache queries, in tokens.")
+        self.prefix_hits = c("vllm:prefix_cache_hits", "Prefix-cache hits, in tokens.")
+        self.prefix_hit_rate = g(
             "inferflow:prefix_cache_hit_rate", "Prefix-cache hits / queries (tokens) since start."
         )
-        self.preemptions = self._counter("vllm:num_preemptions", "Preemptions since start.")
-        self.batch_size = self._histogram(
-            "inferflow:batch_size", "Requests per engine step.", COUNT_BUCKETS
-        )
-        self.iteration_tokens = self._histogram(
+        self.preemptions = c("vllm:num_preemptions", "Preemptions since start.")
+        self.batch_size = h("inferflow:batch_size", "Requests per engine step.", COUNT_BUCKETS)
+        self.iteration_tokens = h(
             "vllm:iteration_tokens_total",
             "Tokens (prefill + decode) per engine step.",
             COUNT_BUCKETS,
         )
 
     def _build_token_metrics(self) -> None:
-        self.prompt_tokens = self._counter("vllm:prompt_tokens", "Prefill tokens computed.")
-        self.generation_tokens = self._counter(
-            "vllm:generation_tokens", "Generation tokens sampled."
-        )
-        self.request_prompt_tokens = self._histogram(
+        c, h = self._counter, self._histogram
+        self.prompt_tokens = c("vllm:prompt_tokens", "Prefill tokens computed.")
+        self.generation_tokens = c("vllm:generation_tokens", "Generation tokens sampled.")
+        self.request_prompt_tokens = h(
             "vllm:request_prompt_tokens", "Prompt tokens per request.", COUNT_BUCKETS
         )
-        self.request_generation_tokens = self._histogram(
+        self.request_generation_tokens = h(
             "vllm:request_generation_tokens", "Generated tokens per request.", COUNT_BUCKETS
         )
-        self.request_max_tokens = self._histogram(
+        self.request_max_tokens = h(
             "vllm:request_params_max_tokens", "The max_tokens request parameter.", COUNT_BUCKETS
         )
         success = Counter(
             "vllm:request_success",
             "Finished requests by finish reason.",
-            ["model_name", "engine", "finished_reason"],
+            [*ENGINE_LABELS, "finished_reason"],
             registry=self.registry,
         )
         self.request_success = {r: success.labels(*self._labels, r) for r in FINISH_REASONS}
@@ -237,7 +222,7 @@ class EngineMetrics:
         self.decode = h("vllm:request_decode_time_seconds", "Decode phase (s).", lat)
 
     def _build_guided_metrics(self) -> None:
-        h = self._histogram
+        c, h = self._counter, self._histogram
         self.guided_mask = h(
             "inferflow:guided_mask_seconds",
             "Per engine step with structured-output rows: time to fill their token masks (s).",
@@ -248,11 +233,11 @@ class EngineMetrics:
             "Per structured-output request whose grammar was not cached: compile time (s).",
             GUIDED_COMPILE_BUCKETS,
         )
-        self.guided_cache_hits = self._counter(
+        self.guided_cache_hits = c(
             "inferflow:guided_grammar_cache_hits",
             "Structured-output requests whose compiled grammar came from the cache.",
         )
-        self.guided_compiles = self._counter(
+        self.guided_compiles = c(
             "inferflow:guided_grammar_compiles",
             "Structured-output requests whose grammar was compiled.",
         )

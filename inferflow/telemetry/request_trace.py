@@ -10,9 +10,8 @@ A RequestTrace is owned by one thread at a time (the engine loop); it is not loc
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 
 from opentelemetry import trace
 from opentelemetry.trace import INVALID_SPAN, SpanContext, Status, StatusCode
@@ -130,10 +129,6 @@ class RequestTrace:
         if self.prefill_end_time is None:
             self.prefill_end_time = t
 
-    def set_cached_tokens(self, num_cached_tokens: int) -> None:
-        """Prompt tokens served by the prefix cache (``gen_ai.usage.cache_read.input_tokens``)."""
-        self.num_cached_tokens = num_cached_tokens
-
     def update_from_metrics(self, metrics: RequestMetrics) -> None:
         """Adopt the timestamps an engine already keeps in :class:`RequestMetrics` (and its
         detokenizer runs, which become the ``detokenizer`` stage span)."""
@@ -181,28 +176,10 @@ class RequestTrace:
         rec.busy += end - start
         rec.attributes.update(attributes or {})
 
-    @contextmanager
-    def stage(
-        self, name: str, attributes: Mapping[str, AttributeValue] | None = None
-    ) -> Iterator[None]:
-        """``with trace.stage("detokenizer"): ...`` times the body (even when it raises)."""
-        start = time.time()
-        try:
-            yield
-        finally:
-            self.record_stage(name, start, time.time(), attributes)
-
     # --- end of life ------------------------------------------------------------------------------
     def timings(self) -> RequestTimings:
-        return RequestTimings(
-            arrival_time=self.arrival_time,
-            first_scheduled_time=self.first_scheduled_time,
-            first_token_time=self.first_token_time,
-            prefill_end_time=self.prefill_end_time,
-            last_token_time=self.last_token_time,
-            finished_time=self.finished_time,
-            num_output_tokens=self.num_output_tokens,
-        )
+        # RequestTrace keeps each RequestTimings field under the same name
+        return RequestTimings(**{f.name: getattr(self, f.name) for f in fields(RequestTimings)})
 
     def finish(
         self,

@@ -45,23 +45,10 @@ def extract_context(headers: Headers | None) -> Context:
 
 def traceparent_of(parent: ParentLike) -> str | None:
     """The W3C ``traceparent`` string of a span / span context (None when invalid)."""
-    sc = _span_context(parent)
-    if sc is None or not sc.is_valid:
+    sc = trace.get_current_span(parent_context(parent)).get_span_context()
+    if not sc.is_valid:
         return None
     return f"00-{sc.trace_id:032x}-{sc.span_id:016x}-{int(sc.trace_flags):02x}"
-
-
-def _span_context(parent: ParentLike) -> SpanContext | None:
-    if parent is None:
-        return None
-    if isinstance(parent, RequestSpan):
-        return parent.span.get_span_context()
-    if isinstance(parent, SpanContext):
-        return parent
-    if isinstance(parent, Span):
-        return parent.get_span_context()
-    ctx = parent_context(parent)
-    return trace.get_current_span(ctx).get_span_context()
 
 
 def parent_context(parent: ParentLike) -> Context:
@@ -209,29 +196,15 @@ def start_request_span(
     }
     attrs: dict[str, AttributeValue] = {k: v for k, v in values.items() if v is not None}
     attrs.update(attributes or {})
-    return RequestSpan(_start_root_span(tracer, f"{operation} {model}", headers, attrs, start_time))
+    name = f"{operation} {model}"
+    return RequestSpan(
+        start_span(tracer, name, extract_context(headers), attrs, SpanKind.SERVER, start_time)
+    )
 
 
 # what a ``parent=`` argument accepts: a traceparent string or a W3C carrier dict (as carried
 # from the API process), a Context, a SpanContext, a Span or a RequestSpan; None: a new trace
 ParentLike = str | Mapping[str, str] | Context | SpanContext | Span | RequestSpan | None
-
-
-@isolated(INVALID_SPAN)
-def _start_root_span(
-    tracer: trace.Tracer,
-    name: str,
-    headers: Headers | None,
-    attributes: Mapping[str, AttributeValue],
-    start_time: float | None,
-) -> Span:
-    return tracer.start_span(
-        name,
-        context=extract_context(headers),
-        kind=SpanKind.SERVER,
-        attributes=attributes,
-        start_time=None if start_time is None else to_ns(start_time),
-    )
 
 
 @isolated(INVALID_SPAN)

@@ -151,15 +151,9 @@ def _select(traces: list[list[SpanRecord]], args: argparse.Namespace) -> list[li
 def _model_of(trace: list[SpanRecord]) -> str | None:
     """The model a request trace served: its root's ``gen_ai.request.model`` (an embedding
     request in a multi-model server), else the process resource's model name."""
-    for span in trace:
-        model = span.attributes.get(A.GEN_AI_REQUEST_MODEL)
-        if isinstance(model, str):
-            return model
-    for span in trace:
-        model = span.resource.get(A.RESOURCE_MODEL_NAME)
-        if isinstance(model, str):
-            return model
-    return None
+    named = [s.attributes.get(A.GEN_AI_REQUEST_MODEL) for s in trace]
+    named += [s.resource.get(A.RESOURCE_MODEL_NAME) for s in trace]
+    return next((model for model in named if isinstance(model, str)), None)
 
 
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:

@@ -13,9 +13,10 @@ import pytest
 
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
-from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 from inferflow.runtimes.step_inputs import EngineRow
+from inferflow.scheduling.layout import KVLayout
 
 pytestmark = [
     pytest.mark.slow,  # compiles a C++ kernel: a benchmark experiment, not serving
@@ -60,8 +61,9 @@ def test_a_split_step_gives_the_engine_calls_logits_and_kv(checkpoint: Path, lib
     can move a logit by ~0.1 (a wrong attention moves them by whole units)."""
     from benchmarks.decode_split import SplitDecoder
 
-    config = EngineConfig(max_slots=SLOTS, max_model_len=256, precision=precision)
-    reference, engine = (OnnxRuntimeRunner(load_checkpoint(checkpoint), config) for _ in range(2))
+    settings, layout = OrtSettings(precision=precision), KVLayout.plan(SLOTS, 256)
+    reference, engine = (OnnxRuntimeRunner(load_checkpoint(checkpoint), settings, layout)
+                         for _ in range(2))
     split = SplitDecoder(load_checkpoint(checkpoint), engine.spec, engine.session_options(), engine.kv,
                          library)
     atol, kv_atol = (2e-4, 1e-5) if precision == "fp32" else (0.25, 2e-2)

@@ -77,8 +77,8 @@ def test_version_reports_the_executor_that_runs(tiny_checkpoint: Any) -> None:
     executor = _RenamedBackend()
     executor.load(load_checkpoint(tiny_checkpoint), layout)
     batching = ContinuousBatching(max_num_seqs=2)
-    scheduler = Scheduler(batching.scheduler_config(layout, True), policy=batching)
-    engine = LLMEngine.from_components(
+    scheduler = Scheduler(batching, layout)
+    engine = LLMEngine(
         load_checkpoint(tiny_checkpoint), executor, scheduler, StreamingDetokenizer()
     )
     info = describe_engine(engine, load_time_s=0.0)["engine"]

@@ -17,6 +17,7 @@ from server_harness import ServerProcess
 
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken
 from inferflow.scheduling.request import Request
 from inferflow.scheduling.scheduler import Scheduler
@@ -50,8 +51,8 @@ def _examples():
 
 def _admission_order(policy: object) -> list[str]:
     """Request ids in the order a one-slot scheduler admits them, all queued at once."""
-    config = SchedulerConfig(max_num_seqs=1, max_slots=1, max_model_len=64, num_blocks=16)
-    scheduler = Scheduler(config, policy=policy)
+    layout = KVLayout(max_slots=1, max_model_len=64, block_size=16, num_blocks=16)
+    scheduler = Scheduler(SchedulerConfig(max_num_seqs=1), layout, policy=policy)
     for rid, n in [("long", 20), ("mid", 10), ("short", 3)]:
         scheduler.add_request(Request(rid, list(range(1, n + 1)), SamplingParams(max_tokens=1)))
     order = []

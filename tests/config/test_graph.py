@@ -47,15 +47,13 @@ def test_engine_settings_follow_the_stages() -> None:
     )
     layout = graph.kv_layout()
     assert layout == KVLayout(max_slots=4, max_model_len=256, block_size=16, num_blocks=64)
-    sched = graph.batching.scheduler_config(layout, graph.cache.enabled)
-    assert sched.mode == "static" and sched.max_num_seqs == 4 and sched.layout == layout
-    assert sched.enable_prefix_caching is False
+    assert graph.batching.mode == "static" and graph.batching.max_num_seqs == 4
+    assert graph.check_engine_settings() == layout and graph.cache.enabled is False
     graph = graph_for("executor.max_slots=8", "executor.precision=int4", "cache.block_size=32")
     layout = graph.kv_layout()
     assert layout.max_slots == 8 and layout.block_size == 32 and graph.executor.precision == "int4"
-    assert graph.executor.engine_config(layout).precision == "int4"
-    sched = graph.batching.scheduler_config(layout, graph.cache.enabled)
-    assert sched.mode == "continuous" and sched.enable_prefix_caching is True
+    assert graph.executor.settings_for_runner().precision == "int4"
+    assert graph.batching.mode == "continuous" and graph.cache.enabled is True
 
 
 def test_old_max_batch_size_spelling_still_works_with_a_warning() -> None:

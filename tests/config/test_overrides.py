@@ -41,3 +41,21 @@ def test_plugin_folders_are_passed_only_when_the_hydra_plugin_does_not_add_them(
     added = [f"file://{tmp_path.resolve()}", *(p.search_path for p in discover_plugins())]
     quoted = ",".join(f"'{p}'" for p in ["file:///mine", *added])
     assert prepare_overrides(["task=check", mine]) == ["task=check", f"hydra.searchpath=[{quoted}]"]
+
+
+@pytest.mark.parametrize(
+    ("args", "flags"),
+    [
+        (["-m", "batching=static,continuous", "task=check"], ["-m"]),
+        (["--cfg", "job", "+model=local", "--resolve"], ["--cfg", "job", "--resolve"]),
+        (["--info", "searchpath", "task=check"], ["--info", "searchpath"]),
+        (["task=check", "--info"], ["--info"]),  # (--info's value is optional)
+        (["-cn", "other", "--help", "~cache"], ["-cn", "other", "--help"]),
+        (["--cfg=job", "x=1"], ["--cfg=job"]),
+    ],
+)
+def test_hydra_flags_and_their_values_are_told_from_the_overrides(
+    args: list[str], flags: list[str]
+) -> None:
+    """What Hydra's own argument parser would split (without importing hydra._internal)."""
+    assert compose.split_args(args) == (flags, [a for a in args if a not in flags])

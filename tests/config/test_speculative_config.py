@@ -7,8 +7,7 @@ import pytest
 from inferflow.cli import compose_config
 from inferflow.config import ConfigError
 from inferflow.graph import build_graph
-from inferflow.speculative.proposer import NgramProposer
-from inferflow.stages.speculative import NgramSpeculation, NoSpeculation
+from inferflow.stages.speculative import NgramProposer, NgramSpeculation, NoSpeculation
 
 pytestmark = pytest.mark.usefixtures("config_env")
 

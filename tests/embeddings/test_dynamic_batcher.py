@@ -10,10 +10,10 @@ import pytest
 from inferflow.embeddings.dynamic_batcher import (
     BatcherClosed,
     DynamicBatcher,
-    DynamicBatchingConfig,
     QueueFull,
     WorkerState,
 )
+from inferflow.stages.batching import DynamicBatching
 
 WAIT = 10.0  # generous upper bound for event waits; tests never wait on time itself
 
@@ -38,7 +38,7 @@ class Recorder:
 def make_batcher(
     fn: Recorder, *, length_fn: bool = False, **cfg: object
 ) -> DynamicBatcher[str, str]:
-    config = DynamicBatchingConfig(**{"max_delay_ms": 0.0, **cfg})  # type: ignore[arg-type]
+    config = DynamicBatching(**{"max_delay_ms": 0.0, **cfg})  # type: ignore[arg-type]
     return DynamicBatcher(fn, config, length_fn=len if length_fn else None)
 
 
@@ -50,7 +50,7 @@ def hold_worker(batcher: DynamicBatcher[str, str], rec: Recorder) -> None:
 
 def test_32_concurrent_submitters_form_batches_larger_than_one() -> None:
     rec = Recorder(gated=True)
-    with make_batcher(rec, max_batch_size=8, max_delay_ms=2.0) as batcher:
+    with make_batcher(rec, max_num_seqs=8, max_delay_ms=2.0) as batcher:
         hold_worker(batcher, rec)
         start = threading.Barrier(32)
         futures: dict[int, object] = {}
@@ -76,7 +76,7 @@ def test_32_concurrent_submitters_form_batches_larger_than_one() -> None:
 
 def test_bounded_queue_rejects_when_full_and_admits_all_or_nothing() -> None:
     rec = Recorder(gated=True)
-    with make_batcher(rec, max_batch_size=4, max_queue_size=3) as batcher:
+    with make_batcher(rec, max_num_seqs=4, max_queue_size=3) as batcher:
         hold_worker(batcher, rec)
         queued = [batcher.submit(x) for x in ("a", "b")]
         with pytest.raises(QueueFull):
@@ -120,7 +120,7 @@ def test_length_buckets_group_similar_lengths() -> None:
 
 def test_full_bucket_is_dispatched_before_older_partial_one() -> None:
     rec = Recorder(gated=True)
-    with make_batcher(rec, length_fn=True, bucket_boundaries=(8,), max_batch_size=2) as batcher:
+    with make_batcher(rec, length_fn=True, bucket_boundaries=[8], max_num_seqs=2) as batcher:
         hold_worker(batcher, rec)
         futures = batcher.submit_many(["x" * 20, "s1", "s2", "s3"])
         rec.gate.set()
@@ -137,7 +137,7 @@ def test_batch_errors_reach_every_waiter_and_worker_survives() -> None:
             return []
         return items
 
-    with DynamicBatcher(fn, DynamicBatchingConfig(max_delay_ms=0.0)) as batcher:
+    with DynamicBatcher(fn, DynamicBatching(max_delay_ms=0.0)) as batcher:
         with pytest.raises(KeyError):
             batcher.submit("boom").result(WAIT)
         with pytest.raises(RuntimeError, match="0 results for 1 items"):
@@ -176,13 +176,13 @@ def test_close_fails_queued_items_and_rejects_new_ones() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_delay_ms", 10.5), ("max_delay_ms", -1.0), ("max_batch_size", 0), ("max_queue_size", 0)],
+    [("max_delay_ms", 10.5), ("max_delay_ms", -1.0), ("max_num_seqs", 0), ("max_queue_size", 0)],
 )
 def test_config_rejects_out_of_range_values(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
-        DynamicBatchingConfig(**{field: value})  # type: ignore[arg-type]
+        DynamicBatching(**{field: value})  # type: ignore[arg-type]
 
 
 def test_config_accepts_delay_bounds() -> None:
-    assert DynamicBatchingConfig(max_delay_ms=0).max_delay_ms == 0
-    assert DynamicBatchingConfig(max_delay_ms=10).max_delay_ms == 10
+    assert DynamicBatching(max_delay_ms=0).max_delay_ms == 0
+    assert DynamicBatching(max_delay_ms=10).max_delay_ms == 10

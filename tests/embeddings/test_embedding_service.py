@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from embedding_cases import SENTENCES, cosine_rows
 
-from inferflow.embeddings.dynamic_batcher import BatcherClosed, DynamicBatchingConfig
+from inferflow.embeddings.dynamic_batcher import BatcherClosed
 from inferflow.embeddings.encoder_runner import EncoderRunner
 from inferflow.embeddings.service import (
     Embedder,
@@ -21,6 +21,7 @@ from inferflow.embeddings.service import (
     _gather,
     _Item,
 )
+from inferflow.stages.batching import DynamicBatching
 
 COSINE = 0.9999
 
@@ -28,7 +29,7 @@ COSINE = 0.9999
 @pytest.fixture
 def service(minilm_engine: EncoderRunner) -> Iterator[EmbeddingService]:
     tokenizer = minilm_engine.checkpoint.tokenizer()
-    config = DynamicBatchingConfig(max_batch_size=8, max_delay_ms=10.0, max_queue_size=64)
+    config = DynamicBatching(max_num_seqs=8, max_delay_ms=10.0, max_queue_size=64)
     svc = EmbeddingService(minilm_engine, tokenizer, config, model_name="all-MiniLM-L6-v2")
     yield svc
     svc.close()

@@ -10,7 +10,7 @@ import numpy as np
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
-from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 from inferflow.runtimes.step_inputs import EngineRow
 
@@ -59,10 +59,14 @@ def transformers_reference(path: Path, prompt: list[int], n_new: int,
     return full[len(prompt):], logits
 
 
-def make_engine(path: Path, **kwargs: object) -> OnnxRuntimeRunner:
-    settings: dict[str, object] = {"max_slots": 4, "max_model_len": 256}
-    settings.update(kwargs)
-    return OnnxRuntimeRunner(load_checkpoint(path), EngineConfig(**settings))  # type: ignore[arg-type]
+def make_engine(path: Path, *, max_slots: int = 4, max_model_len: int = 256, block_size: int = 16,
+                num_blocks: int = 0, **settings: object) -> OnnxRuntimeRunner:
+    """A runner over ``KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)``;
+    ``settings``: ``OrtSettings`` fields."""
+    from inferflow.scheduling.layout import KVLayout
+
+    layout = KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)
+    return OnnxRuntimeRunner(load_checkpoint(path), OrtSettings(**settings), layout)  # type: ignore[arg-type]
 
 
 def greedy(engine: OnnxRuntimeRunner, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
@@ -83,6 +87,7 @@ def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4
                       max_num_batched_tokens: int = 48, cache_dir: Path | None = None) -> LLMEngine:
     """An ``LLMEngine`` over ``executor=torch`` (paged KV, ``num_blocks`` physical blocks)."""
     from inferflow.scheduling.config import SchedulerConfig
+    from inferflow.scheduling.kv_cache_manager import KVCacheManager
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.scheduler import Scheduler
     from inferflow.stages.detokenizer import StreamingDetokenizer
@@ -93,11 +98,11 @@ def make_torch_engine(path: Path, *, num_blocks: int = 64, max_num_seqs: int = 4
     executor = TorchExecutor(compile=compile, dtype=dtype,  # type: ignore[arg-type]
                              cache_dir=str(cache_dir) if cache_dir else None)
     executor.load(checkpoint, layout)
-    config = SchedulerConfig.for_layout(layout, max_num_seqs=max_num_seqs,
-                                        max_num_batched_tokens=max_num_batched_tokens,
-                                        enable_prefix_caching=prefix)
-    return LLMEngine.from_components(checkpoint, executor, Scheduler(config),
-                                     StreamingDetokenizer())
+    budgets = SchedulerConfig(max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max_num_batched_tokens)
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, prefix)
+    return LLMEngine(checkpoint, executor, Scheduler(budgets, layout, kv=kv),
+                     StreamingDetokenizer())
 
 
 def torch_greedy(runner: object, prompt: list[int], n: int,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from inferflow.sampling.detokenizer import IncrementalDetokenizer, partial_stop_len
+from inferflow.stages.detokenizer import TextDetokenizer, partial_stop_len
 
 
 class ByteTokenizer:
@@ -14,7 +14,7 @@ class ByteTokenizer:
         return bytes(ids).decode("utf-8", errors="replace")
 
 
-def feed(detok: IncrementalDetokenizer, text: str) -> list[str]:
+def feed(detok: TextDetokenizer, text: str) -> list[str]:
     data = list(text.encode())
     deltas = [detok.add([b]) for b in data]
     deltas.append(detok.add([], final=True))
@@ -22,14 +22,14 @@ def feed(detok: IncrementalDetokenizer, text: str) -> list[str]:
 
 
 def test_multibyte_characters_are_never_split() -> None:
-    detok = IncrementalDetokenizer(ByteTokenizer())
+    detok = TextDetokenizer(ByteTokenizer())
     deltas = feed(detok, "a→東京🙂b")
     assert "".join(deltas) == "a→東京🙂b"
     assert all("\ufffd" not in d for d in deltas)
 
 
 def test_stop_string_is_cut_and_never_streamed() -> None:
-    detok = IncrementalDetokenizer(ByteTokenizer(), stop=["STOP"])
+    detok = TextDetokenizer(ByteTokenizer(), stop=["STOP"])
     deltas = feed(detok, "hello STOP world")
     assert "".join(deltas) == "hello "
     assert detok.stop_reason == "STOP"
@@ -37,7 +37,7 @@ def test_stop_string_is_cut_and_never_streamed() -> None:
 
 
 def test_partial_match_is_released_when_it_turns_out_not_to_be_a_stop() -> None:
-    detok = IncrementalDetokenizer(ByteTokenizer(), stop=["<end>"])
+    detok = TextDetokenizer(ByteTokenizer(), stop=["<end>"])
     deltas = feed(detok, "a <en b")
     assert "".join(deltas) == "a <en b" and detok.stop_reason is None
     assert partial_stop_len("xx<en", ["<end>"]) == 3
@@ -45,7 +45,7 @@ def test_partial_match_is_released_when_it_turns_out_not_to_be_a_stop() -> None:
 
 
 def test_earliest_of_several_stop_strings_wins() -> None:
-    detok = IncrementalDetokenizer(ByteTokenizer(), stop=["world", "lo w"])
+    detok = TextDetokenizer(ByteTokenizer(), stop=["world", "lo w"])
     assert "".join(feed(detok, "hello world")) == "hel"
     assert detok.stop_reason == "lo w"
 
@@ -63,7 +63,7 @@ def _partial_stop_len_by_definition(text: str, stops: list[str]) -> int:
 def test_partial_stop_match_equals_its_definition() -> None:
     import random
 
-    from inferflow.sampling.detokenizer import partial_stop_len
+    from inferflow.stages.detokenizer import partial_stop_len
 
     rng = random.Random(0)
     for _ in range(5000):

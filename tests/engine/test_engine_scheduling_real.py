@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from engine_factories import PROMPTS, make_named_checkpoint, run_greedy
 
+from inferflow import LLM
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
-from inferflow.runtimes.config import EngineConfig
-from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.integrity import check_scheduler
 
 SYSTEM = "System: You are a helpful assistant. Answer briefly and truthfully, please. " * 3
 
@@ -34,9 +34,8 @@ def run(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, together: 
 
 
 def make(ckpt: Path, *, prefix: bool, num_blocks: int = 0, slots: int = 4) -> LLMEngine:
-    return LLMEngine(load_checkpoint(ckpt),
-                     EngineConfig(max_slots=slots, max_model_len=256, block_size=8, num_blocks=num_blocks),
-                     SchedulerConfig(max_num_batched_tokens=48, enable_prefix_caching=prefix))
+    return LLM(ckpt, max_slots=slots, max_model_len=256, block_size=8, num_blocks=num_blocks,
+               max_num_batched_tokens=48, enable_prefix_caching=prefix).engine
 
 
 def test_prefix_hit_prefills_only_the_suffix_and_changes_nothing(ckpt: Path) -> None:
@@ -59,4 +58,4 @@ def test_preemption_under_memory_pressure_gives_the_same_outputs(ckpt: Path) -> 
     tight = make(ckpt, prefix=False, num_blocks=20)
     assert run(tight, prompts, 40, together=True) == roomy
     assert tight.stats().num_preemptions > 0
-    tight.scheduler.check_integrity()
+    check_scheduler(tight.scheduler)

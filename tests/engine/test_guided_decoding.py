@@ -17,8 +17,8 @@ from engine_factories import PROMPTS, make_named_checkpoint
 
 from inferflow import LLM, SamplingParams
 from inferflow.engine.llm_engine import RequestRejected
-from inferflow.guided.bitmask import allowed_tokens, bitmask_of
-from inferflow.guided.constraint import GuidedConstraint, GuidedError, GuidedKind
+from inferflow.sampling.bitmask import allowed_tokens, bitmask_of
+from inferflow.sampling_params import GuidedConstraint, GuidedError, GuidedKind
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
 
 SEEDS = range(12)

@@ -97,16 +97,16 @@ def test_defaults_are_the_servers(tmp_path_factory: pytest.TempPathFactory) -> N
     path = make_named_checkpoint(tmp_path_factory.mktemp("defaults"), "gqa8x2")
     engine = LLM(path).engine
     server = ContinuousBatching()
-    config = engine.scheduler_config
+    config = engine.scheduler.budgets
     assert (config.max_num_seqs, config.max_num_batched_tokens) == (
         server.max_num_seqs, server.max_num_batched_tokens)
     assert engine.layout.max_slots == server.max_num_seqs
     assert engine.max_model_len == engine.model_config.max_position_embeddings
     given = LLM(path, max_num_seqs=3, max_num_batched_tokens=96, max_model_len=128).engine
-    assert (given.scheduler_config.max_num_seqs, given.scheduler_config.max_num_batched_tokens,
+    assert (given.scheduler.budgets.max_num_seqs, given.scheduler.budgets.max_num_batched_tokens,
             given.layout.max_slots, given.max_model_len) == (3, 96, 3, 128)
     one = LLM(path, mode="none", max_model_len=64).engine  # batching=none's budgets
-    assert (one.scheduler_config.max_num_seqs, one.layout.max_slots) == (1, 1)
+    assert (one.scheduler.budgets.max_num_seqs, one.layout.max_slots) == (1, 1)
 
 
 def test_a_small_memory_lowers_the_default_context(

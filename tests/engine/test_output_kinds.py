@@ -18,7 +18,7 @@ from inferflow.sampling_params import SamplingParamsError
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> LLMEngine:
     path = make_named_checkpoint(tmp_path_factory.mktemp("kinds"), "gqa8x2")
-    return LLMEngine.from_path(path, max_slots=4, max_model_len=256, max_num_batched_tokens=64)
+    return LLM(path, max_slots=4, max_model_len=256, max_num_batched_tokens=64).engine
 
 
 def run(engine: LLMEngine, params: list[SamplingParams]) -> dict[str, list[RequestOutput]]:

@@ -8,7 +8,8 @@ import pytest
 from inferflow.sampling.rejection import verify_drafts
 from inferflow.sampling.sampler import Sampler, SampleRow, filtered_probs
 from inferflow.sampling_params import SamplingParams
-from inferflow.speculative.proposer import DraftRequest, NgramProposer
+from inferflow.scheduling.speculation import DraftRequest
+from inferflow.stages.speculative import NgramProposer
 
 
 def test_ngram_prefers_the_longest_suffix_and_its_latest_occurrence() -> None:

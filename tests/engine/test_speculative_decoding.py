@@ -16,6 +16,7 @@ from spec_factories import make_tiny_vocab_checkpoint
 
 from inferflow import LLM, SamplingParams
 from inferflow.models.tiny import tiny_llama_path
+from inferflow.scheduling.integrity import check_scheduler
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4}
 REPETITIVE = [
@@ -54,7 +55,7 @@ def test_greedy_output_is_unchanged_alone_and_in_a_batch(pair: tuple[LLM, LLM]) 
     stats = spec.engine.scheduler.spec_stats
     assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens  # accepted and rejected ones
     assert spec.engine.scheduler.stats.prefix_cache_hits > 0
-    spec.engine.scheduler.check_integrity()
+    check_scheduler(spec.engine.scheduler)
     assert spec.engine.scheduler.stats.num_kv_blocks_used == 0
 
 

@@ -64,12 +64,12 @@ def test_tensorrt_engine_matches_onnxruntime(tmp_path: Path) -> None:
 def test_tensorrt_backend_without_tensorrt_is_one_clear_error(tmp_path: Path) -> None:
     if trt_engine.tensorrt_available():
         pytest.skip("TensorRT is installed here")
-    from inferflow.runtimes.config import EngineConfig
-    from inferflow.runtimes.factory import create_runner
+    from inferflow.scheduling.layout import KVLayout
+    from inferflow.stages.executor import TensorRTExecutor
 
     ck = load_checkpoint(make_named_checkpoint(tmp_path, "gqa8x2"))
     with pytest.raises(RuntimeError, match=r"pip install 'inferflow\[tensorrt\]'"):
-        create_runner(ck, EngineConfig(backend="tensorrt", graph_form="canonical"))
+        TensorRTExecutor().create_runner(ck, KVLayout.plan(8, 1024))
 
 
 def test_profiles_follow_the_schedulers_step_limits(tmp_path: Path) -> None:

@@ -30,7 +30,9 @@ from inferflow.scheduling.layout import KVLayout
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from inferflow.runtimes.torch_engine.runner import TorchRunner, TorchSettings  # noqa: E402
+from inferflow.runtimes.config import TorchSettings  # noqa: E402
+from inferflow.runtimes.torch_engine.runner import TorchRunner  # noqa: E402
+from inferflow.scheduling.integrity import check_scheduler  # noqa: E402
 
 N_NEW = 24
 SYSTEM = "System: You are a helpful assistant. Answer briefly and truthfully, please. " * 3
@@ -159,7 +161,7 @@ def test_prefix_hits_share_physical_blocks_without_copies(ckpt: Path) -> None:
     assert engine.stats().prefix_cache_hits >= 2 * shared_blocks * 8
     plain = run(make_torch_engine(ckpt, prefix=False), prompts[1:], 12, together=True)
     assert [outputs["1"], outputs["2"]] == plain
-    engine.scheduler.check_integrity()
+    check_scheduler(engine.scheduler)
 
 
 def test_preemption_under_a_tight_block_budget_gives_the_same_outputs(ckpt: Path) -> None:
@@ -169,7 +171,7 @@ def test_preemption_under_a_tight_block_budget_gives_the_same_outputs(ckpt: Path
     tight = make_torch_engine(ckpt, prefix=False, num_blocks=20)
     assert run(tight, prompts, 40, together=True) == roomy
     assert tight.stats().num_preemptions > 0
-    tight.scheduler.check_integrity()
+    check_scheduler(tight.scheduler)
 
 
 @pytest.mark.parametrize("max_model_len", [1024, 8192])

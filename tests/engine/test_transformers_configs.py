@@ -27,7 +27,8 @@ from inferflow.scheduling.layout import KVLayout
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from inferflow.runtimes.torch_engine.runner import TorchRunner, TorchSettings  # noqa: E402
+from inferflow.runtimes.config import TorchSettings  # noqa: E402
+from inferflow.runtimes.torch_engine.runner import TorchRunner  # noqa: E402
 
 PROMPT_TOKENS, N_NEW, CONTEXT = 320, 12, 512
 ATOL = 1e-3  # fp32 logits: the kernels' round-off, not a different computation

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from fake_executor import FakeExecutor, next_token, reference_output
 
 from inferflow.engine.step import step
 from inferflow.sampling_params import SamplingParams
-from inferflow.scheduling import Request, RequestStatus, Scheduler, SchedulerConfig
+from inferflow.scheduling import KVLayout, Request, RequestStatus, Scheduler, SchedulerConfig
+from inferflow.scheduling.config import BatchingMode, check_budgets
+from inferflow.scheduling.integrity import check_scheduler
+from inferflow.scheduling.kv_cache_manager import KVCacheManager
 from inferflow.scheduling.plan import SchedulerOutput
+from inferflow.scheduling.speculation import DraftProposer, DraftRequest
 from inferflow.scheduling.updates import StepUpdate
-from inferflow.speculative.proposer import DraftProposer, DraftRequest
 
 VOCAB = 64
 EOS = 0
@@ -28,8 +31,58 @@ TINY = dict(
 )
 
 
-def make_config(**overrides: object) -> SchedulerConfig:
-    return SchedulerConfig(**{**TINY, **overrides})  # type: ignore[arg-type]
+class FakeClock:
+    def __init__(self) -> None:
+        self._t = itertools.count()
+
+    def __call__(self) -> float:
+        return float(next(self._t))
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    """A scheduler's budgets and its layout in one set of keywords (checked as the graph does)."""
+
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_model_len: int = 2048
+    num_blocks: int = 512
+    block_size: int = 16
+    max_slots: int = 16
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0
+    policy: str = "fcfs"
+    mode: BatchingMode = "continuous"
+    paged: bool = False
+
+    def __post_init__(self) -> None:
+        check_budgets(self.budgets, self.layout)
+
+    @property
+    def budgets(self) -> SchedulerConfig:
+        return SchedulerConfig(
+            self.max_num_seqs, self.max_num_batched_tokens, self.enable_chunked_prefill,
+            self.long_prefill_token_threshold, self.policy, self.mode)
+
+    @property
+    def layout(self) -> KVLayout:
+        return KVLayout(self.max_slots, self.max_model_len, self.block_size, self.num_blocks,
+                        self.paged)
+
+    @property
+    def max_running(self) -> int:
+        return 1 if self.mode == "none" else min(self.max_num_seqs, self.max_slots)
+
+
+def make_config(**overrides: object) -> TinyConfig:
+    return TinyConfig(**{**TINY, **overrides})  # type: ignore[arg-type]
+
+
+def make_scheduler(cfg: TinyConfig, clock: Callable[[], float] = FakeClock(),
+                   proposer: DraftProposer | None = None) -> Scheduler:
+    kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+    return Scheduler(cfg.budgets, cfg.layout, kv=kv, proposer=proposer, clock=clock)
 
 
 def make_request(
@@ -53,7 +106,7 @@ def make_request(
     )
 
 
-def expected(request: Request, config: SchedulerConfig) -> list[int]:
+def expected(request: Request, config: TinyConfig) -> list[int]:
     """The oracle output of ``request`` (run alone, no scheduler)."""
     return reference_output(
         request.prompt_token_ids,
@@ -64,19 +117,11 @@ def expected(request: Request, config: SchedulerConfig) -> list[int]:
     )
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self._t = itertools.count()
-
-    def __call__(self) -> float:
-        return float(next(self._t))
-
-
 @dataclass
 class Harness:
     """A scheduler and a fake executor driven by ``engine_loop.step``; integrity checked every step."""
 
-    config: SchedulerConfig
+    config: TinyConfig
     proposer: DraftProposer | None = None  # speculative decoding
     scheduler: Scheduler = field(init=False)
     executor: FakeExecutor = field(init=False)
@@ -85,7 +130,7 @@ class Harness:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.scheduler = Scheduler(cfg, clock=FakeClock(), proposer=self.proposer)
+        self.scheduler = make_scheduler(cfg, clock=FakeClock(), proposer=self.proposer)
         self.executor = FakeExecutor(
             cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged
         )
@@ -96,7 +141,7 @@ class Harness:
 
     def step(self) -> list[StepUpdate]:
         updates = step(self.scheduler, self.executor)
-        self.scheduler.check_integrity()
+        check_scheduler(self.scheduler)
         for u in updates:
             if u.finished:
                 self.finished[u.request_id] = u.request
@@ -120,7 +165,7 @@ class Harness:
         return {rid: r.output_token_ids for rid, r in self.finished.items()}
 
 
-def run_alone_outputs(requests: Sequence[Request], config: SchedulerConfig) -> dict[str, list[int]]:
+def run_alone_outputs(requests: Sequence[Request], config: TinyConfig) -> dict[str, list[int]]:
     return {r.request_id: expected(r, config) for r in requests}
 
 

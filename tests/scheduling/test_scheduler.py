@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import pytest
-from sched_factories import Harness, clone, expected, make_config, make_request, run_alone_outputs
+from sched_factories import (
+    Harness,
+    clone,
+    expected,
+    make_config,
+    make_request,
+    make_scheduler,
+    run_alone_outputs,
+)
 
-from inferflow.scheduling import RequestStatus, Scheduler, SchedulerConfigError
+from inferflow.scheduling import RequestStatus, SchedulerConfigError
+from inferflow.scheduling.integrity import check_scheduler
 from inferflow.scheduling.plan import KVBlockCopy
 
 
@@ -170,7 +179,7 @@ def test_cancellation_frees_slot_and_blocks_at_once_and_is_reported_in_the_next_
         "abort",
     )
     assert h.scheduler.stats.num_kv_blocks_used == used - 2 and h.scheduler.slots.used == {1}
-    h.scheduler.check_integrity()
+    check_scheduler(h.scheduler)
     h.step()
     assert h.last_plan.finished_request_ids == frozenset({"a", "c"})
     assert [ch.request_id for ch in h.last_plan.chunks] == ["b"]
@@ -295,7 +304,7 @@ def test_stop_token_eos_and_logprobs_in_updates() -> None:
 
 
 def test_impossible_requests_and_configs_are_refused() -> None:
-    s = Scheduler(make_config(num_blocks=4, max_model_len=64))
+    s = make_scheduler(make_config(num_blocks=4, max_model_len=64))
     with pytest.raises(ValueError, match="max_model_len"):
         s.add_request(make_request("a", [1] * 65))
     with pytest.raises(ValueError, match="KV blocks"):

@@ -8,9 +8,18 @@ from dataclasses import dataclass
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from sched_factories import EOS, Harness, OracleProposer, expected, make_config, make_request
+from sched_factories import (
+    EOS,
+    Harness,
+    OracleProposer,
+    TinyConfig,
+    expected,
+    make_config,
+    make_request,
+)
 
-from inferflow.scheduling import Request, RequestStatus, SchedulerConfig
+from inferflow.scheduling import Request, RequestStatus
+from inferflow.scheduling.integrity import check_scheduler
 
 
 @dataclass
@@ -21,7 +30,7 @@ class Arrival:
 
 
 @st.composite
-def configs(draw: st.DrawFn) -> SchedulerConfig:
+def configs(draw: st.DrawFn) -> TinyConfig:
     block_size = draw(st.sampled_from([2, 3, 4]))
     num_blocks = draw(st.integers(4, 12))
     # mostly max_model_len <= pool size, so long requests get capped rather than refused
@@ -68,7 +77,7 @@ def arrivals(draw: st.DrawFn, min_requests: int = 1) -> list[Arrival]:
 
 
 @st.composite
-def tight_configs(draw: st.DrawFn) -> SchedulerConfig:
+def tight_configs(draw: st.DrawFn) -> TinyConfig:
     """Many slots, little memory (max_model_len = the whole pool): most workloads must preempt."""
     num_blocks = draw(st.integers(6, 10))
     return make_config(
@@ -91,7 +100,7 @@ SETTINGS = settings(
 @SETTINGS
 @given(cfg=configs(), plan=arrivals())
 def test_random_workloads_finish_with_reference_outputs_and_no_leaks(
-    cfg: SchedulerConfig, plan: list[Arrival]
+    cfg: TinyConfig, plan: list[Arrival]
 ) -> None:
     run_workload(cfg, plan)
 
@@ -99,7 +108,7 @@ def test_random_workloads_finish_with_reference_outputs_and_no_leaks(
 @SETTINGS
 @given(cfg=tight_configs(), plan=arrivals(min_requests=4))
 def test_tight_memory_workloads_preempt_and_still_match(
-    cfg: SchedulerConfig, plan: list[Arrival]
+    cfg: TinyConfig, plan: list[Arrival]
 ) -> None:
     run_workload(cfg, plan)
 
@@ -107,7 +116,7 @@ def test_tight_memory_workloads_preempt_and_still_match(
 @SETTINGS
 @given(cfg=configs(), plan=arrivals())
 def test_paged_workloads_finish_with_reference_outputs_and_no_leaks(
-    cfg: SchedulerConfig, plan: list[Arrival]
+    cfg: TinyConfig, plan: list[Arrival]
 ) -> None:
     """The same workloads with the KV in the pool's blocks (block tables, shared prefix blocks)."""
     run_workload(dataclasses.replace(cfg, paged=True), plan)
@@ -116,7 +125,7 @@ def test_paged_workloads_finish_with_reference_outputs_and_no_leaks(
 @SETTINGS
 @given(cfg=tight_configs(), plan=arrivals(min_requests=4))
 def test_paged_tight_memory_workloads_preempt_and_still_match(
-    cfg: SchedulerConfig, plan: list[Arrival]
+    cfg: TinyConfig, plan: list[Arrival]
 ) -> None:
     run_workload(dataclasses.replace(cfg, paged=True), plan)
 
@@ -124,7 +133,7 @@ def test_paged_tight_memory_workloads_preempt_and_still_match(
 @SETTINGS
 @given(cfg=configs(), plan=arrivals(), paged=st.booleans())
 def test_speculative_workloads_match_the_reference(
-    cfg: SchedulerConfig, plan: list[Arrival], paged: bool
+    cfg: TinyConfig, plan: list[Arrival], paged: bool
 ) -> None:
     """With drafts (some right, some wrong) in decode rows, outputs are still the reference's:
     rejected drafts are rolled back in slots and paged blocks alike."""
@@ -134,13 +143,13 @@ def test_speculative_workloads_match_the_reference(
 @SETTINGS
 @given(cfg=tight_configs(), plan=arrivals(min_requests=4), paged=st.booleans())
 def test_speculative_tight_memory_workloads_still_match(
-    cfg: SchedulerConfig, plan: list[Arrival], paged: bool
+    cfg: TinyConfig, plan: list[Arrival], paged: bool
 ) -> None:
     run_workload(dataclasses.replace(cfg, paged=paged), plan, OracleProposer(4, 0.2))
 
 
 def run_workload(
-    cfg: SchedulerConfig, plan: list[Arrival], proposer: OracleProposer | None = None
+    cfg: TinyConfig, plan: list[Arrival], proposer: OracleProposer | None = None
 ) -> None:
     h = Harness(cfg, proposer)
     accepted: list[Arrival] = []
@@ -154,7 +163,7 @@ def run_workload(
                 add(h, cfg, a, accepted)
             if a.cancel_step == t and h.scheduler.finish_requests([a.request.request_id]):
                 cancelled.add(a.request.request_id)
-        h.scheduler.check_integrity()
+        check_scheduler(h.scheduler)
         h.step()
         t += 1
 
@@ -188,7 +197,7 @@ def run_workload(
             )
 
 
-def add(h: Harness, cfg: SchedulerConfig, a: Arrival, accepted: list[Arrival]) -> None:
+def add(h: Harness, cfg: TinyConfig, a: Arrival, accepted: list[Arrival]) -> None:
     r = a.request
     try:
         h.add(r)

@@ -7,7 +7,7 @@ from sched_factories import VOCAB, Harness, OracleProposer, expected, make_confi
 
 from inferflow.runtimes.step_inputs import EngineRow, split_padding
 from inferflow.scheduling.kv_cache_manager import KVCacheManager
-from inferflow.speculative.proposer import DraftRequest
+from inferflow.scheduling.speculation import DraftRequest
 
 
 def test_drafts_leave_every_later_decode_its_token() -> None:

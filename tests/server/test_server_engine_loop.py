@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from inferflow import LLM
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
@@ -78,7 +79,7 @@ class RecordingTransport:
 
 @pytest.fixture(scope="module")
 def engine() -> LLMEngine:
-    return LLMEngine.from_path(tiny_llama_path(), max_slots=4, max_model_len=256)
+    return LLM(tiny_llama_path(), max_slots=4, max_model_len=256).engine
 
 
 class Running:

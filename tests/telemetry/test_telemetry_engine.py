@@ -14,6 +14,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from inferflow import LLM
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.tiny import TinySpec, make_checkpoint
 from inferflow.outputs import RequestOutput
@@ -68,7 +69,7 @@ def test_engine_spans_and_metrics_agree_with_the_engine(checkpoint: Path) -> Non
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     metrics = EngineMetrics("tiny", engine_index=0)
     telemetry = EngineTelemetry(get_tracer(provider), metrics)
-    engine = LLMEngine.from_path(checkpoint, max_slots=4, max_model_len=256)
+    engine = LLM(checkpoint, max_slots=4, max_model_len=256).engine
     engine.executor = TracedExecutor(
         engine.executor, telemetry, snapshot=lambda: engine.scheduler.stats
     )

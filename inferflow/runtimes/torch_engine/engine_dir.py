@@ -17,17 +17,13 @@ import platform
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
 from inferflow.json_types import JSONObject
 from inferflow.models.checkpoint import Checkpoint
-from inferflow.runtimes.config import default_engine_dir
+from inferflow.runtimes.config import TorchSettings, default_engine_dir
 from inferflow.runtimes.engine_cache import MANIFEST, cache_key
-
-if TYPE_CHECKING:
-    from inferflow.runtimes.torch_engine.runner import TorchSettings
 
 TORCH_ENGINE_VERSION = "2"  # bump when the forward or the compile setup changes (2: biases, rope types)
 

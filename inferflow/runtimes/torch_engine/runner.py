@@ -21,7 +21,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,6 +29,7 @@ import torch
 from inferflow.json_types import JSONObject
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.runtimes.build_progress import BuildProgress, reset_peak_rss
+from inferflow.runtimes.config import TorchSettings
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.runtimes.torch_engine.engine_dir import TorchEngineDir, open_engine_dir
 from inferflow.runtimes.torch_engine.model import DTYPES, TorchLlama
@@ -37,16 +37,6 @@ from inferflow.runtimes.torch_engine.step_batch import StepBatch, build_step_bat
 from inferflow.scheduling.layout import KVLayout
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TorchSettings:
-    device: str = "cpu"  # cpu | cuda | cuda:N
-    dtype: str = "float32"  # float32 | bfloat16 | float16
-    compile: str = "inductor"  # inductor | eager
-    cuda_graphs: bool = True  # CUDA only: replay decode steps from captured graphs
-    threads: int = 0  # CPU intra-op threads; 0 = torch's default (one per core)
-    cache_dir: str | None = None  # None = default_engine_dir()
 
 
 def graph_buckets(max_rows: int) -> list[int]:

@@ -36,6 +36,8 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
+from inferflow.config.server import ServerConfig
+
 logger = logging.getLogger(__name__)
 
 FD_HEADROOM = 1024  # descriptors kept free beyond the connection cap (queues, files, engines)
@@ -233,7 +235,7 @@ def raise_fd_limit(max_connections: int | None) -> int | None:
     return max_connections
 
 
-def uvicorn_connection_options(settings: Any, num_processes: int = 1) -> dict[str, Any]:
+def uvicorn_connection_options(settings: ServerConfig, num_processes: int = 1) -> dict[str, Any]:
     """``uvicorn.Config`` keyword arguments for one of ``num_processes`` API processes."""
     cap = settings.max_connections
     per_process = None if cap is None else max(1, -(-cap // max(1, num_processes)))

@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 from inferflow.embeddings.dynamic_batcher import BatcherClosed, QueueFull
 from inferflow.embeddings.models import EmbeddingModelSpec
 from inferflow.embeddings.service import EmbeddingInputError, EmbeddingService
+from inferflow.json_types import JSONValue
 from inferflow.server.http.embedding_trace import EmbeddingTrace
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.json_body import read_json_body
@@ -64,7 +65,7 @@ class EmbeddingRequest(BaseModel):
         return items
 
 
-def parse_embedding_request(body: Any) -> EmbeddingRequest:
+def parse_embedding_request(body: JSONValue) -> EmbeddingRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", None)
     try:

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferflow.guided.constraint import GuidedConstraint, GuidedKind
+from inferflow.sampling_params import GuidedConstraint, GuidedKind
 from inferflow.server.http.errors import bad_request
 
 BACKENDS = ("auto", "guidance", "llguidance")

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from inferflow.json_types import JSONValue
 from inferflow.server.http.errors import CLIENT_CLOSED, OpenAIError, bad_request, field_name
 
 logger = logging.getLogger(__name__)
@@ -25,10 +25,10 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 32  # no OpenAI request nests deeper than a handful of levels
 
 
-def parse_json_body(raw: bytes) -> Any:
+def parse_json_body(raw: bytes) -> JSONValue:
     """The body's JSON value; raises a 400 ``OpenAIError`` for anything unusable."""
     try:
-        value = json.loads(raw)
+        value: JSONValue = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}", None) from None
     except RecursionError:
@@ -39,7 +39,7 @@ def parse_json_body(raw: bytes) -> Any:
     return value
 
 
-async def read_json_body(request: Request) -> Any:
+async def read_json_body(request: Request) -> JSONValue:
     try:
         raw = await request.body()
     except ClientDisconnect:
@@ -48,9 +48,9 @@ async def read_json_body(request: Request) -> Any:
     return parse_json_body(raw)
 
 
-def _check(value: Any) -> None:
+def _check(value: JSONValue) -> None:
     """Depth and Unicode of every string (iteratively: the depth is what is being checked)."""
-    stack: list[tuple[Any, str, int]] = [(value, "", 0)]
+    stack: list[tuple[JSONValue, str, int]] = [(value, "", 0)]
     while stack:
         node, where, depth = stack.pop()
         if depth > MAX_DEPTH:

@@ -20,9 +20,11 @@ from fastapi.responses import JSONResponse, Response
 
 import inferflow
 from inferflow.config import LoadMode
+from inferflow.json_types import JSONObject, JSONValue
 from inferflow.server.http.deployments import Deployment, repository_metrics
+from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
-from inferflow.server.http.frontend import Frontend
+from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.json_body import read_json_body
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
@@ -35,8 +37,8 @@ def _version(package: str) -> str | None:
         return None
 
 
-def runtime_versions() -> dict[str, Any]:
-    versions: dict[str, Any] = {"python": platform.python_version()}
+def runtime_versions() -> JSONObject:
+    versions: JSONObject = {"python": platform.python_version()}
     versions.update({name: _version(name) for name in _RUNTIME_PACKAGES})
     return versions
 
@@ -67,7 +69,7 @@ def readiness(frontend: Frontend) -> str:
     return "stalled" if any(s == "stalled" for _, s in statuses) else "not_ready"
 
 
-def describe_model(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+def describe_model(frontend: Frontend, deployment: Deployment) -> JSONObject:
     """One version for ``/ready``, ``/version``, ``/admin/stats`` and the admin answers: its
     ``describe()``, its status and its share of unpinned requests now (``effective_weight``)."""
     return {
@@ -77,16 +79,18 @@ def describe_model(frontend: Frontend, deployment: Deployment) -> dict[str, Any]
     }
 
 
-def models_status(frontend: Frontend) -> list[dict[str, Any]]:
+def models_status(frontend: Frontend) -> list[JSONValue]:
     return [describe_model(frontend, d) for d in frontend.deployments]
 
 
-Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods): a LitSpec endpoint
+Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 
 
-def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
-    """``/health``, ``/ready``, ``/version``, ``/metrics`` and ``/admin/stats``, registered as
-    spec routes (``LitSpec.add_endpoint``)."""
+def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
+    """Every route of an API process, for either host to register: the OpenAI routes
+    (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
+    encoders are served), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
+    ``/admin/stats`` and the model repository's admin routes."""
 
     async def health() -> JSONResponse:
         """Liveness: the API process answers; says nothing about the model."""
@@ -94,7 +98,7 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
 
     async def ready() -> JSONResponse:
         status = readiness(frontend)
-        body: dict[str, Any] = {"status": status, "models": models_status(frontend)}
+        body: JSONObject = {"status": status, "models": models_status(frontend)}
         if frontend.embeddings is not None:
             body["embedding_models"] = {
                 "status": "ready" if frontend.embeddings.models.ready else "loading"
@@ -111,7 +115,12 @@ def ops_routes(frontend: Frontend, model_path: str) -> list[Route]:
             body += repository_metrics(frontend.router)
         return Response(content=body, media_type=content_type)
 
+    embeddings = frontend.embeddings
     return [
+        (COMPLETIONS_PATH, frontend.completions, ["POST"]),
+        (CHAT_PATH, frontend.chat_completions, ["POST"]),
+        (MODELS_PATH, frontend.models, ["GET"]),
+        *([(EMBEDDINGS_PATH, embeddings.embeddings, ["POST"])] if embeddings is not None else []),
         ("/health", health, ["GET"]),
         ("/ready", ready, ["GET"]),
         ("/version", _version_route(frontend, model_path), ["GET"]),
@@ -136,7 +145,8 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
                 isinstance(w, (int, float)) and not isinstance(w, bool) for w in weights.values()
             ):
                 raise ValueError
-            shares = {str(k): float(v) for k, v in weights.items()}  # (a huge int overflows)
+            # (a huge int overflows; the isinstance only narrows what all() checked)
+            shares = {str(k): float(v) for k, v in weights.items() if isinstance(v, int | float)}
         except (ValueError, OverflowError):
             raise OpenAIError.of(
                 400, 'weights: expected {"weights": {"VERSION": number, ...}}', param="weights"
@@ -203,7 +213,7 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
     return version
 
 
-def _model_versions(frontend: Frontend, deployment: Deployment) -> dict[str, Any]:
+def _model_versions(frontend: Frontend, deployment: Deployment) -> JSONObject:
     """One LLM version with its engine's versions (once loaded) for ``/version``."""
     info = deployment.shared.info()
     return {
@@ -250,5 +260,5 @@ def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     return admin_stats
 
 
-def _ints(stats: dict[str, float]) -> dict[str, Any]:
+def _ints(stats: dict[str, float]) -> JSONObject:
     return {k: int(v) if float(v).is_integer() else v for k, v in stats.items()}

@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from inferflow.guided.constraint import GuidedError
 from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults
-from inferflow.sampling_params import SamplingParams, SamplingParamsError
+from inferflow.sampling_params import GuidedError, SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
 from inferflow.server.messages import ErrorInfo
@@ -31,6 +30,9 @@ from inferflow.stages.base import (
     StageRequest,
 )
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
+
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -87,7 +89,7 @@ class RequestPipeline:
         self.guided = guided if guided is not None else NoGuidedDecoding()
 
     @classmethod
-    def from_graph(cls, graph: Any, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
+    def from_graph(cls, graph: ServingGraph, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
         """Set up the graph's stages (loads the tokenizer and the generation config) and wrap
         them."""
         graph.setup_stages()

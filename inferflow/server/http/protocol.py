@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
+from inferflow.json_types import JSONValue
 from inferflow.models.generation_config import GenerationDefaults
 from inferflow.sampling_params import SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request, field_path
@@ -246,7 +247,7 @@ def _first(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def parse_body(model: type[_SamplingFields], body: Any) -> Any:
+def parse_body(model: type[_SamplingFields], body: JSONValue) -> Any:
     """Validate a decoded JSON body; the first schema error becomes a 400 naming its field."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object", None)

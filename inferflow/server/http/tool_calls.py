@@ -33,8 +33,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from inferflow.guided.constraint import GuidedConstraint
 from inferflow.json_types import JSONObject
+from inferflow.sampling_params import GuidedConstraint
 from inferflow.server.http.errors import bad_request
 from inferflow.server.http.responses import Accumulated, ChatFormatter
 from inferflow.server.messages import RequestUpdate

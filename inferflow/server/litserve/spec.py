@@ -12,9 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from litserve.specs.base import LitSpec
 
-from inferflow.server.http.embeddings import EMBEDDINGS_PATH
-from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
-from inferflow.server.http.ops import ops_routes
+from inferflow.server.http.frontend import COMPLETIONS_PATH, Frontend
+from inferflow.server.http.ops import api_routes
 
 if TYPE_CHECKING:
     from litserve import LitAPI, LitServer
@@ -22,7 +21,7 @@ if TYPE_CHECKING:
 
 class OpenAICompatibleSpec(LitSpec):
     """Routes ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models`` (and
-    ``/v1/embeddings``) to ``frontend``, plus the operational routes (``ops_routes``): all of
+    ``/v1/embeddings``) to ``frontend``, plus the operational routes (``api_routes``): all of
     them LitServe spec endpoints."""
 
     def __init__(self, frontend: Frontend, model_path: str = "") -> None:
@@ -36,12 +35,7 @@ class OpenAICompatibleSpec(LitSpec):
         return True
 
     def pre_setup(self, lit_api: LitAPI) -> None:
-        self.add_endpoint(COMPLETIONS_PATH, self.frontend.completions, ["POST"])
-        self.add_endpoint(CHAT_PATH, self.frontend.chat_completions, ["POST"])
-        self.add_endpoint(MODELS_PATH, self.frontend.models, ["GET"])
-        if self.frontend.embeddings is not None:
-            self.add_endpoint(EMBEDDINGS_PATH, self.frontend.embeddings.embeddings, ["POST"])
-        for path, endpoint, methods in ops_routes(self.frontend, self.model_path):
+        for path, endpoint, methods in api_routes(self.frontend, self.model_path):
             self.add_endpoint(path, endpoint, methods)
 
     def setup(self, server: LitServer) -> None:

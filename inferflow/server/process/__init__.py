@@ -1,2 +1,3 @@
-"""The main process: ``serve()``, the supervisor, model management, the embedding-only server.
-It may import the rest of ``server/``: it starts the API processes and the workers of a host."""
+"""The main process: what every host builds from a graph (``runtime``), the supervisor, model
+management, the API process shell, the embedding-only server. It may import ``http/``,
+``worker/`` and the root modules, never a host (``litserve/``, ``ray/``): the hosts use it."""

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -45,6 +45,9 @@ from inferflow.server.http.limits import (
 from inferflow.server.http.openapi import install_openapi
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.telemetry.metrics_export import render_metrics
+
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
 
 logger = logging.getLogger(__name__)
 
@@ -164,7 +167,7 @@ class EmbeddingApp:
         return JSONResponse({"inferflow": inferflow.__version__, "models": models})
 
 
-def serve_embeddings(graph: Any) -> None:
+def serve_embeddings(graph: ServingGraph) -> None:
     """Serve the graph's embedding models until SIGTERM/SIGINT (blocking)."""
     settings = graph.server.with_env_api_keys()
     settings = replace(settings, max_connections=raise_fd_limit(settings.max_connections))

@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.config import LoadMode
 from inferflow.server.messages import ErrorInfo, StopWorker, WorkerLost
@@ -47,12 +47,13 @@ from inferflow.server.process_utils import process_rss
 from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
 from inferflow.telemetry.metrics_export import mark_process_dead, multiprocess_active
 
+if TYPE_CHECKING:
+    from inferflow.graph import ServingGraph
+
 logger = logging.getLogger(__name__)
 
 WORKER_BASE_BYTES = 150 * 2**20  # a worker's Python, ONNX Runtime and tokenizer, measured ~140 MB
 UNLOAD_TIMEOUT_S = 10.0  # a worker asked to stop is killed after this long
-_PRECISION_FACTOR = {"fp32": 1.0, "fp16": 0.5, "bf16": 0.5, "int8": 0.3, "int4": 0.2,
-                     "float32": 1.0, "float16": 0.5, "bfloat16": 0.5}
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 UNLOAD_ERROR = ErrorInfo(503, "The model was unloaded.", code="model_unloaded")
 CRASH_ERROR = ErrorInfo(
@@ -62,7 +63,7 @@ CRASH_ERROR = ErrorInfo(
 )
 
 
-def estimate_model_bytes(graph: Any) -> int:
+def estimate_model_bytes(graph: ServingGraph) -> int:
     """Host memory an engine worker of ``graph`` will hold: its weights at the engine's
     precision (``executor.precision``, or the torch executor's ``dtype``), the KV buffers its
     layout reserves, and ``WORKER_BASE_BYTES``. (A GPU's memory is not host memory.)"""
@@ -76,16 +77,8 @@ def estimate_model_bytes(graph: Any) -> int:
     except (OSError, ValueError):
         dtype = "float32"
     fp32 = weights_bytes(iter_shards(folder)) * 4 / _DTYPE_BYTES.get(str(dtype), 4)
-    executor = graph.executor
-    precision = getattr(executor, "precision", None) or getattr(executor, "dtype", None)
-    factor = _PRECISION_FACTOR.get(str(getattr(precision, "value", precision) or "fp32"), 1.0)
-    on_gpu = str(getattr(executor, "device", "cpu")).startswith("cuda")
     layout, budget = graph.kv_layout(), graph.served_context.budget
-    tokens = layout.num_blocks * layout.block_size
-    if not layout.paged:
-        tokens += layout.max_slots * layout.max_model_len
-    kv = 0 if on_gpu or budget is None else tokens * budget.bytes_per_token
-    return (0 if on_gpu else int(fp32 * factor)) + kv + WORKER_BASE_BYTES
+    return graph.executor.estimate_bytes(layout, fp32, budget) + WORKER_BASE_BYTES
 
 
 @dataclass

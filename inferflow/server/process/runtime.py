@@ -1,40 +1,28 @@
-"""``serve(graph)``: what ``python -m inferflow`` runs once the config is composed.
-
-Process tree of a running server (all bound to the main process with PR_SET_PDEATHSIG)::
-
-    main: supervisor (signals, worker restarts, model loads)   <- SIGTERM / SIGINT go here
-    ├── LitServe Manager (one request queue per LLM, one response queue per API process)
-    ├── engine worker per loaded LLM (spawned): WorkerService + EngineLoop, owns the engine
-    └── API process(es) (forked): uvicorn + FastAPI, OpenAI routes, request stages
+"""What every host builds from a serving graph: the LLMs' deployments, the telemetry settings,
+the start line, and ``ServerFailed``.
 
 The LLMs are the model repository's entries (``inferflow.graph.repository``; without
 ``models:`` the one ``model``): each gets its own serving graph, request stages, shared state
-and engine worker.
+and engine worker (``litserve/build.py``, ``ray/host.py``).
 """
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferflow.config import ConfigError
 from inferflow.config.server import ServerConfig
-from inferflow.embeddings.models import embedding_specs
 from inferflow.graph import build_entry_graph
 from inferflow.graph.repository import llm_entries
 from inferflow.server.http.deployments import Deployment
-from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
-from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
-from inferflow.server.litserve.litserver import InferflowServer, engine_api
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
-from inferflow.server.process.model_manager import ManagedModel, estimate_model_bytes
 from inferflow.server.shared_state import SharedState
-from inferflow.server.worker.service import GraphEngineFactory, WorkerService
-from inferflow.telemetry.metrics_export import cleanup_multiprocess_dir, prepare_multiprocess_dir
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from inferflow.config.tracing import TracingConfig
+    from inferflow.graph import ServingGraph
 
 
 class ServerFailed(RuntimeError):
@@ -42,7 +30,7 @@ class ServerFailed(RuntimeError):
 
 
 def telemetry_settings(
-    graph: Any, config: dict[str, Any], model_label: str | None = None
+    graph: ServingGraph, config: dict[str, Any], model_label: str | None = None
 ) -> TelemetrySettings:
     """Both sides' telemetry settings; the resource names the executor stage's backend.
     ``model_label``: the metrics' ``model_name`` (default: the served name)."""
@@ -54,11 +42,11 @@ def telemetry_settings(
     )
 
 
-def _deployments(
-    graph: Any, frontend_telemetry: FrontendTelemetry
-) -> list[tuple[Deployment, Any]]:
+def llm_deployments(
+    graph: ServingGraph, frontend_telemetry: FrontendTelemetry
+) -> list[tuple[Deployment, ServingGraph]]:
     """Each LLM of the repository: its API-side ``Deployment`` and its serving graph."""
-    out: list[tuple[Deployment, Any]] = []
+    out: list[tuple[Deployment, ServingGraph]] = []
     seen: dict[str, str] = {}
     for entry in llm_entries(graph.config):
         entry_graph = build_entry_graph(entry) if entry.key else graph
@@ -86,78 +74,8 @@ def _deployments(
     return out
 
 
-def build_server(graph: Any, settings: ServerConfig | None = None) -> InferflowServer:
-    """Wire the frontend and an engine worker per LLM of ``graph`` into LitServe's host."""
-    settings = settings or graph.server.with_env_api_keys()
-    config = graph.to_container()
-    telemetry = telemetry_settings(graph, config)
-    frontend_telemetry = FrontendTelemetry(telemetry)
-    deployments = _deployments(graph, frontend_telemetry)
-    if not deployments:
-        raise ConfigError(
-            "models: no LLM entry (an embedding-only server is +model=minilm)", "models"
-        )
-    first = deployments[0][0]
-    frontend = Frontend(
-        first.pipeline,
-        settings,
-        SharedState(),  # the server's own flags (draining, queue lost, ready)
-        frontend_telemetry,
-        first.responses,
-        deployments=[d for d, _ in deployments],
-    )
-    specs = embedding_specs(graph)  # extra_models: encoders served in the API process
-    if specs:
-        frontend.embeddings = EmbeddingsFrontend(
-            EmbeddingModels(specs),
-            frontend.auth,
-            frontend.is_draining,
-            on_response=frontend_telemetry.on_response,
-            tracer=lambda: frontend_telemetry.tracer,
-            limiter=frontend.limiter,
-        )
-    models = []
-    for index, (deployment, entry_graph) in enumerate(deployments):
-        entry_config = entry_graph.to_container()
-        service = WorkerService(
-            GraphEngineFactory(entry_config),
-            deployment.shared,
-            # versions of one name: each its own series (model_name="NAME@VERSION")
-            telemetry_settings(
-                entry_graph,
-                entry_config,
-                deployment.model_id if len(frontend.router.by_name[deployment.name]) > 1 else None,
-            ),
-        )
-        api = engine_api(index, service, frontend, deployment.model_path, settings.log_level)
-        models.append(
-            ManagedModel(
-                deployment.key,
-                deployment.model_id,
-                deployment.load,
-                api,
-                deployment.shared,
-                estimate_model_bytes(entry_graph),
-            )
-        )
-    budget = graph.server.model_memory_budget_bytes
-    if budget is not None and not any(d.load.value == "on_demand" for d, _ in deployments):
-        logger.warning(
-            "server.model_memory_budget applies to on-demand models of the repository (models:"
-            " ... load: on_demand); with none, nothing is loaded or unloaded by it"
-        )
-    return InferflowServer(
-        models,
-        frontend,
-        settings,
-        first.model_path,
-        start_line(graph, settings, [d for d, _ in deployments]),
-        memory_budget=budget,
-    )
-
-
 def start_line(
-    graph: Any, settings: ServerConfig, deployments: list[Deployment] | None = None
+    graph: ServingGraph, settings: ServerConfig, deployments: list[Deployment] | None = None
 ) -> str:
     """What is served, where, and where its traces go (printed once the server is ready)."""
     if deployments and deployments[0].key:  # a repository: one line for all its models
@@ -181,32 +99,9 @@ def start_line(
     )
 
 
-def _trace_target(tr: Any) -> str:
+def _trace_target(tr: TracingConfig) -> str:
     if tr.exporter == "file":
         return f"file {tr.resolved_file_path()}"
     if tr.exporter in ("otlp", "jaeger"):
         return f"{tr.exporter} {tr.resolved_endpoint()}"
     return str(tr.exporter)
-
-
-def serve(graph: Any) -> None:
-    """Serve ``graph`` on ``server.host:server.port`` until SIGTERM/SIGINT (blocking).
-
-    Returns after a clean, drained shutdown; raises :class:`ServerFailed` when the engine
-    worker could not start or an API process died. Prometheus samples of every process go to
-    a temporary multiprocess directory that is removed on the way out.
-    """
-    if graph.model.is_embedding and not graph.config.get("models"):
-        # no LLM: one process, no engine worker
-        from inferflow.server.process.embedding_server import serve_embeddings
-
-        serve_embeddings(graph)
-        return
-    metrics_dir = prepare_multiprocess_dir()
-    try:
-        server = build_server(graph)
-        server.run()
-    finally:
-        cleanup_multiprocess_dir(metrics_dir)
-    if server.exit_code:
-        raise ServerFailed("the server stopped after a failure; see the log above")

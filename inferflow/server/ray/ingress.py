@@ -29,12 +29,12 @@ from inferflow.config import LoadMode
 from inferflow.config.server import ServerConfig
 from inferflow.embeddings.models import embedding_specs
 from inferflow.server.http.deployments import Deployment
-from inferflow.server.http.embeddings import EMBEDDINGS_PATH, EmbeddingModels, EmbeddingsFrontend
+from inferflow.server.http.embeddings import EmbeddingModels, EmbeddingsFrontend
 from inferflow.server.http.errors import install_error_handlers
-from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
+from inferflow.server.http.frontend import Frontend
 from inferflow.server.http.limits import DocsKeyMiddleware, PayloadLimitMiddleware
 from inferflow.server.http.openapi import install_openapi
-from inferflow.server.http.ops import ops_routes
+from inferflow.server.http.ops import api_routes
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
 from inferflow.server.messages import (
@@ -177,12 +177,7 @@ def build_app(frontend: Frontend, board: BoardReader, model_path: str,
     app.add_middleware(PayloadLimitMiddleware, max_bytes=settings.max_payload_bytes)
     install_error_handlers(app)
     install_openapi(app, frontend.served_model_ids)
-    app.add_api_route(COMPLETIONS_PATH, frontend.completions, methods=["POST"])
-    app.add_api_route(CHAT_PATH, frontend.chat_completions, methods=["POST"])
-    app.add_api_route(MODELS_PATH, frontend.models, methods=["GET"])
-    if frontend.embeddings is not None:
-        app.add_api_route(EMBEDDINGS_PATH, frontend.embeddings.embeddings, methods=["POST"])
-    routes = {path: (endpoint, methods) for path, endpoint, methods in ops_routes(frontend, model_path)}
+    routes = {path: (endpoint, methods) for path, endpoint, methods in api_routes(frontend, model_path)}
     stats_route, metrics_route = routes["/admin/stats"][0], routes["/metrics"][0]
 
     async def admin_stats(request: Request) -> JSONResponse:

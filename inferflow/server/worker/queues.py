@@ -6,6 +6,8 @@ Thread layout of the worker process::
     engine thread : Inbox.take_all -> engine.add/abort/step       -> Outbox.post   (sole engine user)
     sender thread : Outbox batches -> transport.send, one message per API process
 
+(The Ray replica has no intake thread: its event loop puts into the ``Inbox`` directly.)
+
 Only the engine thread touches the engine, so adding a request can never race a step. Every
 thread blocks on a condition or a queue when there is nothing to do: an idle worker uses no CPU.
 The outbox merges the updates that pile up while a send is in flight, so a slow transport gets

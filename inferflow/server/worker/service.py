@@ -128,7 +128,7 @@ class WorkerService:
     def publish_stats(self, counters: dict[str, float]) -> None:
         engine = self.live_engine
         stats = engine.stats()
-        slots = engine.scheduler_config.max_running  # slots a request can run in
+        slots = engine.scheduler.max_running  # slots a request can run in
         self.shared.publish_stats(
             {
                 **counters,
