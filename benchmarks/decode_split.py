@@ -45,9 +45,10 @@ from benchmarks.peers import MODELS, add_path_args, checkpoint  # noqa: E402
 from inferflow.models.checkpoint import Checkpoint, load_checkpoint  # noqa: E402
 from inferflow.models.llama_graph import GraphSpec, build_llama_segments  # noqa: E402
 from inferflow.models.rope import cos_sin_cache  # noqa: E402
-from inferflow.runtimes.config import EngineConfig  # noqa: E402
+from inferflow.runtimes.config import OrtSettings  # noqa: E402
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner  # noqa: E402
 from inferflow.runtimes.step_inputs import EngineRow  # noqa: E402
+from inferflow.scheduling.layout import KVLayout  # noqa: E402
 
 
 class SplitDecoder:
@@ -112,7 +113,7 @@ def main() -> int:
     path = args.checkpoint or checkpoint(args.model, args.models_dir)
     name = path.name if args.checkpoint else args.model
     ck = load_checkpoint(path)
-    runner = OnnxRuntimeRunner(ck, EngineConfig(max_slots=max(*rows_list, 4), max_model_len=2048))
+    runner = OnnxRuntimeRunner(ck, OrtSettings(), KVLayout.plan(max(*rows_list, 4), 2048))
     while not runner.kv_resident:
         time.sleep(0.1)
     rng = np.random.default_rng(0)

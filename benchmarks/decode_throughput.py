@@ -24,30 +24,32 @@ import numpy as np
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import SPEC_100M, make_checkpoint, tiny_llama_path
-from inferflow.runtimes.config import EngineConfig
+from inferflow.runtimes.config import Precision
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.config import SchedulerConfig
+from inferflow.scheduling.kv_cache_manager import KVCacheManager
+from inferflow.scheduling.layout import KVLayout
+from inferflow.scheduling.scheduler import Scheduler
+from inferflow.stages.detokenizer import StreamingDetokenizer
+from inferflow.stages.executor import OnnxRuntimeExecutor
 
 
 def inferflow_decode(
     path: Path, batch: int, prompt_len: int, steps: int, threads: int, precision: str
 ) -> float:
     ck = load_checkpoint(path)
-    engine = LLMEngine(
-        ck,
-        EngineConfig(
-            precision=precision,
-            max_slots=batch,
-            max_model_len=prompt_len + steps + 8,
-            intra_op_threads=threads,
-            allow_spinning=True,
-        ),
-        SchedulerConfig(
-            max_num_seqs=batch,
-            max_num_batched_tokens=max(batch * prompt_len, 64),
-            enable_prefix_caching=False,
-        ),
+    # ONNX Runtime over ``batch`` slots of the prompt + the steps (capped at the checkpoint's
+    # context), prefix cache off
+    layout = KVLayout.plan(batch, min(prompt_len + steps + 8, ck.config.max_position_embeddings))
+    executor = OnnxRuntimeExecutor(
+        precision=Precision(precision), intra_op_threads=threads, allow_spinning=True
     )
+    executor.load(ck, layout)
+    budgets = SchedulerConfig(
+        max_num_seqs=batch, max_num_batched_tokens=max(batch * prompt_len, 64)
+    )
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, enable_prefix_caching=False)
+    engine = LLMEngine(ck, executor, Scheduler(budgets, layout, kv=kv), StreamingDetokenizer())
     rng = np.random.default_rng(0)
     params = SamplingParams(temperature=0.0, max_tokens=steps + 2, ignore_eos=True)
     for i in range(batch):

@@ -2,7 +2,7 @@
 
 Closed loop: ``--concurrency`` client threads each send one-sentence embedding requests back to
 back until ``--requests`` have been sent in total. The same engine serves both runs; "none" is
-the same batcher with ``max_batch_size=1`` (one engine call per request). Throughput is over the
+the same batcher with ``max_num_seqs=1`` (one engine call per request). Throughput is over the
 run's wall time; latency is submit -> result per request (mean, median, p99), vLLM-style.
 
     python benchmarks/embeddings_batching.py --requests 256
@@ -19,7 +19,6 @@ import random
 import sys
 import threading
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -29,9 +28,9 @@ if str(REPO) not in sys.path:  # run from a checkout without installing
     sys.path.insert(0, str(REPO))
 
 from inferflow.embeddings import EmbeddingService  # noqa: E402
-from inferflow.embeddings.dynamic_batcher import DynamicBatchingConfig  # noqa: E402
 from inferflow.embeddings.encoder_runner import EncoderRunner, EncoderSettings  # noqa: E402
 from inferflow.models.bert import minilm_path  # noqa: E402
+from inferflow.stages.batching import DynamicBatching  # noqa: E402
 
 WORDS = [
     "the",
@@ -123,7 +122,7 @@ def idle_worker_cpu(service: EmbeddingService, seconds: float) -> float:
 
 
 def bench_mode(
-    engine: EncoderRunner, batching: DynamicBatchingConfig, args: argparse.Namespace
+    engine: EncoderRunner, batching: DynamicBatching, args: argparse.Namespace
 ) -> dict:
     service = EmbeddingService(engine, engine.checkpoint.tokenizer(), batching, model_name="minilm")
     try:
@@ -134,7 +133,8 @@ def bench_mode(
             engine, engine.checkpoint.tokenizer(), batching, model_name="minilm"
         )
         result = run_load(service, make_sentences(args.requests, seed=0), args.concurrency)
-        result["config"] = asdict(batching)
+        result["config"] = {key: getattr(batching, key) for key in (
+            "max_num_seqs", "max_delay_ms", "max_queue_size", "bucket_boundaries")}
         result["idle_worker_cpu_fraction"] = round(idle_worker_cpu(service, args.idle_seconds), 5)
         return result
     finally:
@@ -148,7 +148,8 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="BERT folder (default: packaged MiniLM)")
     parser.add_argument("--requests", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--max-num-seqs", "--max-batch-size", dest="max_num_seqs", type=int,
+                        default=32, help="items per engine call, dynamic run (--max-batch-size: the old name)")
     parser.add_argument("--max-delay-ms", type=float, default=5.0)
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads")
     parser.add_argument("--idle-seconds", type=float, default=0.5)
@@ -158,10 +159,8 @@ def main() -> None:
     engine = EncoderRunner.from_path(
         args.model or minilm_path(), settings=EncoderSettings(intra_op_threads=args.threads)
     )
-    dynamic = DynamicBatchingConfig(
-        max_batch_size=args.max_batch_size, max_delay_ms=args.max_delay_ms
-    )
-    none = DynamicBatchingConfig(max_batch_size=1, max_delay_ms=0.0, bucket_boundaries=())
+    dynamic = DynamicBatching(max_num_seqs=args.max_num_seqs, max_delay_ms=args.max_delay_ms)
+    none = DynamicBatching(max_num_seqs=1, max_delay_ms=0.0, bucket_boundaries=[])
     results = {"none": bench_mode(engine, none, args), "dynamic": bench_mode(engine, dynamic, args)}
     report = {
         "benchmark": "embeddings_batching",

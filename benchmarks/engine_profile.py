@@ -47,9 +47,10 @@ if str(REPO) not in sys.path:
 
 from benchmarks.peers import MODELS, add_path_args, checkpoint  # noqa: E402
 from inferflow.models.checkpoint import load_checkpoint  # noqa: E402
-from inferflow.runtimes.config import EngineConfig  # noqa: E402
+from inferflow.runtimes.config import OrtSettings  # noqa: E402
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner  # noqa: E402
 from inferflow.runtimes.step_inputs import EngineRow  # noqa: E402
+from inferflow.scheduling.layout import KVLayout  # noqa: E402
 
 GEMM_OPS = ("MatMul", "Gemm", "FusedMatMul")
 
@@ -161,9 +162,8 @@ def main() -> int:
     args = p.parse_args()
     path = args.checkpoint or checkpoint(args.model, args.models_dir)
     name = path.name if args.checkpoint else args.model
-    config = EngineConfig(max_slots=max(args.rows, args.prompts), max_model_len=2048,
-                          intra_op_threads=args.threads)
-    runner = OnnxRuntimeRunner(load_checkpoint(path), config)
+    layout = KVLayout.plan(max(args.rows, args.prompts), 2048)
+    runner = OnnxRuntimeRunner(load_checkpoint(path), OrtSettings(intra_op_threads=args.threads), layout)
     while not runner.kv_resident:
         time.sleep(0.1)
     timed: dict[str, dict[str, object]] = {}

@@ -43,6 +43,7 @@ from inferflow.models.tiny import SPEC_100M, TinySpec, make_checkpoint  # noqa: 
 from inferflow.runtimes.step_inputs import EngineRow  # noqa: E402
 from inferflow.sampling_params import SamplingParams  # noqa: E402
 from inferflow.scheduling.config import SchedulerConfig  # noqa: E402
+from inferflow.scheduling.kv_cache_manager import KVCacheManager  # noqa: E402
 from inferflow.scheduling.layout import KVLayout  # noqa: E402
 from inferflow.scheduling.scheduler import Scheduler  # noqa: E402
 from inferflow.stages.detokenizer import StreamingDetokenizer  # noqa: E402
@@ -61,10 +62,10 @@ def engine(path: Path, dtype: str, max_num_seqs: int = 8, num_blocks: int = 512,
     executor = TorchExecutor(device=DEVICE, dtype=dtype, cuda_graphs=graphs,  # type: ignore[arg-type]
                              cache_dir=str(WORK / "engines"))
     executor.load(checkpoint, layout)
-    config = SchedulerConfig.for_layout(layout, max_num_seqs=max_num_seqs,
-                                        max_num_batched_tokens=max(512, max_num_seqs),
-                                        enable_prefix_caching=True)
-    return LLMEngine.from_components(checkpoint, executor, Scheduler(config), StreamingDetokenizer())
+    budgets = SchedulerConfig(max_num_seqs=max_num_seqs,
+                              max_num_batched_tokens=max(512, max_num_seqs))
+    kv = KVCacheManager(layout.num_blocks, layout.block_size, enable_prefix_caching=True)
+    return LLMEngine(checkpoint, executor, Scheduler(budgets, layout, kv=kv), StreamingDetokenizer())
 
 
 def generate(e: LLMEngine, prompts: list[list[int]], n: int) -> list[list[int]]:

@@ -37,14 +37,15 @@ if str(REPO) not in sys.path:
 from benchmarks.peers import MODELS, add_path_args, checkpoint, gguf, q8_gguf  # noqa: E402
 from inferflow.bench.suite import free_port, managed_server  # noqa: E402
 from inferflow.models.checkpoint import load_checkpoint  # noqa: E402
-from inferflow.runtimes.config import EngineConfig  # noqa: E402
+from inferflow.runtimes.config import OrtSettings  # noqa: E402
 from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner  # noqa: E402
 from inferflow.runtimes.step_inputs import EngineRow  # noqa: E402
+from inferflow.scheduling.layout import KVLayout  # noqa: E402
 
 
 def runner(path: Path, precision: str) -> OnnxRuntimeRunner:
-    return OnnxRuntimeRunner(load_checkpoint(path), EngineConfig(
-        max_slots=1, max_model_len=512, precision=precision))
+    return OnnxRuntimeRunner(load_checkpoint(path), OrtSettings(precision=precision),
+                             KVLayout.plan(1, 512))
 
 
 def forced(engine: OnnxRuntimeRunner, prompt: list[int], tokens: list[int] | None,

@@ -33,6 +33,7 @@ from inferflow.engine.step import step  # noqa: E402
 from inferflow.outputs import RequestMetrics  # noqa: E402
 from inferflow.sampling_params import SamplingParams  # noqa: E402
 from inferflow.scheduling import Request, Scheduler, SchedulerConfig  # noqa: E402
+from inferflow.scheduling.layout import KVLayout  # noqa: E402
 from inferflow.scheduling.plan import ExecutorOutput, SchedulerOutput  # noqa: E402
 
 MODES = ("continuous", "static", "none")
@@ -82,20 +83,23 @@ def run_real(mode: str, work: list[Work], args: argparse.Namespace) -> Run:
     from inferflow.engine.llm_engine import LLMEngine
     from inferflow.models.checkpoint import load_checkpoint
     from inferflow.models.tiny import tiny_llama_path
-    from inferflow.runtimes.config import EngineConfig
+    from inferflow.stages.detokenizer import StreamingDetokenizer
+    from inferflow.stages.executor import OnnxRuntimeExecutor
 
+    # ONNX Runtime over --max-slots slots of --max-model-len (capped at the checkpoint's
+    # context), one full slot's worth of 16-token blocks per slot, prefix cache on
+    checkpoint = load_checkpoint(args.model or tiny_llama_path())
+    context = min(args.max_model_len, checkpoint.config.max_position_embeddings)
+    layout = KVLayout.plan(args.max_slots, context)
+    executor = OnnxRuntimeExecutor(intra_op_threads=args.threads)
+    executor.load(checkpoint, layout)
+    budgets = SchedulerConfig(
+        mode=mode,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     engine = LLMEngine(
-        load_checkpoint(args.model or tiny_llama_path()),
-        EngineConfig(
-            max_slots=args.max_slots,
-            max_model_len=args.max_model_len,
-            intra_op_threads=args.threads,
-        ),
-        SchedulerConfig(
-            mode=mode,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-        ),
+        checkpoint, executor, Scheduler(budgets, layout), StreamingDetokenizer()
     )
     engine.add_request("warmup", work[0].prompt[:16], SamplingParams(max_tokens=4, temperature=0.0))
     while engine.has_unfinished_requests():
@@ -142,19 +146,22 @@ def run_fake(mode: str, work: list[Work], args: argparse.Namespace) -> Run:
     sys.path.insert(0, str(REPO / "tests" / "scheduling"))
     from fake_executor import FakeExecutor
 
-    cfg = SchedulerConfig(
+    budgets = SchedulerConfig(
         mode=mode,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        max_model_len=args.max_model_len,
+    )
+    layout = KVLayout(
         max_slots=args.max_slots,
+        max_model_len=args.max_model_len,
         block_size=16,
         num_blocks=args.max_slots * args.max_model_len // 16,
     )
     clock = SimClock()
-    scheduler = Scheduler(cfg, clock=clock)
+    scheduler = Scheduler(budgets, layout, clock=clock)
     fake = FakeExecutor(
-        cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, vocab_size=1024
+        layout.max_slots, layout.max_model_len, layout.num_blocks, layout.block_size,
+        vocab_size=1024,
     )
 
     def cost(plan: SchedulerOutput) -> float:

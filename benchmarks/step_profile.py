@@ -48,7 +48,7 @@ ENGINE_RULES: list[tuple[str, str]] = [
     ("model forward: runner Python", "runtimes/onnxruntime_runner.py"),
     ("model forward: runner Python", "runtimes/torch_engine/"),
     ("sampler", "sampling/sampler.py"),
-    ("guided decoding", "guided/"),
+    ("guided decoding", "sampling/bitmask.py"),  # the token mask (was guided/bitmask.py)
     ("guided decoding", "stages/guided.py"),
     ("detokenizer", "stages/detokenizer.py"),
     ("scheduler", "scheduling/"),

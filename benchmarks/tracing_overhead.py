@@ -28,7 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-from inferflow.engine.llm_engine import LLMEngine
+from inferflow import LLM
+from inferflow.models.checkpoint import load_checkpoint
 from inferflow.sampling_params import SamplingParams
 from inferflow.telemetry.engine_telemetry import EngineTelemetry
 from inferflow.telemetry.metrics import EngineMetrics
@@ -80,7 +81,7 @@ def run_once(
     model: Path, mode: str, prompts: list[list[int]], max_tokens: int, cfg: TracingConfig | None
 ) -> dict:
     """One timed run; returns wall time, steps and tokens."""
-    engine = LLMEngine.from_path(model)
+    engine = LLM(model).engine  # the server's default engine, offline
     provider = setup_tracing(cfg) if cfg is not None else None
     telemetry = None
     if provider is not None:
@@ -173,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
 
         model = tiny_llama_path()
     close_sink, endpoint = (None, args.otlp_endpoint) if args.otlp_endpoint else start_sink()
-    vocab = LLMEngine.from_path(model).model_config.vocab_size
+    vocab = load_checkpoint(model).config.vocab_size
     runs: list[dict] = []
     try:
         with tempfile.TemporaryDirectory(prefix="inferflow-overhead-") as tmp:

@@ -73,13 +73,9 @@ def discover_plugins() -> list[Plugin]:
 def env_search_paths(environ: Mapping[str, str] | None = None) -> list[str]:
     """``$INFERFLOW_CONFIG_PATH``: folders (or ``pkg://``/``file://`` URLs), ``os.pathsep``-separated."""
     raw = (os.environ if environ is None else environ).get("INFERFLOW_CONFIG_PATH", "")
-    paths = []
-    for item in filter(None, (p.strip() for p in raw.split(os.pathsep))):
-        if item.startswith(("pkg://", "file://")):
-            paths.append(item)
-        else:
-            paths.append("file://" + str(Path(item).expanduser().resolve()))
-    return paths
+    items = filter(None, (p.strip() for p in raw.split(os.pathsep)))
+    urls = ("pkg://", "file://")
+    return [i if i.startswith(urls) else f"file://{Path(i).expanduser().resolve()}" for i in items]
 
 
 # ---------------------------------------------------------------- the command line

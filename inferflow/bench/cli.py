@@ -136,15 +136,8 @@ def endpoint_from_args(args: argparse.Namespace, dataset: str) -> tuple[Endpoint
     headers = parse_pairs(args.header, "=", "--header")
     model = args.model or fetch_first_model(base_url, headers)
     backend = args.backend or ("openai-chat" if "chat" in args.endpoint else "openai")
-    extra = {
-        k: v
-        for k, v in (
-            ("temperature", args.temperature),
-            ("top_p", args.top_p),
-            ("top_k", args.top_k),
-        )
-        if v is not None
-    }
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k}
+    extra = {k: v for k, v in sampling.items() if v is not None}
     extra.update(args.extra_body or {})
     spec = EndpointSpec(
         api_url=base_url + args.endpoint,

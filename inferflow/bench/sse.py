@@ -28,7 +28,6 @@ class SSEDecoder:
         self._pending = ""  # text not yet terminated by a line ending
         self._data: list[str] = []
         self._event = ""
-        self._has_fields = False
 
     def feed(self, chunk: bytes) -> list[SSEEvent]:
         """Decode ``chunk`` and return the events it completes (possibly none)."""
@@ -79,24 +78,16 @@ class SSEDecoder:
             value = value[1:]
         if name == "data":
             self._data.append(value)
-            self._has_fields = True
         elif name == "event":
             self._event = value
-            self._has_fields = True
         # "id" and "retry" do not matter to a benchmark client; unknown fields are ignored.
 
     def _dispatch(self) -> SSEEvent | None:
-        if not self._has_fields or not self._data:
-            self._reset()
-            return None
-        event = SSEEvent(data="\n".join(self._data), event=self._event or "message")
-        self._reset()
+        """The event so far (None without data lines: an ``event:`` alone dispatches nothing);
+        either way the next one starts empty."""
+        event = SSEEvent("\n".join(self._data), self._event or "message") if self._data else None
+        self._data, self._event = [], ""
         return event
-
-    def _reset(self) -> None:
-        self._data = []
-        self._event = ""
-        self._has_fields = False
 
 
 def _next_line_end(text: str, start: int) -> tuple[int, int] | None:

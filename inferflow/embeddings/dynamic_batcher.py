@@ -34,7 +34,6 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
-
 def default_batching() -> DynamicBatching:
     """The batcher's settings without a ``batching=dynamic`` stage: 32 items per call."""
     return DynamicBatching(max_num_seqs=32)

@@ -231,15 +231,6 @@ def _gather(items: list[_Item], futures: list[Future[np.ndarray]]) -> Future[Emb
     result: Future[EmbeddingResult] = Future()
     lock, remaining = threading.Lock(), [len(futures)]
 
-    def finish(value: EmbeddingResult | None, exc: BaseException | None) -> None:
-        try:
-            if exc is not None:
-                result.set_exception(exc)
-            else:
-                result.set_result(value)  # type: ignore[arg-type]
-        except InvalidStateError:  # cancelled meanwhile
-            pass
-
     def on_done(f: Future[np.ndarray]) -> None:
         if f.cancelled():
             return
@@ -249,9 +240,11 @@ def _gather(items: list[_Item], futures: list[Future[np.ndarray]]) -> Future[Emb
             if result.done() or (exc is None and remaining[0]):
                 return
             if exc is None:
-                finish(_assemble(items, [fut.result() for fut in futures]), None)
+                with contextlib.suppress(InvalidStateError):  # cancelled meanwhile
+                    result.set_result(_assemble(items, [fut.result() for fut in futures]))
         if exc is not None:
-            finish(None, exc)
+            with contextlib.suppress(InvalidStateError):
+                result.set_exception(exc)
             for other in futures:
                 other.cancel()
 

@@ -46,13 +46,10 @@ def _convert_ids(request: dict[str, Any], convert: Callable[[str], str]) -> dict
     return request
 
 
-def _hex_to_b64(value: str) -> str:
-    return base64.b64encode(bytes.fromhex(value)).decode("ascii")
-
-
 def otlp_dict_to_request(data: JSONObject) -> ExportTraceServiceRequest:
     """OTLP/JSON dict -> protobuf message. Unknown fields are ignored, as OTLP requires."""
-    data = _convert_ids(json.loads(json.dumps(data)), _hex_to_b64)  # deep copy, then convert
+    data = json.loads(json.dumps(data))  # a deep copy: the ids are converted in place
+    data = _convert_ids(data, lambda hex_id: base64.b64encode(bytes.fromhex(hex_id)).decode())
     return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
 
 

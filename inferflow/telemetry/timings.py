@@ -124,8 +124,8 @@ class RequestTimings:
         return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
 
 
-def _ms(seconds: float | None) -> str | None:
-    return None if seconds is None else f"{seconds * 1000.0:.3f}"
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000.0:.3f}"
 
 
 def timing_headers(timings: RequestTimings) -> dict[str, str]:
@@ -157,14 +157,12 @@ def phase_timing_headers(
     e2e_s: float | None = None,
 ) -> dict[str, str]:
     """:func:`timing_headers` from bare phase durations (seconds; None = unknown, omitted)."""
-    headers: dict[str, str] = {}
-    for name, value in (
-        (QUEUE_TIME_HEADER, _ms(queue_time_s)),
-        (INFERENCE_TIME_HEADER, _ms(inference_time_s)),
-        (TTFT_HEADER, _ms(time_to_first_token_s)),
-    ):
-        if value is not None:
-            headers[name] = value
+    known = {
+        QUEUE_TIME_HEADER: queue_time_s,
+        INFERENCE_TIME_HEADER: inference_time_s,
+        TTFT_HEADER: time_to_first_token_s,
+    }
+    headers = {name: _ms(value) for name, value in known.items() if value is not None}
     phases = (
         ("queue", queue_time_s),
         ("prefill", prefill_time_s),
