@@ -26,6 +26,9 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        # xdist hands out groups in our order (longest first, see below), not by test count
+        config.option.loadscopereorder = False
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -33,3 +36,26 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     if _SESSION_HOME is not None:
         shutil.rmtree(_SESSION_HOME, ignore_errors=True)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (README's command) a test module runs whole on one
+    worker, so its module-scoped server starts once; modules that share a costly session server
+    name one ``xdist_group`` (e.g. ``torch_server``: Inductor compiles it on first start) and run
+    on the same worker. Workers hand out the longest groups first (the torch_server group, then
+    the other modules that start servers), so none is left for the end; without xdist the order
+    and the marks change nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+    if hasattr(config, "workerinput"):  # an xdist worker: hand out the long groups first
+        items.sort(key=_longest_first)
+
+
+def _longest_first(item: pytest.Item) -> tuple[bool, bool]:
+    group = item.get_closest_marker("xdist_group")
+    return (
+        group is None or group.args != ("torch_server",),
+        item.get_closest_marker("server") is None,
+    )

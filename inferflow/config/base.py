@@ -131,21 +131,11 @@ def describe_omegaconf_error(exc: OmegaConfBaseException, prefix: str = "") -> C
 # ---------------------------------------------------------------- memory sizes
 
 AUTO = "auto"
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "kb": 1000,
-    "m": 1000**2,
-    "mb": 1000**2,
-    "g": 1000**3,
-    "gb": 1000**3,
-    "t": 1000**4,
-    "tb": 1000**4,
-    "kib": 1024,
-    "mib": 1024**2,
-    "gib": 1024**3,
-    "tib": 1024**4,
+# k, m, g, t (and kb, mb, ...) count in powers of 1000; kib, mib, gib, tib in powers of 1024
+_UNITS = {"": 1, "b": 1} | {
+    prefix + suffix: base**power
+    for power, prefix in enumerate("kmgt", 1)
+    for suffix, base in (("", 1000), ("b", 1000), ("ib", 1024))
 }
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*$")
 

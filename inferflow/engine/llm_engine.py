@@ -228,11 +228,9 @@ class LLMEngine:
             request.metrics.detokenize = StageTime(started, ended, 1, ended - started)
         else:
             request.metrics.detokenize.add(started, ended)
-        if detok.stop_reason is not None and finish is None:
-            # a stop string matched: end the request now (frees its slot and blocks)
-            self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
-            finish, stop_reason = "stop", detok.stop_reason
-        elif detok.stop_reason is not None:
+        if detok.stop_reason is not None:
+            if finish is None:  # a stop string matched: end the request now (frees its slot and blocks)
+                self.scheduler.finish_requests([rid], RequestStatus.FINISHED_STOPPED)
             finish, stop_reason = "stop", detok.stop_reason
         pending = self._pending[rid]
         pending.text += delta

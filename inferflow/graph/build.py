@@ -29,7 +29,7 @@ from inferflow.config.schema import ENGINE_SLOTS, REQUEST_SLOTS, SLOTS, ModelCon
 from inferflow.config.server import RayServerConfig, ServerConfig
 from inferflow.config.tracing import TracingConfig
 from inferflow.graph.order import place_stages, splice_order
-from inferflow.graph.repository import RepositoryEntry
+from inferflow.graph.repository import RepositoryEntry, plain_dict
 from inferflow.graph.targets import allowed_prefixes, instantiate_stage
 from inferflow.models.lookup import resolve_model
 from inferflow.stages.base import RequestStage, StageContext, StageRequest
@@ -162,9 +162,7 @@ class ServingGraph:
 
     def to_container(self) -> dict[str, Any]:
         """The resolved config as plain picklable data (enums as strings)."""
-        data = OmegaConf.to_container(self.config, resolve=True, enum_to_str=True)
-        assert isinstance(data, dict)
-        return {str(k): v for k, v in data.items()}
+        return plain_dict(self.config)
 
     # ------------------------------------------------------------------ request path
 

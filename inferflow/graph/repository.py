@@ -53,23 +53,17 @@ def _merge_slot(base: Any, override: Any) -> Any:
     return OmegaConf.to_container(merged, resolve=True)
 
 
-def _model_dict(model: ModelConfig) -> dict[str, Any]:
-    node = OmegaConf.structured(model)
-    plain = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
-    assert isinstance(plain, dict)
-    return {str(k): v for k, v in plain.items()}
+def plain_dict(node: DictConfig) -> dict[str, Any]:
+    """``node`` as plain picklable data: resolved, enums as strings, string keys."""
+    data = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    assert isinstance(data, dict)
+    return {str(k): v for k, v in data.items()}
 
 
 def repository_entries(config: DictConfig | Mapping[str, Any]) -> list[RepositoryEntry]:
     """The served entries of a composed config, in config order; ``ConfigError`` naming the key
     for a bad entry, an on-demand embedding model or a ``name@version`` served twice."""
-    container = OmegaConf.to_container(
-        config if isinstance(config, DictConfig) else OmegaConf.create(dict(config)),
-        resolve=True,
-        enum_to_str=True,
-    )
-    assert isinstance(container, dict)
-    base: dict[str, Any] = {str(k): v for k, v in container.items()}  # config keys are strings
+    base = plain_dict(config if isinstance(config, DictConfig) else OmegaConf.create(dict(config)))
     nodes = dict(base.pop("models", None) or {})
     if not nodes:
         model = typed_config(ModelConfig, base.get("model"), "model")
@@ -80,7 +74,7 @@ def repository_entries(config: DictConfig | Mapping[str, Any]) -> list[Repositor
         typed: ModelEntryConfig = typed_config(ModelEntryConfig, node, f"models.{key}")
         full = {k: copy.deepcopy(v) for k, v in base.items() if k != "extra_models"}
         if typed.model is not None:
-            full["model"] = _model_dict(typed.model)
+            full["model"] = plain_dict(OmegaConf.structured(typed.model))
         for slot in SLOTS:  # (ModelEntryConfig has one field per slot)
             override = getattr(typed, slot)
             if override is not None:

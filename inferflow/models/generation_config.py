@@ -34,7 +34,6 @@ from inferflow.sampling_params import SamplingParams, SamplingParamsError
 logger = logging.getLogger(__name__)
 
 FILE = "generation_config.json"
-MODES = ("auto", "none")
 # generation_config.json key -> SamplingParams field (vLLM's get_diff_sampling_param, less the
 # two inferflow cannot apply, listed below)
 APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",

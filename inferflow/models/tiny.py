@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from inferflow.models.config_fields import ARCHITECTURES
 from inferflow.models.safetensors_writer import round_to_dtype, save_safetensors
 from inferflow.models.tiny_corpus import CORPUS
 from inferflow.paths import inferflow_home
@@ -168,8 +169,7 @@ def config_json(spec: TinySpec, head_dim: int, dtype: str, config_format: Config
     ``torch_dtype``)."""
     cfg = {
         "architectures": [spec.architecture],
-        "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                       "Qwen2ForCausalLM": "qwen2"}[spec.architecture],
+        "model_type": ARCHITECTURES[spec.architecture].model_type,
         "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
         "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_layers,
         "num_attention_heads": spec.num_heads, "num_key_value_heads": spec.num_kv_heads,

@@ -55,21 +55,19 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     return p
 
 
-def _plain_greedy(row: SampleRow) -> bool:
-    p = row.params
-    return (p.greedy and p.logprobs is None and row.token_bitmask is None
-            and row.num_output_tokens >= p.min_tokens)
-
-
 _BLOCK = 64  # tokens per block of the two-level draw
 
 
-def _plain_random(row: SampleRow, vocab: int) -> bool:
-    """Sampled at a temperature with nothing else to apply (no top-k/top-p, mask, logprobs)."""
+def _plain(row: SampleRow) -> bool:
+    """Nothing to apply but the choice itself: no bitmask, no logprobs, past ``min_tokens``."""
     p = row.params
-    return (not p.greedy and p.top_p >= 1.0 and (p.top_k <= 0 or p.top_k >= vocab)
-            and p.logprobs is None and row.token_bitmask is None
-            and row.num_output_tokens >= p.min_tokens)
+    return p.logprobs is None and row.token_bitmask is None and row.num_output_tokens >= p.min_tokens
+
+
+def _plain_random(row: SampleRow, vocab: int) -> bool:
+    """A plain row sampled at a temperature, without top-k or top-p."""
+    p = row.params
+    return not p.greedy and p.top_p >= 1.0 and (p.top_k <= 0 or p.top_k >= vocab) and _plain(row)
 
 
 class Sampler:
@@ -100,7 +98,7 @@ class Sampler:
         Plain rows (no bitmask, no logprobs, past ``min_tokens``) run batched: greedy ones as one
         argmax, temperature-only ones as one draw (``_draw``); every other row goes through
         ``_sample_one``. Which path a row takes depends only on its own parameters."""
-        plain = [i for i, row in enumerate(rows) if _plain_greedy(row)]
+        plain = [i for i, row in enumerate(rows) if row.params.greedy and _plain(row)]
         out: list[SampledToken | None] = [None] * len(rows)
         if plain:
             for i, token in zip(plain, np.argmax(logits[plain], axis=-1).tolist(), strict=True):

@@ -49,8 +49,6 @@ class PrefixHit:
 class PrefixCacheStats:
     queries: int = 0  # tokens looked up (sum of sequence lengths at admission)
     hits: int = 0  # tokens served from the cache
-    requests: int = 0
-    request_hits: int = 0  # admissions with at least one cached block
 
 
 @dataclass
@@ -146,8 +144,6 @@ class KVCacheManager:
         if self.enable_prefix_caching:
             self.stats.queries += num_tokens
             self.stats.hits += hit.num_tokens
-            self.stats.requests += 1
-            self.stats.request_hits += bool(hit.block_ids)
 
     def grow(self, request_id: str, num_tokens: int) -> None:
         """Allocate blocks so ``request_id`` covers ``num_tokens`` KV positions."""

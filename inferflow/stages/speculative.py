@@ -54,18 +54,15 @@ class NoSpeculation(SpeculativeStage):
 
 @dataclass
 class NgramSpeculation(SpeculativeStage):
-    """Prompt lookup: the drafts are the ``num_speculative_tokens`` tokens that followed the
-    most recent earlier occurrence of the sequence's last ``n`` tokens, ``n`` from
-    ``prompt_lookup_max`` down to ``prompt_lookup_min`` (vLLM's ``method: ngram``). Costs no
-    model; pays off where output repeats its context (code edits, extraction, quoting)."""
+    """Prompt lookup (:class:`NgramProposer`; vLLM's ``method: ngram``). Costs no model; pays
+    off where output repeats its context (code edits, extraction, quoting)."""
 
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
 
     def __post_init__(self) -> None:
-        NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,
-                      self.prompt_lookup_max)  # the range checks, at config time
+        self.proposer()  # the range checks, at config time
 
     def proposer(self) -> DraftProposer | None:
         return NgramProposer(self.num_speculative_tokens, self.prompt_lookup_min,

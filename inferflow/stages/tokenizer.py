@@ -60,12 +60,7 @@ class CheckpointTokenizer(RequestStage):
                 request.prompt_token_ids = tok.encode(request.prompt, self.add_special_tokens)
             else:
                 raise StageError("prompt", "a prompt, messages or prompt token ids are required")
-        self._check_length(
-            len(request.prompt_token_ids), request.sampling_params.max_tokens, field_name
-        )
-        return request
-
-    def _check_length(self, n_prompt: int, max_tokens: int, field_name: str) -> None:
+        n_prompt, max_tokens = len(request.prompt_token_ids), request.sampling_params.max_tokens
         limit = self._max_model_len
         if n_prompt + max_tokens > limit:
             raise StageError(
@@ -75,3 +70,4 @@ class CheckpointTokenizer(RequestStage):
                 "reduce the length of the input or max_tokens",
                 code="context_length_exceeded",
             )
+        return request

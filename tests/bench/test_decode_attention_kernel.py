@@ -10,9 +10,12 @@ from pathlib import Path
 import pytest
 
 # the compiler build() takes: $CXX, else g++
-pytestmark = pytest.mark.skipif(
-    not (os.environ.get("CXX") or shutil.which("g++")), reason="needs a C++ compiler"
-)
+pytestmark = [
+    pytest.mark.slow,  # compiles a C++ kernel: a benchmark experiment, not serving
+    pytest.mark.skipif(
+        not (os.environ.get("CXX") or shutil.which("g++")), reason="needs a C++ compiler"
+    ),
+]
 
 
 @pytest.mark.parametrize("context", [1, 17, 64])

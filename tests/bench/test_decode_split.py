@@ -18,8 +18,11 @@ from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 from inferflow.runtimes.step_inputs import EngineRow
 from inferflow.scheduling.layout import KVLayout
 
-pytestmark = pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++")),
-                                reason="the kernel needs a C++ compiler")
+pytestmark = [
+    pytest.mark.slow,  # compiles a C++ kernel: a benchmark experiment, not serving
+    pytest.mark.skipif(not (os.environ.get("CXX") or shutil.which("g++")),
+                       reason="the kernel needs a C++ compiler"),
+]
 
 SLOTS = 24
 

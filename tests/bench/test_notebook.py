@@ -9,6 +9,8 @@ import pytest
 from child_env import pythonpath
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "benchmark_results.ipynb"
 
 

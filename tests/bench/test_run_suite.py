@@ -92,6 +92,7 @@ def test_url_mode_measures_a_peer_and_writes_summary(
     assert summary.count("| peer-x |") == 2 and "Failures" not in summary
 
 
+@pytest.mark.slow  # server subprocesses, started and stopped by the suite
 def test_managed_servers_start_run_stop_and_failures_are_reported(
     suite: ModuleType, tmp_path: Path
 ) -> None:

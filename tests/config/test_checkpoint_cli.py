@@ -12,7 +12,7 @@ from cfg_helpers import run_cli
 
 from inferflow.models.tiny import make_checkpoint
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # one CLI run per broken checkpoint
 
 SMALL = {"num_layers": 1, "hidden_size": 64, "num_heads": 4, "num_kv_heads": 2, "vocab_size": 512}
 

@@ -132,6 +132,7 @@ def _reserved_kv_tokens(args: list[str], env: dict[str, str], cwd: Path) -> list
     return reserved
 
 
+@pytest.mark.slow  # builds three engines
 @pytest.mark.parametrize("executor", ["onnxruntime", "torch"])
 def test_two_llms_at_auto_each_reserve_half_of_what_one_alone_does(
     executor: str, cli_env: dict[str, str], workdir: Path

@@ -127,6 +127,7 @@ def _pii_env(cli_env: dict[str, str]) -> dict[str, str]:
     }
 
 
+@pytest.mark.slow  # several CLI runs
 def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: Path) -> None:
     env = _pii_env(cli_env)
     proc = run_cli(["task=check", "+stages=pii_redactor"], env, workdir)
@@ -148,6 +149,7 @@ def test_folder_plugin_from_the_command_line(cli_env: dict[str, str], workdir: P
     assert info.returncode == 0 and info.stdout.count(PII_CONF.as_uri()) == 1, info.stdout
 
 
+@pytest.mark.slow  # several CLI runs
 def test_two_plugin_stages_repeated_or_as_one_list(cli_env: dict[str, str], workdir: Path) -> None:
     """``+stages=a +stages=b`` (the form a newcomer types) composes as ``'+stages=[a,b]'``."""
     env = _pii_env(cli_env)
@@ -168,6 +170,7 @@ def test_two_plugin_stages_repeated_or_as_one_list(cli_env: dict[str, str], work
     assert "response stages: pii_output_redactor (PIIOutputRedactor)\n" in proc.stdout
 
 
+@pytest.mark.slow  # pip-installs the plugin (once per session)
 def test_installed_plugin_is_found_through_its_entry_point(
     installed_priority_plugin: Path, cli_env: dict[str, str], workdir: Path
 ) -> None:
@@ -187,6 +190,7 @@ def test_installed_plugin_is_found_through_its_entry_point(
     assert info.stdout.count("pkg://inferflow_priority.conf") == 1, info.stdout
 
 
+@pytest.mark.slow  # pip-installs the plugin (once per session)
 def test_installed_priority_policy_in_process(
     installed_priority_plugin: Path, config_env: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 from cfg_helpers import run_cli
 
-pytestmark = pytest.mark.server
+pytestmark = [pytest.mark.server, pytest.mark.slow]  # sweeps and runs through the CLI
 
 
 def job_dirs(sweep: Path) -> list[Path]:
@@ -44,7 +44,6 @@ def test_sweep_runs_each_job_in_its_own_folder_with_its_config(
     assert list(workdir.iterdir()) == []
 
 
-@pytest.mark.slow
 def test_sweep_measures_each_batching_policy_offline(
     cli_env: dict[str, str], workdir: Path, tmp_path: Path
 ) -> None:

@@ -54,6 +54,7 @@ def test_greedy_accepts_the_agreeing_prefix_then_the_target_token() -> None:
         verify_drafts(sampler, logits[:2], row(temperature=0), (3, 1, 2))
 
 
+@pytest.mark.slow  # a sampled histogram per setting
 @pytest.mark.parametrize("params", [{"temperature": 1.0}, {"temperature": 0.7, "top_k": 3},
                                     {"temperature": 1.3, "top_p": 0.8}])
 def test_rejection_sampling_emits_the_target_distribution(params: dict[str, float]) -> None:

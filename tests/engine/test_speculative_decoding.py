@@ -84,6 +84,7 @@ def test_seeded_sampling_with_speculation_is_reproducible(pair: tuple[LLM, LLM])
     assert alone == mixed and len(alone) == 32
 
 
+@pytest.mark.slow  # 3,000 seeded samples each way
 def test_temperature_one_keeps_the_target_distribution(tmp_path_factory: pytest.TempPathFactory) -> None:
     """3,000 seeded samples of 6 tokens from an 8-token model, with and without drafts: at
     every position the two token histograms agree (chi-square two-sample test, p > 0.001; the

@@ -108,6 +108,7 @@ print(json.dumps({"growth": peak_rss_bytes() - before}))
 
 
 @pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="measures RSS through /proc")
+@pytest.mark.slow  # builds in subprocesses to measure their memory
 def test_build_rss_grows_by_tensors_not_by_the_model(tmp_path: Path) -> None:
     import json
     import subprocess

@@ -17,6 +17,8 @@ from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TRAINED, tiny_llama_path
 from inferflow.runtimes.step_inputs import EngineRow
 
+pytestmark = pytest.mark.slow
+
 WINDOWS, LENGTH = 8, 64  # 8 held-out windows of 64 tokens: 504 predicted positions
 
 

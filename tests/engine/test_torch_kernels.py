@@ -112,6 +112,7 @@ KERNEL_CHECK = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow  # the Triton interpreter in a subprocess
 def test_triton_paged_decode_kernel_matches_the_reference_in_the_interpreter() -> None:
     pytest.importorskip("triton")
     env = {**os.environ, "TRITON_INTERPRET": "1"}  # read when the kernel is defined

@@ -120,6 +120,7 @@ def test_greedy_tokens_and_logits_match_transformers(
                                    err_msg=f"{name}/{config_format}/{executor} step {k}")
 
 
+@pytest.mark.slow  # transformers builds each architecture
 @pytest.mark.parametrize("config_format", FORMATS)
 def test_both_formats_read_the_same_architecture(ckpt_root: Path, config_format: str) -> None:
     """The saved files are what the cases claim, and both spellings parse to the same thing."""

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from server_harness import MODEL, ServerProcess
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.xdist_group("torch_server")]
 
 NUM_REQUESTS = 32
 MAX_TOKENS = 24

@@ -7,7 +7,7 @@ import httpx
 import pytest
 from server_harness import MODEL, ServerProcess
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.xdist_group("torch_server")]
 
 
 @pytest.fixture

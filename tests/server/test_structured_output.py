@@ -17,7 +17,7 @@ import openai
 import pytest
 from server_harness import MODEL, ServerProcess
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]
+pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.xdist_group("torch_server")]
 
 SEEDS = range(6)
 PROFILE = {

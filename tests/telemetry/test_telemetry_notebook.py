@@ -11,6 +11,8 @@ from nbclient import NotebookClient
 
 from inferflow.telemetry.trace_model import load_spans
 
+pytestmark = pytest.mark.slow
+
 NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "trace_analysis.ipynb"
 FIGURES = {
     "request_breakdown.png",
