@@ -73,7 +73,6 @@ class EngineAPI(ls.LitAPI):
     def authorize(self) -> None:
         """LitServe's auth hook: a no-op (else ``LIT_SERVER_API_KEY`` would guard every route).
         The frontend checks ``server.api_keys``, so a 401 has OpenAI's shape."""
-        return None
 
 
 class WorkerLoop(LitLoop):

@@ -25,7 +25,7 @@ def build(args: dict[str, Any]) -> Any:
     overrides = args.get("overrides") or []
     if isinstance(overrides, str):  # `serve run ... overrides=[...]` passes a string
         overrides = json.loads(overrides)
-    if not any(o == "server=ray" or o.startswith("server=") for o in overrides):
+    if not any(o.startswith("server=") for o in overrides):
         overrides = ["server=ray", *overrides]
     graph = build_graph(compose_config(overrides))
     graph.check_engine_settings()

@@ -68,9 +68,8 @@ class WorkerService:
         description."""
         started = time.time()
         logger.info("worker %d: loading the engine", os.getpid())
-        telemetry = None
-        if self.telemetry_settings is not None:
-            telemetry = WorkerTelemetry(self.telemetry_settings)
+        settings = self.telemetry_settings
+        telemetry = WorkerTelemetry(settings) if settings is not None else None
         # telemetry wraps the executor as the engine is built, and records from after warm-up
         engine = self.engine = self.engine_factory(telemetry.wrap_executor if telemetry else None)
         warm_up(engine)  # the warm-up is not a request: nothing of it is recorded
