@@ -125,10 +125,8 @@ class RequestSpan:
         self.span.set_attributes({k: v for k, v in values.items() if v is not None})
 
     @isolated(None)
-    def set_timings(self, timings: RequestTimings | Mapping[str, object]) -> None:
-        """``gen_ai.latency.*`` from the worker's timings (object or its ``to_dict()``)."""
-        if not isinstance(timings, RequestTimings):
-            timings = RequestTimings.from_dict(timings)
+    def set_timings(self, timings: RequestTimings) -> None:
+        """``gen_ai.latency.*`` from the worker's timings."""
         self.span.set_attributes(timings.latency_attributes())
 
     @isolated(None)

@@ -8,8 +8,7 @@ response; the API process rebuilds it with ``from_dict()`` and calls :func:`timi
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 from inferflow.outputs import RequestMetrics
 from inferflow.telemetry import attributes as A
@@ -112,16 +111,6 @@ class RequestTimings:
             finished_time=metrics.finished_time,
             num_output_tokens=num_output_tokens,
         )
-
-    def to_dict(self) -> dict[str, float | int | None]:
-        """Plain, picklable/JSON-able form to carry across LitServe's process boundary."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, object]) -> RequestTimings:
-        """Inverse of :meth:`to_dict`; unknown keys are ignored."""
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})  # type: ignore[arg-type]
 
 
 def _ms(seconds: float) -> str:

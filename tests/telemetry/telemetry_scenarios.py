@@ -77,7 +77,7 @@ def api_start(
     return root
 
 
-def api_finish(root: RequestSpan, request_id: str, timings: dict[str, object], base: float) -> None:
+def api_finish(root: RequestSpan, request_id: str, timings: RequestTimings, base: float) -> None:
     """API process: usage, finish reason and the worker's timings on the root span; end it."""
     reason = FINISH[request_id][1]
     root.set_response(
@@ -104,9 +104,9 @@ def _chunk(rid: str, n: int, before: int) -> ScheduledChunk:
 
 def worker_side(
     telemetry: EngineTelemetry, carriers: dict[str, dict[str, str] | None], base: float
-) -> dict[str, dict]:
+) -> dict[str, RequestTimings]:
     """Worker process: the engine timeline above, given each request's W3C carrier.
-    Returns ``{request_id: RequestTimings.to_dict()}`` (what the worker sends back)."""
+    Returns ``{request_id: RequestTimings}`` (what the worker sends back)."""
     for rid, carrier in carriers.items():
         telemetry.on_request_arrived(
             rid,
@@ -116,7 +116,7 @@ def worker_side(
             max_tokens=MAX_TOKENS[rid],
             operation="chat",
         )
-    timings: dict[str, dict] = {}
+    timings: dict[str, RequestTimings] = {}
     for step_id, (start, end, rows) in enumerate(STEPS):
         plan = SchedulerOutput(chunks=tuple(_chunk(*row) for row in rows), step_id=step_id)
         out = ExecutorOutput(sampled={rid: SampledToken(1) for rid, _, _ in rows})
@@ -145,7 +145,7 @@ def worker_side(
                     rid, reason, finish_time=base + finish, num_cached_tokens=cached
                 )
                 assert isinstance(result, RequestTimings)
-                timings[rid] = result.to_dict()
+                timings[rid] = result
     return timings
 
 

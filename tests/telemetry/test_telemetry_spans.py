@@ -76,7 +76,7 @@ def test_telemetry_failures_never_break_the_request() -> None:
     assert result == 42 and not span.is_recording()
     root = start_request_span(broken, operation="chat", model="m", headers={"traceparent": TP})  # type: ignore[arg-type]
     root.set_response(finish_reasons=["stop"], input_tokens=1, output_tokens=1)
-    root.set_timings({"arrival_time": 1.0, "finished_time": 2.0})
+    root.set_timings(RequestTimings(arrival_time=1.0, finished_time=2.0))
     root.end()
     assert root.traceparent is None
     telemetry = EngineTelemetry(broken)  # type: ignore[arg-type]
@@ -165,7 +165,6 @@ def test_timing_headers_and_round_trip() -> None:
         finished_time=1.0425,
         num_output_tokens=4,
     )
-    assert RequestTimings.from_dict({**t.to_dict(), "extra": 1}) == t
     h = timing_headers(t)
     assert float(h["x-inferflow-queue-time-ms"]) == pytest.approx(2.0)
     assert float(h["x-inferflow-inference-time-ms"]) == pytest.approx(40.5)
