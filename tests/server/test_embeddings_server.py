@@ -216,6 +216,11 @@ def test_canary_split_pinning_and_stickiness(multi_server) -> None:
             assert response.json()["model_version"] == version
             served.append(version)
         assert set(served) == {"1", "2"}
+        # queue time apart from compute time, as the LLM routes report it
+        assert float(response.headers["x-inferflow-queue-time-ms"]) >= 0
+        assert float(response.headers["x-inferflow-inference-time-ms"]) > 0
+        assert response.headers["server-timing"].startswith("queue;dur=")
+        assert ", inference;dur=" in response.headers["server-timing"]
         # binomial sd = sqrt(0.16 / 200) = 0.028; +-0.1 is ~3.5 sd
         assert served.count("2") / 200 == pytest.approx(0.2, abs=0.1)
         pinned = {

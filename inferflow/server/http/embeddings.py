@@ -17,7 +17,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any, Literal
 
@@ -38,6 +38,7 @@ from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.protocol import validation_error
 from inferflow.server.routing import ModelRouter, ModelVersion
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
+from inferflow.telemetry.timings import phase_timing_headers
 
 logger = logging.getLogger(__name__)
 
@@ -280,9 +281,12 @@ class EmbeddingsFrontend:
         self.metrics.latency.labels(*labels).observe(time.time() - started)
         return JSONResponse(
             render_embeddings(result.vectors, body.encoding_format, service, result.prompt_tokens),
-            headers=_timing_headers(
-                service.model_version, result.queue_time_s, result.compute_time_s
-            ),
+            headers={
+                "x-inferflow-model-version": service.model_version,
+                **phase_timing_headers(
+                    queue_time_s=result.queue_time_s, inference_time_s=result.compute_time_s
+                ),
+            },
         )
 
 
@@ -304,15 +308,6 @@ def render_embeddings(
         "model": service.model_name,
         "model_version": service.model_version,
         "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-    }
-
-
-def _timing_headers(version: str, queue_s: float, compute_s: float) -> Mapping[str, str]:
-    return {
-        "x-inferflow-model-version": version,
-        "x-inferflow-queue-time-ms": f"{queue_s * 1000:.3f}",
-        "x-inferflow-inference-time-ms": f"{compute_s * 1000:.3f}",
-        "server-timing": f"queue;dur={queue_s * 1000:.3f}, inference;dur={compute_s * 1000:.3f}",
     }
 
 
