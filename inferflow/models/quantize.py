@@ -16,8 +16,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-WEIGHT_DTYPES = ("fp32", "fp16", "int8", "int4")
-
 
 @dataclass(frozen=True)
 class QuantizedWeight:

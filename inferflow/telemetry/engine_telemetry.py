@@ -273,7 +273,7 @@ class EngineTelemetry:
         timings = rt.finish(finish_reason, finish_time, error=error)
         if self.metrics is not None:
             self.metrics.on_request_finished(
-                FinishedRequestStats.from_timings(
+                FinishedRequestStats(
                     timings,
                     finish_reason,
                     num_prompt_tokens=rt.num_prompt_tokens,

@@ -74,55 +74,16 @@ class StepStats:
 
 @dataclass(frozen=True)
 class FinishedRequestStats:
-    """One finished request (seconds; ``None`` for a phase the request never reached)."""
+    """One finished request: its timings (the one home of its latencies; ``finished_time`` set)
+    and what the metrics label or count beside them."""
 
+    timings: RequestTimings
     finish_reason: str  # stop | length | abort | error
-    e2e_latency: float
-    queue_time: float
     num_prompt_tokens: int
-    num_generation_tokens: int
-    prefill_time: float | None = None
-    decode_time: float | None = None
-    inference_time: float | None = None
-    time_to_first_token: float | None = None
-    time_per_output_token: float | None = None
     max_tokens: int | None = None
     operation: str = "text_completion"  # gen_ai.operation.name label
     guided_compile_s: float | None = None  # structured output: grammar compile (0 if cached)
     guided_cache_hit: bool | None = None
-
-    @classmethod
-    def from_timings(
-        cls,
-        timings: RequestTimings,
-        finish_reason: str,
-        *,
-        num_prompt_tokens: int,
-        max_tokens: int | None = None,
-        operation: str = "text_completion",
-        guided_compile_s: float | None = None,
-        guided_cache_hit: bool | None = None,
-    ) -> FinishedRequestStats:
-        """Derive the request's latencies from its engine timestamps (``finished_time`` set)."""
-        e2e, queue = timings.e2e_latency, timings.queue_time
-        if e2e is None or queue is None:
-            raise ValueError("timings of an unfinished request (finished_time is None)")
-        return cls(
-            finish_reason=finish_reason,
-            e2e_latency=e2e,
-            queue_time=queue,
-            num_prompt_tokens=num_prompt_tokens,
-            num_generation_tokens=timings.num_output_tokens,
-            prefill_time=timings.prefill_time,
-            decode_time=timings.decode_time,
-            inference_time=timings.inference_time,
-            time_to_first_token=timings.time_to_first_token,
-            time_per_output_token=timings.time_per_output_token,
-            max_tokens=max_tokens,
-            operation=operation,
-            guided_compile_s=guided_compile_s,
-            guided_cache_hit=guided_cache_hit,
-        )
 
 
 class EngineMetrics:
@@ -313,29 +274,34 @@ class EngineMetrics:
             else:
                 self.guided_compiles.inc()
                 self.guided_compile.observe(req.guided_compile_s or 0.0)
+        t = req.timings
+        e2e, queue = t.e2e_latency, t.queue_time
+        if e2e is None or queue is None:
+            raise ValueError("timings of an unfinished request (finished_time is None)")
         reason = req.finish_reason if req.finish_reason in self.request_success else "error"
         self.request_success[reason].inc()
-        self.e2e.observe(req.e2e_latency)
-        self.queue.observe(req.queue_time)
+        self.e2e.observe(e2e)
+        self.queue.observe(queue)
+        tpot = t.time_per_output_token
         for hist, value in (
-            (self.inference, req.inference_time),
-            (self.prefill, req.prefill_time),
-            (self.decode, req.decode_time),
-            (self.tpot, req.time_per_output_token),
+            (self.inference, t.inference_time),
+            (self.prefill, t.prefill_time),
+            (self.decode, t.decode_time),
+            (self.tpot, tpot),
         ):
             if value is not None:
                 hist.observe(value)
         self.request_prompt_tokens.observe(req.num_prompt_tokens)
-        self.request_generation_tokens.observe(req.num_generation_tokens)
+        self.request_generation_tokens.observe(t.num_output_tokens)
         if req.max_tokens is not None:
             self.request_max_tokens.observe(req.max_tokens)
         if reason in ("stop", "length"):  # GenAI server metrics cover successful responses
             labels = (req.operation, self.model_name)
-            self.gen_ai_duration.labels(*labels).observe(req.e2e_latency)
-            if req.time_to_first_token is not None:
-                self.gen_ai_ttft.labels(*labels).observe(req.time_to_first_token)
-            if req.time_per_output_token is not None:
-                self.gen_ai_tpot.labels(*labels).observe(req.time_per_output_token)
+            self.gen_ai_duration.labels(*labels).observe(e2e)
+            if t.time_to_first_token is not None:
+                self.gen_ai_ttft.labels(*labels).observe(t.time_to_first_token)
+            if tpot is not None:
+                self.gen_ai_tpot.labels(*labels).observe(tpot)
 
     def render(self) -> bytes:
         """Exposition text of this (in-memory) registry; multiprocess mode: use render_metrics."""
