@@ -28,12 +28,18 @@ from inferflow.models.tokenizer import Tokenizer
 
 class _Weight:
     """A layer tensor read from the checkpoint on each access (nothing is kept: the caller holds
-    it); projections come transposed to (in_features, out_features) for MatMul."""
+    it); projections come transposed to (in_features, out_features) for MatMul. Where the family
+    stores it fused with others (``Block.fused_qkv``/``fused_gate_up``), it is the rows of the
+    fused tensor that are this projection's (``LayerWeights.fused_rows``)."""
 
     def __init__(self, name: str, transpose: bool = True) -> None:
         self.name, self.transpose = name, transpose
 
     def __get__(self, layer: LayerWeights, owner: type | None = None) -> np.ndarray:
+        fused = layer.fused_rows(self.name)
+        if fused is not None:
+            name, rows = fused
+            return layer.weights.read(layer.prefix + name, self.transpose, rows)
         return layer.weights.read(layer.prefix + self.name, self.transpose)
 
 
@@ -57,6 +63,7 @@ class LayerWeights:
     wk = _Weight("self_attn.k_proj.weight")  # (H, Hkv*D)
     wv = _Weight("self_attn.v_proj.weight")  # (H, Hkv*D)
     wo = _Weight("self_attn.o_proj.weight")  # (Hq*D, H)
+    # Llama: the MLP's input norm; with Block.sandwich_norms (Gemma): the attention output's
     post_norm = _Weight("post_attention_layernorm.weight", transpose=False)  # (H,)
     w_gate = _Weight("mlp.gate_proj.weight")  # (H, I)
     w_up = _Weight("mlp.up_proj.weight")  # (H, I)
@@ -68,9 +75,50 @@ class LayerWeights:
     b_gate = _Bias("mlp.gate_proj.bias")  # (I,)
     b_up = _Bias("mlp.up_proj.bias")  # (I,)
     b_down = _Bias("mlp.down_proj.bias")  # (H,)
+    q_norm = _Weight("self_attn.q_norm.weight", transpose=False)  # (D,) Block.qk_norm
+    k_norm = _Weight("self_attn.k_norm.weight", transpose=False)  # (D,)
+    pre_ffn_norm = _Weight("pre_feedforward_layernorm.weight", transpose=False)  # (H,) sandwich
+    post_ffn_norm = _Weight("post_feedforward_layernorm.weight", transpose=False)  # (H,)
 
     def __init__(self, weights: ModelWeights, index: int) -> None:
-        self.weights, self.prefix = weights, f"model.layers.{index}."
+        self.weights, self.prefix, self.index = weights, f"model.layers.{index}.", index
+
+    def fused_rows(self, name: str) -> tuple[str, slice] | None:
+        """(fused tensor, rows) holding projection ``name`` where the family fuses it."""
+        cfg = self.weights.config
+        q, kv, inter = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+        if cfg.block.fused_qkv and name in _QKV:
+            start = {"q": 0, "k": q, "v": q + kv}[name[len("self_attn.")]]
+            return "self_attn.qkv_proj.weight", slice(start, start + (q if start == 0 else kv))
+        if cfg.block.fused_gate_up and name in _GATE_UP:
+            start = 0 if name == "mlp.gate_proj.weight" else inter
+            return "mlp.gate_up_proj.weight", slice(start, start + inter)
+        return None
+
+    # --- mixture of experts (ModelArch.moe; layers where ModelArch.is_sparse) -------------------
+    @property
+    def router(self) -> np.ndarray:  # (H, E)
+        moe = self.weights.config.moe
+        assert moe is not None
+        return self.weights.read(self.prefix + moe.router, transpose=True)
+
+    def expert(self, e: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Expert ``e``'s gate (H, I), up (H, I) and down (I, H) projections."""
+        moe = self.weights.config.moe
+        assert moe is not None
+        base = self.prefix + moe.expert.format(e=e)
+        gate, up, down = (self.weights.read(f"{base}{p}.weight", transpose=True) for p in moe.expert_proj)
+        return gate, up, down
+
+    def shared_expert(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The shared expert's gate (H, Is), up (H, Is), down (Is, H) and its gate (H, 1)."""
+        read, p = self.weights.read, self.prefix + "mlp."
+        return (read(p + "shared_expert.gate_proj.weight", True), read(p + "shared_expert.up_proj.weight", True),
+                read(p + "shared_expert.down_proj.weight", True), read(p + "shared_expert_gate.weight", True))
+
+
+_QKV = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+_GATE_UP = ("mlp.gate_proj.weight", "mlp.up_proj.weight")
 
 
 class ModelWeights:
@@ -133,11 +181,15 @@ class ModelWeights:
         """Whether the model has tensor ``name`` (as config.json describes it)."""
         return name in self._where
 
-    def read(self, name: str, transpose: bool = False) -> np.ndarray:
-        """Tensor ``name`` (a Hugging Face name), transposed to (in, out) when ``transpose``."""
+    def read(self, name: str, transpose: bool = False, rows: slice | None = None) -> np.ndarray:
+        """Tensor ``name`` (a Hugging Face name), only ``rows`` of it (a fused projection's
+        part), transposed to (in, out) when ``transpose``."""
         st = self._where[name]
         arr = st.read(name, self.dtype)
-        if self.on_read is not None:
+        if rows is not None:
+            arr = arr[rows]
+        # a fused tensor counts once, with its first part (build progress adds these up)
+        if self.on_read is not None and (rows is None or rows.start == 0):
             self.on_read(name, st.tensors[name].end - st.tensors[name].begin)
         return np.ascontiguousarray(arr.T) if transpose else arr
 
@@ -180,18 +232,30 @@ class ModelWeights:
 def expected_shapes(cfg: ModelArch) -> dict[str, tuple[int, ...]]:
     """Every tensor a checkpoint of ``cfg`` has, by Hugging Face name, in its stored shape
     ((out_features, in_features) for projections)."""
-    h, d, inter = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size
+    h, d, inter, b = cfg.hidden_size, cfg.head_dim, cfg.intermediate_size, cfg.block
     q, kv = cfg.num_heads * d, cfg.num_kv_heads * d
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (cfg.vocab_size, h)}
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,), p + "self_attn.q_proj.weight": (q, h),
-            p + "self_attn.k_proj.weight": (kv, h), p + "self_attn.v_proj.weight": (kv, h),
-            p + "self_attn.o_proj.weight": (h, q), p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
-            p + "mlp.down_proj.weight": (h, inter),
-        })
+        shapes.update({p + "input_layernorm.weight": (h,), p + "self_attn.o_proj.weight": (h, q),
+                       p + "post_attention_layernorm.weight": (h,)})
+        if b.fused_qkv:
+            shapes[p + "self_attn.qkv_proj.weight"] = (q + 2 * kv, h)
+        else:
+            shapes.update({p + "self_attn.q_proj.weight": (q, h), p + "self_attn.k_proj.weight": (kv, h),
+                           p + "self_attn.v_proj.weight": (kv, h)})
+        if b.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        if b.sandwich_norms:
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,),
+                           p + "post_feedforward_layernorm.weight": (h,)})
+        if cfg.is_sparse(i):
+            shapes.update(_moe_shapes(cfg, p))
+        elif b.fused_gate_up:
+            shapes.update({p + "mlp.gate_up_proj.weight": (2 * inter, h), p + "mlp.down_proj.weight": (h, inter)})
+        else:
+            shapes.update({p + "mlp.gate_proj.weight": (inter, h), p + "mlp.up_proj.weight": (inter, h),
+                           p + "mlp.down_proj.weight": (h, inter)})
         if cfg.attention_bias:
             shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
                            p + "self_attn.v_proj.bias": (kv,)})
@@ -203,6 +267,23 @@ def expected_shapes(cfg: ModelArch) -> dict[str, tuple[int, ...]]:
     shapes["model.norm.weight"] = (h,)
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
+    return shapes
+
+
+def _moe_shapes(cfg: ModelArch, p: str) -> dict[str, tuple[int, ...]]:
+    """The router, every expert and the shared expert of a sparse layer (prefix ``p``)."""
+    moe, h = cfg.moe, cfg.hidden_size
+    assert moe is not None
+    i = moe.intermediate_size
+    gate, up, down = moe.expert_proj
+    shapes: dict[str, tuple[int, ...]] = {p + moe.router: (moe.num_experts, h)}
+    for e in range(moe.num_experts):
+        base = p + moe.expert.format(e=e)
+        shapes.update({f"{base}{gate}.weight": (i, h), f"{base}{up}.weight": (i, h), f"{base}{down}.weight": (h, i)})
+    if moe.shared_expert:
+        s = moe.shared_intermediate_size
+        shapes.update({p + "mlp.shared_expert.gate_proj.weight": (s, h), p + "mlp.shared_expert.up_proj.weight": (s, h),
+                       p + "mlp.shared_expert.down_proj.weight": (h, s), p + "mlp.shared_expert_gate.weight": (1, h)})
     return shapes
 
 

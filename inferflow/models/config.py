@@ -15,15 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from inferflow.json_types import JSONObject
-from inferflow.models.config_fields import (
-    ACTIVATIONS,
-    ARCHITECTURES,
-    SUPPORTED_ARCHITECTURES,
-    Architecture,
-    sliding_window,
-    switch,
-)
+from inferflow.models.config_fields import ACTIVATIONS
 from inferflow.models.errors import CheckpointError
+from inferflow.models.families import FAMILIES, SUPPORTED_ARCHITECTURES
+from inferflow.models.family import Block, Family, MoE, switch
 from inferflow.models.rope import RotarySettings, read_rotary
 
 __all__ = ["SUPPORTED_ARCHITECTURES", "ModelArch", "parse_model_config"]
@@ -49,11 +44,15 @@ class ModelArch:
     torch_dtype: str  # the checkpoint's storage type (config.json's dtype or torch_dtype)
     bos_token_id: int | None
     eos_token_ids: tuple[int, ...]
-    # the window of the layers that have one; None: every layer attends to the whole context
-    sliding_window: int | None = None
+    # per layer: its attention window (a key at distance >= window is not seen; None: the
+    # whole context); empty means no layer has one
+    layer_windows: tuple[int | None, ...] = ()
     hidden_act: str = "silu"  # what the MLP's gate goes through: silu | gelu | gelu_tanh | relu
     o_proj_bias: bool = False  # the attention's output projection has a bias (Llama)
     mlp_bias: bool = False  # gate, up and down projections have biases (Llama's mlp_bias)
+    block: Block = field(default_factory=Block)  # where a layer departs from Llama's
+    local_rope: RotarySettings | None = None  # windowed layers' rotary where it differs (Gemma 3)
+    moe: MoE | None = None  # the MLP of sparse layers is a mixture of experts
     raw: JSONObject = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -61,13 +60,43 @@ class ModelArch:
         return self.rope.theta
 
     @property
+    def rotary_dim(self) -> int:
+        """Dims of each head that rotate (the first ones; all but for partial rotary)."""
+        return self.rope.rotary_dim(self.head_dim)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """The largest window of a layer that has one (None: every layer sees everything)."""
+        return max((w for w in self.layer_windows if w is not None), default=None)
+
+    def window(self, layer: int) -> int | None:
+        return self.layer_windows[layer] if self.layer_windows else None
+
+    def layer_rope(self, layer: int) -> RotarySettings:
+        """Layer ``layer``'s rotary: the local one on windowed layers where the family has it."""
+        return self.local_rope if self.local_rope is not None and self.window(layer) else self.rope
+
+    def is_sparse(self, layer: int) -> bool:
+        """Layer ``layer``'s MLP is the mixture of experts."""
+        return self.moe is not None and self.moe.sparse_layers[layer]
+
+    @property
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         biases = (q + 2 * kv) * self.attention_bias + h * self.o_proj_bias + (2 * i + h) * self.mlp_bias
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h + biases
+        attention = h * (q + 2 * kv) + q * h + 2 * h + biases
+        mlp = 0
+        for layer in range(self.num_layers):
+            if self.is_sparse(layer):
+                assert self.moe is not None
+                m = self.moe
+                mlp += m.num_experts * (h + 3 * h * m.intermediate_size)
+                mlp += (3 * h * m.shared_intermediate_size + h) if m.shared_expert else 0
+            else:
+                mlp += 3 * h * i
         head = 0 if self.tie_word_embeddings else v * h
-        return v * h + self.num_layers * per_layer + h + head
+        return v * h + self.num_layers * attention + mlp + h + head
 
     def check_context(self, path: Path, served: int, knob: str) -> None:
         """Refuse a served context this engine would compute wrongly: longer than the
@@ -78,6 +107,14 @@ class ModelArch:
                 path, f"sliding_window={window}: attention over a sliding window is not "
                 f"supported yet, and the served context ({served} tokens) is longer than the "
                 f"window; serve it with {knob}={window} (or less)")
+        b = self.block
+        pending = [name for name, on in (
+            ("q/k norms", b.qk_norm), ("(1 + w) norms", b.norm_offset), ("sandwich norms", b.sandwich_norms),
+            ("embedding scale", b.embed_scale != 1.0), ("attention scale", b.attn_scale is not None),
+            ("soft-capping", b.attn_softcap or b.final_softcap), ("local rotary", self.local_rope),
+            ("partial rotary", self.rotary_dim != self.head_dim), ("experts", self.moe)) if on]
+        if pending:  # read, not computed yet by the executors (issue 39 lands them)
+            raise CheckpointError(path, f"{self.architecture}: {pending[0]} not served yet")
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:
@@ -100,17 +137,17 @@ def _read(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _architecture(path: Path, raw: dict[str, Any]) -> tuple[str, Architecture]:
+def _architecture(path: Path, raw: dict[str, Any]) -> tuple[str, Family]:
     archs = raw.get("architectures") or []
-    by_type = {a.model_type: name for name, a in ARCHITECTURES.items()}
+    by_type = {f.model_type: name for name, f in FAMILIES.items()}
     name = archs[0] if archs else by_type.get(str(raw.get("model_type")), raw.get("model_type", "?"))
-    if name not in ARCHITECTURES:
+    if name not in FAMILIES:
         raise CheckpointError(
             path, f"architecture {name!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
-    return name, ARCHITECTURES[name]
+    return name, FAMILIES[name]
 
 
-def _refuse_unsupported(path: Path, raw: dict[str, Any], arch: Architecture) -> str:
+def _refuse_unsupported(path: Path, raw: dict[str, Any], arch: Family) -> str:
     """The executors' activation for ``hidden_act``; refuses what no executor computes."""
     quant = raw.get("quantization_config")
     if quant:
@@ -119,9 +156,10 @@ def _refuse_unsupported(path: Path, raw: dict[str, Any], arch: Architecture) -> 
             path, f"quantization_config (quant_method={method!r}) is not supported: serve the "
             "unquantized checkpoint; inferflow quantizes when it builds the engine "
             "(executor.precision=int8 or int4)")
-    act = raw.get("hidden_act", arch.defaults["hidden_act"])
+    key = arch.activation_key
+    act = arch.get(raw, key)
     if act not in ACTIVATIONS:
-        raise CheckpointError(path, f"hidden_act={act!r} is not supported (supported: "
+        raise CheckpointError(path, f"{key}={act!r} is not supported (supported: "
                               f"{', '.join(ACTIVATIONS)})")
     return ACTIVATIONS[act]
 
@@ -133,12 +171,17 @@ def parse_model_config(path: Path) -> ModelArch:
     act = _refuse_unsupported(path, raw, arch)
 
     def get(key: str) -> Any:  # the file's value (null included), else the class default
-        return raw[key] if key in raw else arch.defaults.get(key)
+        return arch.get(raw, key)
 
     try:
         num_heads, hidden = int(raw["num_attention_heads"]), int(raw["hidden_size"])
         num_layers = int(raw["num_hidden_layers"])
         max_positions = int(get("max_position_embeddings"))
+        windows = arch.windows(raw, arch.defaults, num_layers) if arch.windows else ()
+        rope = read_rotary(path, raw, max_positions)
+        local_rope = rope
+        if arch.per_layer_type_rope and any(w is not None for w in windows):
+            local_rope = read_rotary(path, raw, max_positions, "sliding_attention")
         cfg = ModelArch(
             architecture=name,
             vocab_size=int(raw["vocab_size"]),
@@ -147,19 +190,22 @@ def parse_model_config(path: Path) -> ModelArch:
             num_layers=num_layers,
             num_heads=num_heads,
             num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-            head_dim=int(raw.get("head_dim") or hidden // num_heads),
+            head_dim=int(get("head_dim") or hidden // num_heads),
             max_position_embeddings=max_positions,
             rms_norm_eps=float(get("rms_norm_eps")),
-            rope=read_rotary(path, raw, max_positions),
+            rope=rope,
             tie_word_embeddings=bool(get("tie_word_embeddings")),
-            attention_bias=switch(raw, arch, arch.qkv_bias),
+            attention_bias=switch(raw, arch.defaults, arch.qkv_bias),
             torch_dtype=str(raw.get("dtype") or raw.get("torch_dtype") or "float32"),
             bos_token_id=get("bos_token_id"),
             eos_token_ids=_eos_ids(get("eos_token_id")),
-            sliding_window=sliding_window(raw, arch, num_layers),
+            layer_windows=windows if any(w is not None for w in windows) else (),
             hidden_act=act,
-            o_proj_bias=switch(raw, arch, arch.o_bias),
-            mlp_bias=switch(raw, arch, arch.mlp_bias),
+            o_proj_bias=switch(raw, arch.defaults, arch.o_bias),
+            mlp_bias=switch(raw, arch.defaults, arch.mlp_bias),
+            block=arch.block(raw, arch.defaults) if arch.block else Block(),
+            local_rope=local_rope if local_rope != rope else None,
+            moe=arch.moe(raw, arch.defaults, num_layers) if arch.moe else None,
             raw=raw,
         )
     except CheckpointError:
@@ -170,6 +216,7 @@ def parse_model_config(path: Path) -> ModelArch:
         raise CheckpointError(path, str(exc)) from None
     if cfg.num_heads % cfg.num_kv_heads:
         raise CheckpointError(path, "num_attention_heads must be a multiple of num_key_value_heads")
-    if cfg.head_dim % 2:
-        raise CheckpointError(path, "head_dim must be even for rotary embeddings")
+    if cfg.rotary_dim % 2:
+        raise CheckpointError(path, "the rotary part of a head (head_dim x partial_rotary_factor) "
+                              "must be even")
     return cfg

@@ -16,15 +16,20 @@ Types served, in both executors (the tables are the only place they differ): ``d
 ``linear``, ``dynamic`` (NTK; equal to ``default`` up to ``max_position_embeddings``, which
 is as far as inferflow serves, so the served context never reaches transformers' per-step
 recomputation), ``yarn`` (with its attention factor folded into cos/sin) and ``llama3``.
-Anything else (``longrope``, ``proportional``, ``partial_rotary_factor`` < 1, ...) is refused
-in one line.
+``partial_rotary_factor`` < 1 rotates the first part of each head (the tables are that wide).
+Anything else (``longrope``, ``proportional``, ...) is refused in one line.
+
+Gemma 3 rotates its local (sliding-window) layers with their own base: transformers 5 nests
+``rope_parameters`` by layer type (``{"full_attention": {...}, "sliding_attention": {...}}``),
+older files carry ``rope_local_base_freq`` beside ``rope_theta`` (``read_rotary(...,
+layer_type=...)`` reads either).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,15 +73,32 @@ class RotarySettings:
     beta_slow: float = 1.0  # yarn
     truncate: bool = True  # yarn: floor/ceil the correction range
     attention_factor: float = 1.0
+    # rotary over the first int(head_dim * partial_rotary_factor) dims of a head (Phi-4-mini: 0.75)
+    partial_rotary_factor: float = 1.0
+
+    def rotary_dim(self, head_dim: int) -> int:
+        return int(head_dim * self.partial_rotary_factor)
 
     def describe(self) -> str:
         extra = f", factor {self.factor:g}" if self.rope_type != "default" else ""
         return f"{self.rope_type} (theta {self.theta:g}{extra})"
 
 
-def read_rotary(path: Path, raw: Mapping[str, Any], max_position_embeddings: int) -> RotarySettings:
-    """The rotary settings of config.json ``raw`` (at ``path``, for errors)."""
+LAYER_TYPE_KEYS = frozenset({"full_attention", "sliding_attention"})
+
+
+def read_rotary(path: Path, raw: Mapping[str, Any], max_position_embeddings: int,
+                layer_type: str = "full_attention") -> RotarySettings:
+    """The rotary settings of config.json ``raw`` (at ``path``, for errors) for the layers of
+    ``layer_type`` (the same for every layer type unless the file nests them, Gemma 3)."""
     legacy, current = raw.get("rope_scaling"), raw.get("rope_parameters")
+    if isinstance(current, dict) and current and set(current) <= LAYER_TYPE_KEYS:
+        if layer_type not in current:
+            raise CheckpointError(path, f"rope_parameters has no entry for {layer_type!r}")
+        current = current[layer_type]
+        legacy = None  # nested: transformers 5 wrote it, and only today's spelling
+    elif layer_type == "sliding_attention" and raw.get("rope_local_base_freq") is not None:
+        current, legacy = {"rope_type": "default", "rope_theta": raw["rope_local_base_freq"]}, None
     for key, value in (("rope_scaling", legacy), ("rope_parameters", current)):
         if value is not None and not isinstance(value, dict):
             raise CheckpointError(path, f"{key} must be an object, got {value!r}")
@@ -89,18 +111,19 @@ def read_rotary(path: Path, raw: Mapping[str, Any], max_position_embeddings: int
     theta = params.get("rope_theta") or top_theta or 10000.0
     rope_type = str(params.get("rope_type") or params.get("type") or "default")
     partial = params.get("partial_rotary_factor", raw.get("partial_rotary_factor"))
-    if partial is not None and float(partial) != 1.0:
-        raise CheckpointError(path, f"partial_rotary_factor={partial} is not supported (the "
-                              "Llama family rotates the whole head)")
+    partial = 1.0 if partial is None else float(partial)
+    if not 0.0 < partial <= 1.0:
+        raise CheckpointError(path, f"partial_rotary_factor={partial} must be in (0, 1]")
     if rope_type not in ROPE_TYPES:
         raise CheckpointError(path, f"rope type {rope_type!r} is not supported (supported: "
                               f"{', '.join(ROPE_TYPES)})")
     _check_keys(path, rope_type, params)
     try:
-        return _settings(rope_type, float(theta), params, max_position_embeddings)
+        settings = _settings(rope_type, float(theta), params, max_position_embeddings)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(path, f"rope settings {params} of type {rope_type!r} are "
                               f"incomplete or malformed (missing or bad {exc})") from None
+    return replace(settings, partial_rotary_factor=partial)
 
 
 def _standard(params: Mapping[str, Any], top_theta: Any) -> dict[str, Any]:

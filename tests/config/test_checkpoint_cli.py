@@ -35,9 +35,9 @@ def _one_line_exit_2(args: list[str], env: dict[str, str], cwd: Path, *words: st
 
 @pytest.mark.parametrize("task", ["task=check", "server.port=18431"])  # check, and serve
 def test_unsupported_architecture(tmp_path: Path, cli_env: dict[str, str], workdir: Path, task: str) -> None:
-    path = _checkpoint(tmp_path, "qwen3", architectures=["Qwen3ForCausalLM"])
+    path = _checkpoint(tmp_path, "deepseek", architectures=["DeepseekV3ForCausalLM"])
     _one_line_exit_2([task, "+model=local", f"model.path={path}"], cli_env, workdir,
-                     "'Qwen3ForCausalLM' is not supported", "LlamaForCausalLM, MistralForCausalLM")
+                     "'DeepseekV3ForCausalLM' is not supported", "LlamaForCausalLM, MistralForCausalLM")
 
 
 def test_unsupported_field(tmp_path: Path, cli_env: dict[str, str], workdir: Path) -> None:

@@ -23,8 +23,16 @@ from inferflow.models.tiny import train_tokenizer
 BASE: dict[str, Any] = {
     "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
     "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
-    "bos_token_id": 0, "eos_token_id": 4, "tie_word_embeddings": False,
+    "bos_token_id": 0, "eos_token_id": 4, "pad_token_id": 1, "tie_word_embeddings": False,
 }
+
+
+def config_class(architecture: str) -> Any:
+    """transformers' config class of ``architecture`` (Gemma 3's text-only one for Gemma 3)."""
+    import transformers
+
+    text = "Text" if architecture == "Gemma3ForCausalLM" else ""
+    return getattr(transformers, architecture.replace("ForCausalLM", f"{text}Config"))
 
 
 def save_hf_checkpoint(path: Path, architecture: str = "LlamaForCausalLM", *, seed: int = 0,
@@ -37,8 +45,7 @@ def save_hf_checkpoint(path: Path, architecture: str = "LlamaForCausalLM", *, se
 
     if (path / "config.json").exists():
         return path
-    config_class = getattr(transformers, architecture.replace("ForCausalLM", "Config"))
-    hf_config = config_class(**{**BASE, **config})
+    hf_config = config_class(architecture)(**{**BASE, **config})
     model = getattr(transformers, architecture)(hf_config).to(torch.float32)
     _fill(model, seed)
     model.save_pretrained(path)
@@ -74,7 +81,13 @@ def to_legacy(config_path: Path) -> None:
     """Rewrite a transformers-5 config.json in transformers 4's spelling."""
     cfg = json.loads(config_path.read_text())
     rope = dict(cfg.pop("rope_parameters"))
+    if "full_attention" in rope:  # Gemma 3: the local layers' base was rope_local_base_freq
+        cfg["rope_local_base_freq"] = rope.pop("sliding_attention")["rope_theta"]
+        rope = dict(rope["full_attention"])
     cfg["rope_theta"] = rope.pop("rope_theta")
+    partial = rope.pop("partial_rotary_factor", None)
+    if partial is not None:  # Phi: a top-level key in transformers 4
+        cfg["partial_rotary_factor"] = partial
     if rope.get("rope_type", "default") != "default":
         cfg["rope_scaling"] = rope
     cfg["torch_dtype"] = cfg.pop("dtype")

@@ -117,10 +117,10 @@ _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings":
 
 # What inferflow does not compute, each a config.json edit -> the words its one line must say.
 UNSUPPORTED: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
-    "architecture": ({"architectures": ["Qwen3ForCausalLM"]}, ("'Qwen3ForCausalLM'", "LlamaForCausalLM")),
+    "architecture": ({"architectures": ["DeepseekV3ForCausalLM"]}, ("'DeepseekV3ForCausalLM'", "LlamaForCausalLM")),
     "activation": ({"hidden_act": "quick_gelu"}, ("hidden_act='quick_gelu'", "gelu_pytorch_tanh")),
     "rope_type": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, ("'longrope'", "yarn")),
-    "partial_rotary": ({"partial_rotary_factor": 0.5}, ("partial_rotary_factor=0.5",)),
+    "partial_rotary": ({"partial_rotary_factor": 1.5}, ("partial_rotary_factor=1.5",)),
     "rope_key": ({"rope_parameters": {**_YARN, "mrope_section": [2, 2]}}, ("mrope_section=[2, 2]", "yarn")),
     "rope_spellings_disagree": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": _YARN},
                                 ("rope_scaling", "rope_parameters", "disagree")),
