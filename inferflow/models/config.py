@@ -101,6 +101,12 @@ class ModelArch:
     def check_context(self, path: Path, served: int, knob: str) -> None:
         """Refuse a served context this engine would compute wrongly: longer than the
         sliding window (not implemented yet; up to the window full attention is the same)."""
+        limit = self.rope.max_context
+        if limit is not None and limit < served:
+            raise CheckpointError(
+                path, f"rope type {self.rope.rope_type!r} is served up to its "
+                f"original_max_position_embeddings={limit} (past it transformers switches every "
+                f"position to long_factor); serve it with {knob}={limit} (or less)")
         window = self.sliding_window
         if window is not None and window < served:
             raise CheckpointError(

@@ -16,8 +16,12 @@ Types served, in both executors (the tables are the only place they differ): ``d
 ``linear``, ``dynamic`` (NTK; equal to ``default`` up to ``max_position_embeddings``, which
 is as far as inferflow serves, so the served context never reaches transformers' per-step
 recomputation), ``yarn`` (with its attention factor folded into cos/sin) and ``llama3``.
+``longrope`` (Phi-3/Phi-4) is served with its ``short_factor`` up to
+``original_max_position_embeddings``: past it transformers recomputes every position's rotation
+with ``long_factor`` while the cache holds keys rotated with the short one, which inferflow does
+not reproduce, so a longer served context is refused in one line (``ModelArch.check_context``).
 ``partial_rotary_factor`` < 1 rotates the first part of each head (the tables are that wide).
-Anything else (``longrope``, ``proportional``, ...) is refused in one line.
+Anything else (``proportional``, ...) is refused in one line.
 
 Gemma 3 rotates its local (sliding-window) layers with their own base: transformers 5 nests
 ``rope_parameters`` by layer type (``{"full_attention": {...}, "sliding_attention": {...}}``),
@@ -37,7 +41,7 @@ import numpy as np
 
 from inferflow.models.errors import CheckpointError
 
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3")
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
 
 # keys each rope type reads (besides rope_type / type / rope_theta); anything else in the dict
 # that changes the math is refused by name (see _check_keys)
@@ -49,6 +53,8 @@ _KEYS: dict[str, frozenset[str]] = {
                        "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}),
     "llama3": frozenset({"factor", "original_max_position_embeddings", "low_freq_factor",
                          "high_freq_factor"}),
+    "longrope": frozenset({"factor", "original_max_position_embeddings", "attention_factor",
+                           "short_factor", "long_factor"}),
 }
 # keys that never change the math of these types (partial_rotary_factor is checked on its own)
 _INERT_KEYS = frozenset({"rope_type", "type", "rope_theta", "partial_rotary_factor"})
@@ -75,6 +81,14 @@ class RotarySettings:
     attention_factor: float = 1.0
     # rotary over the first int(head_dim * partial_rotary_factor) dims of a head (Phi-4-mini: 0.75)
     partial_rotary_factor: float = 1.0
+    # longrope: the per-frequency divisors of positions up to original_max_position_embeddings
+    # (transformers switches the whole sequence to long_factor past it; inferflow serves up to it)
+    short_factor: tuple[float, ...] = ()
+
+    @property
+    def max_context(self) -> int | None:
+        """The longest context these tables are right for (None: any)."""
+        return self.original_max_position_embeddings if self.rope_type == "longrope" else None
 
     def rotary_dim(self, head_dim: int) -> int:
         return int(head_dim * self.partial_rotary_factor)
@@ -118,6 +132,10 @@ def read_rotary(path: Path, raw: Mapping[str, Any], max_position_embeddings: int
         raise CheckpointError(path, f"rope type {rope_type!r} is not supported (supported: "
                               f"{', '.join(ROPE_TYPES)})")
     _check_keys(path, rope_type, params)
+    if rope_type == "longrope" and "original_max_position_embeddings" not in params:
+        original = raw.get("original_max_position_embeddings")  # Phi-3 keeps it at the top level
+        if original is not None:
+            params["original_max_position_embeddings"] = original
     try:
         settings = _settings(rope_type, float(theta), params, max_position_embeddings)
     except (KeyError, TypeError, ValueError) as exc:
@@ -153,6 +171,14 @@ def _settings(rope_type: str, theta: float, p: Mapping[str, Any],
     if rope_type == "llama3":
         return RotarySettings("llama3", theta, float(p["factor"]), original,
                               float(p["low_freq_factor"]), float(p["high_freq_factor"]))
+    if rope_type == "longrope":  # factor: the context ratio unless given (transformers)
+        factor = factor if factor is not None else max_position_embeddings / original
+        attention = p.get("attention_factor")
+        if attention is None:
+            attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+        [float(f) for f in p["long_factor"]]  # checked (a malformed file is refused), not served
+        return RotarySettings("longrope", theta, factor, original, attention_factor=float(attention),
+                              short_factor=tuple(float(f) for f in p["short_factor"]))
     # yarn: a missing factor is the context ratio (DeepSeek-V3's convention, as transformers)
     factor = factor if factor is not None else max_position_embeddings / original
     attention = p.get("attention_factor")
@@ -180,6 +206,13 @@ def inv_freq(rope: RotarySettings, head_dim: int) -> np.ndarray:
         return (base / np.float32(rope.factor)).astype(np.float32)
     if rope.rope_type == "llama3":
         return _llama3(rope, base)
+    if rope.rope_type == "longrope":
+        if len(rope.short_factor) != d // 2:
+            raise ValueError(f"longrope short_factor has {len(rope.short_factor)} values, the "
+                             f"rotary dims need {d // 2}")
+        exponent_f = np.arange(0, d, 2, dtype=np.int64).astype(np.float32) / np.float32(d)
+        ext = np.asarray(rope.short_factor, np.float32)
+        return (np.float32(1.0) / (ext * np.float32(rope.theta) ** exponent_f)).astype(np.float32)
     return _yarn(rope, d)
 
 

@@ -119,7 +119,9 @@ _YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings":
 UNSUPPORTED: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "architecture": ({"architectures": ["DeepseekV3ForCausalLM"]}, ("'DeepseekV3ForCausalLM'", "LlamaForCausalLM")),
     "activation": ({"hidden_act": "quick_gelu"}, ("hidden_act='quick_gelu'", "gelu_pytorch_tanh")),
-    "rope_type": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}}, ("'longrope'", "yarn")),
+    "rope_type": ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, ("'proportional'", "yarn")),
+    "longrope_incomplete": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
+                            ("'longrope'", "short_factor")),
     "partial_rotary": ({"partial_rotary_factor": 1.5}, ("partial_rotary_factor=1.5",)),
     "rope_key": ({"rope_parameters": {**_YARN, "mrope_section": [2, 2]}}, ("mrope_section=[2, 2]", "yarn")),
     "rope_spellings_disagree": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": _YARN},
@@ -191,3 +193,18 @@ def test_tensors_transformers_ignores_are_ignored(tmp_path: Path) -> None:
     load_checkpoint(path).open_weights().close()
     _add_tensor(path, "lm_head.weight", embed + 1)  # a different head: which one is the model?
     assert "'lm_head.weight'" in str(_error(path, load_weights=True))
+
+
+def test_longrope_is_served_up_to_its_original_context(ckpt: Path) -> None:
+    """Phi-3/Phi-4's longrope: the short factors up to original_max_position_embeddings; a longer
+    served context is one line naming the knob that serves it."""
+    cfg = json.loads((ckpt / "config.json").read_text())
+    half = cfg["head_dim"] // 2
+    _edit_config(ckpt, max_position_embeddings=4096, rope_parameters={
+        "rope_type": "longrope", "rope_theta": 1e4, "original_max_position_embeddings": 256,
+        "short_factor": [1.0 + i / 10 for i in range(half)], "long_factor": [4.0] * half})
+    arch = load_checkpoint(ckpt).config
+    assert (arch.rope.rope_type, arch.rope.max_context) == ("longrope", 256)
+    arch.check_context(ckpt / "config.json", 256, "model.max_model_len")
+    with pytest.raises(CheckpointError, match=r"original_max_position_embeddings=256.*model.max_model_len=256"):
+        arch.check_context(ckpt / "config.json", 257, "model.max_model_len")

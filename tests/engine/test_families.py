@@ -52,6 +52,11 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "phi3": ("Phi3ForCausalLM", {}),
     "phi4_partial_rotary": ("Phi3ForCausalLM", {"sliding_window": WINDOW, "rope_parameters": {
         "rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.75}}),
+    # longrope (Phi-4-mini), served up to original_max_position_embeddings (= the context here)
+    "phi4_longrope": ("Phi3ForCausalLM", {"max_position_embeddings": 8192, "rope_parameters": {
+        "rope_type": "longrope", "rope_theta": 1e4, "partial_rotary_factor": 0.75,
+        "original_max_position_embeddings": CONTEXT, "short_factor": [1 + i / 8 for i in range(6)],
+        "long_factor": [4.0] * 6}}),
     "mistral_window": ("MistralForCausalLM", {"sliding_window": WINDOW}),
     "qwen2_window": ("Qwen2ForCausalLM", {"use_sliding_window": True, "sliding_window": WINDOW,
                                           "max_window_layers": 1}),
