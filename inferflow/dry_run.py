@@ -69,6 +69,7 @@ def check_llm(graph: ServingGraph) -> list[str]:
     probe = graph.process(StageRequest("check", prompt="Hello, inferflow!"))
     return [
         f"model: {graph.model_name} ({graph.model_path}), max_model_len={graph.max_model_len}",
+        f"architecture: {graph.model_arch.summary()}",
         "request stages: " + _chain(graph.request_stages),
         "response stages: " + (_chain(graph.response_stages) or "none"),
         f"probe prompt: {len(probe.prompt_token_ids or [])} tokens",

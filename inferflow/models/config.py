@@ -10,7 +10,7 @@ a field the file leaves out takes the default of transformers' class for the arc
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +79,44 @@ class ModelArch:
     def is_sparse(self, layer: int) -> bool:
         """Layer ``layer``'s MLP is the mixture of experts."""
         return self.moe is not None and self.moe.sparse_layers[layer]
+
+    def describe(self) -> JSONObject:
+        """The architecture as ``/version`` and ``task=check`` show it: the shape, and where it
+        departs from the Llama block (only what is set)."""
+        out: JSONObject = {
+            "architecture": self.architecture, "num_layers": self.num_layers,
+            "hidden_size": self.hidden_size, "num_heads": self.num_heads,
+            "num_kv_heads": self.num_kv_heads, "head_dim": self.head_dim,
+            "rope": self.rope.describe(),
+        }
+        if self.rotary_dim != self.head_dim:
+            out["rotary_dim"] = self.rotary_dim
+        if self.layer_windows:
+            out["layer_windows"] = list(self.layer_windows)
+        if self.local_rope is not None:
+            out["local_rope"] = self.local_rope.describe()
+        plain = Block()
+        block = {f.name: getattr(self.block, f.name) for f in fields(Block)
+                 if getattr(self.block, f.name) != getattr(plain, f.name)}
+        if block:
+            out["block"] = block
+        if self.moe is not None:
+            m = self.moe
+            out["moe"] = {"num_experts": m.num_experts, "top_k": m.top_k,
+                          "norm_topk_prob": m.norm_topk_prob,
+                          "sparse_layers": sum(m.sparse_layers),
+                          "shared_expert": m.shared_expert}
+        return out
+
+    def summary(self) -> str:
+        """One line: ``Gemma3ForCausalLM (6 layers, windows 5 x 512 + 1 global, ...)``."""
+        parts = [f"{self.num_layers} layers", f"rope {self.rope.describe()}"]
+        if self.layer_windows:
+            windowed = sum(w is not None for w in self.layer_windows)
+            parts.append(f"window {self.sliding_window} on {windowed}/{self.num_layers} layers")
+        if self.moe is not None:
+            parts.append(f"{self.moe.num_experts} experts, top {self.moe.top_k}")
+        return f"{self.architecture} ({', '.join(parts)})"
 
     @property
     def num_parameters(self) -> int:

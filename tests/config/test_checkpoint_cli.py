@@ -75,3 +75,23 @@ def test_offline_llm_raises_the_same_line(tmp_path: Path) -> None:
     assert "sliding_window=64" in str(info.value) and "max_model_len=64" in str(info.value)
     llm = LLM(str(path), max_slots=1, max_model_len=64)  # within the window: served
     assert llm.engine.max_model_len == 64
+
+
+@pytest.mark.parametrize(("preset", "folder", "architecture", "config"), [
+    ("qwen3_0_6b", "Qwen3-0.6B", "Qwen3ForCausalLM", {}),
+    ("mixtral_8x7b", "Mixtral-8x7B-Instruct-v0.1", "MixtralForCausalLM", {"num_local_experts": 4}),
+])
+def test_a_family_preset_finds_its_checkpoint_under_the_models_dir(
+    tmp_path: Path, cli_env: dict[str, str], workdir: Path, preset: str, folder: str,
+    architecture: str, config: dict[str, object],
+) -> None:
+    """The presets of the families (``+model=qwen3_0_6b``, ...) look where ``llama_8b`` does; the
+    check names the architecture it read."""
+    pytest.importorskip("transformers")
+    from engine.hf_checkpoints import save_hf_checkpoint
+
+    save_hf_checkpoint(tmp_path / folder, architecture, seed=1, **config)
+    env = {**cli_env, "INFERFLOW_MODELS_DIR": str(tmp_path)}
+    proc = run_cli(["task=check", f"+model={preset}"], env, workdir)
+    assert proc.returncode == 0, proc.stderr
+    assert f"architecture: {architecture}" in proc.stdout

@@ -122,7 +122,7 @@ def test_help_lists_groups_and_info_shows_search_path(
     help_ = run_cli(["--help"], cli_env, workdir)
     assert help_.returncode == 0
     assert "batching: continuous, dynamic, none, static" in help_.stdout
-    assert "model: llama_1b, llama_8b, local, minilm, tiny_llama" in help_.stdout
+    assert "model: gemma3_1b, llama_1b, llama_8b, local, minilm, mixtral_8x7b, phi4_mini, qwen3_0_6b, qwen3_30b_a3b, tiny_llama" in help_.stdout
     assert "extra_models: minilm, minilm_canary" in help_.stdout
     assert "_schema" not in help_.stdout  # schemas are not selectable options
     info = run_cli(["--info", "searchpath"], cli_env, workdir)

@@ -167,6 +167,9 @@ def test_models_health_ready_version(server: ServerProcess) -> None:
     assert version["engine"]["layout"]["paged"] is paged
     assert version["runtime"]["litserve"] == "0.2.19"
     assert version["inferflow"]
+    assert version["model"]["architecture"] == "LlamaForCausalLM" and version["model"]["num_layers"]
+    assert {"Qwen3ForCausalLM", "Gemma3ForCausalLM", "MixtralForCausalLM"} <= set(
+        version["supported_architectures"])
 
 
 def test_non_streaming_response_carries_timing_headers(server: ServerProcess) -> None:

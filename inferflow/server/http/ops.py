@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response
 import inferflow
 from inferflow.config import LoadMode
 from inferflow.json_types import JSONObject, JSONValue
+from inferflow.models.families import SUPPORTED_ARCHITECTURES
 from inferflow.server.http.deployments import Deployment, repository_metrics
 from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
@@ -205,6 +206,7 @@ def _version_route(frontend: Frontend, model_path: str) -> Callable[[Request], A
                 "engine": info.get("engine"),  # null until the worker has loaded it
                 "models": [_model_versions(frontend, d) for d in frontend.deployments],
                 "runtime": runtime_versions(),
+                "supported_architectures": list(SUPPORTED_ARCHITECTURES),
             }
         )
 

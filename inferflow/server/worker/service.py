@@ -193,9 +193,8 @@ def describe_engine(engine: LLMEngine, load_time_s: float) -> dict[str, Any]:
             **described,  # layout, scheduler, executor and detokenizer settings
         },
         "model": {
-            "architecture": engine.model_config.architecture,
+            **engine.model_config.describe(),  # architecture, shape, family traits
             "vocab_size": engine.model_config.vocab_size,
-            "num_layers": engine.model_config.num_layers,
             # request defaults and extra EOS ids in effect (source: auto, none or a folder name)
             "generation_config": engine.checkpoint.generation.describe(),
         },
