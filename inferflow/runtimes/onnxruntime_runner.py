@@ -5,6 +5,12 @@ block pool (num_blocks, Hkv, block_size, D) backing the prefix cache, all made r
 engine loads (``kv_memory.py``). The in-place (gqa) form binds the first B slots of each buffer
 as both past and present through IOBinding, so a step writes only its new K/V; the canonical
 form (the reference) gathers and scatters slots.
+
+Sliding windows (Mistral, Qwen2/3, Gemma 2/3, Phi-3): a windowed layer's slot buffers are laid out
+as any layer's, the whole context (C positions, each where it was written); the graph only hides
+the keys outside the window (``models/graph_attention.py``). A window saves no KV memory here, and
+prefill, chunked prefill across a window, decode and the prefix cache's block copies work as for
+full attention.
 """
 
 from __future__ import annotations
