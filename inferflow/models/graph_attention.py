@@ -39,7 +39,9 @@ from inferflow.models.rope import RotarySettings, cos_sin_cache
 if TYPE_CHECKING:
     from inferflow.models.llama_graph import _Graph
 
-GQA_ROTARY_MULTIPLE = 8  # GroupQueryAttention's CPU kernel: the cos table's width is a multiple of 8
+# GroupQueryAttention's CPU kernel (ONNX Runtime 1.32) refuses other head sizes and cos tables
+GQA_HEAD_MULTIPLE = 16
+GQA_ROTARY_MULTIPLE = 8
 
 
 def gqa_head_layout(head_dim: int, rotary_dim: int) -> tuple[int, np.ndarray | None]:

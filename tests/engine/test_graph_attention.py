@@ -7,12 +7,18 @@ whole prompts, chunks across the window and decode alike. (The families' end-to-
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import pytest
+from engine_factories import make_engine
 from onnx import TensorProto, helper
 
+from inferflow.models.errors import CheckpointError
 from inferflow.models.graph_attention import gqa_head_layout
+from inferflow.models.tiny import make_checkpoint
+from inferflow.runtimes.step_inputs import EngineRow
 
 HQ, HKV, CAPACITY, T = 4, 2, 64, 40
 
@@ -122,3 +128,14 @@ def test_gqa_head_layout_puts_the_rotary_pairs_where_the_kernel_turns(head_dim: 
     turn = np.concatenate([angles, np.zeros((5, width - rotary_dim // 2))], axis=1)
     kernel = rotate(x[:, layout], np.cos(turn), np.sin(turn), 2 * width)
     np.testing.assert_allclose(kernel, rotate(x, np.cos(angles), np.sin(angles), rotary_dim)[:, layout])
+
+
+def test_the_cpu_form_refuses_a_head_size_its_kernel_refuses(tmp_path: Path) -> None:
+    """GroupQueryAttention's CPU kernel needs head sizes that are multiples of 16: refused in one
+    line naming the field and the form that serves it, which does."""
+    path = make_checkpoint(tmp_path / "d24", num_layers=1, hidden_size=96, num_heads=4, num_kv_heads=2,
+                           vocab_size=512)
+    with pytest.raises(CheckpointError, match=r"head_dim=24: .* executor.graph_form=canonical"):
+        make_engine(path, max_slots=1, max_model_len=64, cache_dir=str(tmp_path))
+    engine = make_engine(path, graph_form="canonical", max_slots=1, max_model_len=64, cache_dir=str(tmp_path))
+    assert engine.forward([EngineRow(0, (1, 2, 3), 0, True)]).shape == (1, 512)
