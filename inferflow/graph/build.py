@@ -128,7 +128,7 @@ class ServingGraph:
     def check_checkpoint(self) -> None:
         """Refuse, in one line, a checkpoint the engine worker would refuse: config.json (see
         ``model_arch``), missing files, tensors missing, misshaped or unused (read from the
-        files' headers), no tokenizer, a sliding window shorter than the served context."""
+        files' headers), no tokenizer, a model the executors do not compute yet."""
         from inferflow.models.checkpoint import Checkpoint
 
         with _checkpoint_errors():  # (the worker's load_checkpoint logs what is not applied)

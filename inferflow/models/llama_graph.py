@@ -1,4 +1,11 @@
-"""Llama-family checkpoint -> ONNX graph, in two forms built from the same layer code.
+"""Decoder checkpoint -> ONNX graph, in two forms built from the same layer code.
+
+Every dense family ``models/families/`` describes is the Llama decoder plus what
+``ModelArch.block`` and the per-layer windows and rotary say: RMSNorm by (offset + w) with the
+offset folded into the weight (Gemma's 1 + w, added in float32), q/k norms over each head before
+rotary, sandwich norms around the attention and the MLP, the embedding scale, the final logits'
+soft-cap (here) and the attention's scale, soft-cap, windows and (partial, per-layer) rotary
+(``graph_attention``). A graph of a model with none of them is the Llama graph, node for node.
 
 - ``canonical``: standard ONNX ops only (opset 24: RMSNormalization, RotaryEmbedding,
   TensorScatter, Attention, DequantizeLinear). The form TensorRT parses; on ONNX Runtime it is
@@ -21,6 +28,8 @@ GQA form: seqlens_k int32 (B,) = tokens in the slot after the step - 1; total_se
   = C; query_seqlens int32 (B,) valid tokens per row (0 = idle slot).
 Canonical form: position_ids int64 (B, S); write_indices int64 (B,) = tokens before the step.
 Outputs: logits float32 (R, V); present_key_{i}, present_value_{i} (B, Hkv, C, D).
+The slot buffers hold the whole context on every layer, windowed ones included
+(``graph_attention``).
 """
 
 from __future__ import annotations
@@ -35,11 +44,14 @@ from onnx import TensorProto, helper
 
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
+from inferflow.models.family import Block
+from inferflow.models.graph_attention import Attention
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.quantize import quantize_blocked
-from inferflow.models.rope import cos_sin_cache
 
-GRAPH_BUILDER_VERSION = "5"  # 5: rope types, activations and biases from transformers 5 configs
+# 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
+# windows, per-layer and partial rotary
+GRAPH_BUILDER_VERSION = "6"
 GraphForm = Literal["gqa", "canonical"]
 
 
@@ -132,47 +144,76 @@ def _ffn_padding(spec: GraphSpec, inter: int) -> int:
     return 32
 
 
-def _pad(g: _Graph, x: str, width: int, pad_index: str) -> str:
-    """Packed (N, W) -> padded (B, S, W): append a zero row and gather it for padding."""
-    zero = g.weight("zero_row", np.zeros((1, width)))
-    return g.op1("Gather", [g.op1("Concat", [x, zero], axis=0), pad_index], axis=0)
-
-
-def _unpad(g: _Graph, y: str, width: int, unpad_index: str) -> str:
-    """Padded (B, S, W) -> packed (N, W)."""
-    flat = g.op1("Reshape", [y, g.const("shape", np.array([-1, width], np.int64))])
-    return g.op1("Gather", [flat, unpad_index], axis=0)
+def norm_weight(block: Block, w: np.ndarray) -> np.ndarray:
+    """An RMSNorm's weight with the family's offset folded in: offset + w, added in float32
+    (transformers' Gemma norm scales by 1 + w in float32; an fp16 engine then rounds the sum once,
+    where its weight was read as float16)."""
+    return w if not block.norm_offset else block.norm_offset + w.astype(np.float32)
 
 
 class _Layers:
-    """Emits the decoder; ``attention`` differs by form, everything else is shared."""
+    """Emits the decoder; the attention differs by form (``graph_attention``), everything else
+    is shared."""
 
     def __init__(self, g: _Graph, cfg: ModelArch, attention: bool = True) -> None:
         self.g, self.cfg = g, cfg
-        if attention:  # the rotary tables the attention nodes read
-            cos, sin = cos_sin_cache(cfg.rope, cfg.head_dim, g.spec.max_model_len)
-            self.cos, self.sin = g.weight("cos_cache", cos), g.weight("sin_cache", sin)
-        self.mask: str | None = None
+        self.attention = Attention(g, cfg) if attention else None
+
+    def norm(self, x: str, w: np.ndarray) -> str:
+        return self.g.rms_norm(x, norm_weight(self.cfg.block, w), self.cfg.rms_norm_eps)
 
     def layer(self, i: int, x: str, lw: LayerWeights) -> str:
+        assert self.attention is not None
         return self.mlp(i, self.attention_out(i, x, self.attention(i, self.qkv(i, x, lw)), lw), lw)
 
     def attention_out(self, i: int, x: str, attn: str, lw: LayerWeights) -> str:
-        """x + the output projection of layer ``i``'s attention ``attn`` (N, Hq * D)."""
-        return self.g.op1("Add", [x, self.g.linear(attn, f"l{i}_o", lw.wo, lw.bo)])
+        """x + the output projection of layer ``i``'s attention ``attn`` (N, Hq * D), normed
+        first with sandwich norms."""
+        y = self.g.linear(attn, f"l{i}_o", lw.wo, lw.bo)
+        if self.cfg.block.sandwich_norms:
+            y = self.norm(y, lw.post_norm)
+        return self.g.op1("Add", [x, y])
 
     def qkv(self, i: int, x: str, lw: LayerWeights) -> str:
         """The attention's input: (N, H) -> packed (N, (Hq + 2*Hkv) * D) [q | k | v] per token,
-        one fused projection of the normed residual."""
+        one fused projection of the normed residual (q and k in the attention's head layout,
+        then normed per head where the family has q/k norms)."""
         g, cfg = self.g, self.cfg
-        h = g.rms_norm(x, lw.input_norm, cfg.rms_norm_eps)
-        bias = np.concatenate([lw.bq, lw.bk, lw.bv]) if cfg.attention_bias else None  # type: ignore[list-item]
-        return g.linear(h, f"l{i}_qkv", np.concatenate([lw.wq, lw.wk, lw.wv], axis=1), bias)
+        h = self.norm(x, lw.input_norm)
+        wq, wk, bq, bk = lw.wq, lw.wk, lw.bq, lw.bk
+        if self.attention is not None and self.attention.layout is not None:
+            wq, wk = self.attention.in_layout(wq, cfg.num_heads), self.attention.in_layout(wk, cfg.num_kv_heads)
+            if bq is not None and bk is not None:
+                bq, bk = self.attention.in_layout(bq, cfg.num_heads), self.attention.in_layout(bk, cfg.num_kv_heads)
+        bias = np.concatenate([bq, bk, lw.bv]) if cfg.attention_bias else None  # type: ignore[list-item]
+        qkv = g.linear(h, f"l{i}_qkv", np.concatenate([wq, wk, lw.wv], axis=1), bias)
+        return self.qk_norm(qkv, lw) if cfg.block.qk_norm else qkv
+
+    def qk_norm(self, qkv: str, lw: LayerWeights) -> str:
+        """RMSNorm over the D dims of each q and k head of packed (N, (Hq + 2*Hkv) * D)."""
+        g, cfg = self.g, self.cfg
+        d, qw, kw = cfg.head_dim, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q, k, v = g.op("Split", [qkv, g.const("split", np.array([qw, kw, kw], np.int64))], 3, axis=-1)
+        heads = g.const("shape", np.array([-1, d], np.int64))  # (N * heads, D)
+        normed = []
+        for x, w, width in ((q, lw.q_norm, qw), (k, lw.k_norm, kw)):
+            w = self.attention.in_layout(w, 1) if self.attention is not None else w
+            y = self.norm(g.op1("Reshape", [x, heads]), w)
+            normed.append(g.op1("Reshape", [y, g.const("shape", np.array([-1, width], np.int64))]))
+        return g.op1("Concat", [*normed, v], axis=-1)
 
     def mlp(self, i: int, x: str, lw: LayerWeights) -> str:
-        """x + MLP(norm(x)): the second half of layer ``i``."""
+        """x + MLP(norm(x)): the second half of layer ``i`` (with sandwich norms the MLP's
+        input norm is pre_feedforward_layernorm and its output is normed too)."""
+        sandwich = self.cfg.block.sandwich_norms
+        y = self.dense_mlp(i, self.norm(x, lw.pre_ffn_norm if sandwich else lw.post_norm), lw)
+        if sandwich:
+            y = self.norm(y, lw.post_ffn_norm)
+        return self.g.op1("Add", [x, y])
+
+    def dense_mlp(self, i: int, h: str, lw: LayerWeights) -> str:
+        """The gated MLP of layer ``i`` on its normed input h (N, H) -> (N, H)."""
         g, cfg = self.g, self.cfg
-        h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
         # (H, 2 * (I + pad)): [gate | 0 | up | 0]; act(0) * 0 = 0, so the padding columns of the
         # activations are zero and meet zero rows of the down projection: the output is unchanged.
         # (Each LayerWeights attribute reads its tensor: one access per weight.)
@@ -189,8 +230,7 @@ class _Layers:
         w_down = lw.w_down
         if pad:
             w_down = np.concatenate([w_down, np.zeros((pad, cfg.hidden_size), w_down.dtype)])
-        down = g.linear(g.op1("Mul", [self.activation(gate), up]), f"l{i}_down", w_down, lw.b_down)
-        return g.op1("Add", [x, down])
+        return g.linear(g.op1("Mul", [self.activation(gate), up]), f"l{i}_down", w_down, lw.b_down)
 
     def activation(self, x: str) -> str:
         """The MLP gate's activation (``ModelArch.hidden_act``), as transformers' ACT2FN."""
@@ -202,57 +242,6 @@ class _Layers:
         if act in ("gelu", "gelu_tanh"):  # ONNX Gelu (opset 20): erf, or its tanh approximation
             return g.op1("Gelu", [x], approximate="tanh" if act == "gelu_tanh" else "none")
         raise ValueError(f"hidden_act {act!r}: no ONNX form")
-
-    def attention(self, i: int, qkv: str) -> str:
-        """Packed (N, (Hq + 2*Hkv) * D) -> attention output (N, Hq * D)."""
-        cfg, g = self.cfg, self.g
-        qw, kw = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        padded = _pad(g, qkv, qw + 2 * kw, "pad_index")  # (B, S, (Hq + 2*Hkv) * D)
-        if g.spec.form == "gqa":
-            out = self._gqa(i, padded)
-        else:
-            q, k, v = g.op("Split", [padded, g.const("split", np.array([qw, kw, kw], np.int64))], 3, axis=-1)
-            out = self._canonical(i, q, k, v)
-        return _unpad(g, out, qw, "unpad_index")
-
-    def _gqa(self, i: int, qkv: str) -> str:
-        """GroupQueryAttention on packed QKV (key/value inputs absent), rotary inside."""
-        cfg, g = self.cfg, self.g
-        inputs = [qkv, "", "", f"past_key_{i}", f"past_value_{i}", "seqlens_k", "total_seq_len",
-                  self.cos, self.sin, "", "", "", "", "", "", "", "query_seqlens"]
-        g.nodes.append(helper.make_node(
-            "GroupQueryAttention", inputs, [f"attn_{i}", f"present_key_{i}", f"present_value_{i}"],
-            name=f"GroupQueryAttention_{i}", domain="com.microsoft", num_heads=cfg.num_heads,
-            kv_num_heads=cfg.num_kv_heads, do_rotary=1, rotary_interleaved=0))
-        return f"attn_{i}"
-
-    def _heads(self, x: str, n: int) -> str:
-        """(B, S, n*D) -> (B, n, S, D)."""
-        shape = self.g.const("shape", np.array([0, 0, n, self.cfg.head_dim], np.int64))
-        return self.g.op1("Transpose", [self.g.op1("Reshape", [x, shape])], perm=[0, 2, 1, 3])
-
-    def _canonical(self, i: int, q: str, k: str, v: str) -> str:
-        cfg, g = self.cfg, self.g
-        qh = g.op1("RotaryEmbedding", [self._heads(q, cfg.num_heads), self.cos, self.sin, "position_ids"])
-        kh = g.op1("RotaryEmbedding", [self._heads(k, cfg.num_kv_heads), self.cos, self.sin, "position_ids"])
-        vh = self._heads(v, cfg.num_kv_heads)
-        g.nodes.append(helper.make_node("TensorScatter", [f"past_key_{i}", kh, "write_indices"],
-                                        [f"present_key_{i}"], name=f"ScatterK_{i}", axis=2))
-        g.nodes.append(helper.make_node("TensorScatter", [f"past_value_{i}", vh, "write_indices"],
-                                        [f"present_value_{i}"], name=f"ScatterV_{i}", axis=2))
-        y = g.op1("Attention", [qh, f"present_key_{i}", f"present_value_{i}", self._causal_mask()])
-        y = g.op1("Transpose", [y], perm=[0, 2, 1, 3])  # (B, S, Hq, D)
-        return g.op1("Reshape", [y, g.const("shape", np.array([0, 0, -1], np.int64))])
-
-    def _causal_mask(self) -> str:
-        """bool (B, 1, S, C): key position j is visible to the query at position p iff j <= p."""
-        if self.mask is None:
-            g = self.g
-            cap = g.op1("Gather", [g.op1("Shape", ["past_key_0"]), g.const("i", np.array(2, np.int64))], axis=0)
-            keys = g.op1("Range", [g.const("z", np.array(0, np.int64)), cap, g.const("o", np.array(1, np.int64))])
-            pos = g.op1("Unsqueeze", ["position_ids", g.const("axes", np.array([1, 3], np.int64))])
-            self.mask = g.op1("LessOrEqual", [keys, pos])
-        return self.mask
 
 
 def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
@@ -274,13 +263,28 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
     return inputs, outputs
 
 
+def _embed(g: _Graph, cfg: ModelArch, weights: ModelWeights) -> str:
+    """``input_ids`` (N,) -> their embeddings (N, H), times the family's scale (a constant of
+    the activations' type, as transformers multiplies them)."""
+    x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)
+    scale = cfg.block.embed_scale
+    return x if scale == 1.0 else g.op1("Mul", [x, g.weight("embed_scale", np.array(scale))])
+
+
 def _logits(g: _Graph, cfg: ModelArch, weights: ModelWeights, x: str) -> None:
-    """(N, H) -> the graph's float32 ``logits`` (R, V) of the rows ``logits_index`` picks."""
+    """(N, H) -> the graph's float32 ``logits`` (R, V) of the rows ``logits_index`` picks,
+    soft-capped in float32 where the family caps them: cap * tanh(logits / cap)."""
     x = g.op1("Gather", [x, "logits_index"], axis=0)  # (R, H): only rows that sample
-    x = g.rms_norm(x, weights.final_norm, cfg.rms_norm_eps)
+    x = g.rms_norm(x, norm_weight(cfg.block, weights.final_norm), cfg.rms_norm_eps)
     logits = g.linear(x, "lm_head", weights.lm_head) if g.spec.precision == "fp16" else \
         g.op1("MatMul", [x, g.weight("lm_head", weights.lm_head)])
-    g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
+    cap = cfg.block.final_softcap
+    if cap is None:
+        g.nodes.append(helper.make_node("Cast", [logits], ["logits"], to=TensorProto.FLOAT, name="logits_cast"))
+        return
+    cap_value = g.const("final_softcap", np.array(cap, np.float32))
+    scaled = g.op1("Div", [g.op1("Cast", [logits], to=TensorProto.FLOAT), cap_value])
+    g.nodes.append(helper.make_node("Mul", [g.op1("Tanh", [scaled]), cap_value], ["logits"], name="logits_softcap"))
 
 
 def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
@@ -293,7 +297,7 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
     """
     g = _Graph(spec, store or InMemoryInitializers())
     layers = _Layers(g, cfg)
-    x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)  # (N, H)
+    x = _embed(g, cfg, weights)  # (N, H)
     for i, lw in enumerate(weights.layers):
         x = layers.layer(i, x, lw)
     _logits(g, cfg, weights, x)
@@ -319,6 +323,9 @@ def build_llama_segments(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec)
     """
     if spec.form != "gqa":
         raise ValueError("segments are cut from the CPU (gqa) form")
+    if (cfg.block != Block() or cfg.layer_windows or cfg.local_rope or cfg.rotary_dim != cfg.head_dim
+            or cfg.moe):
+        raise ValueError(f"segments are cut from Llama-like decoders only, not {cfg.architecture}'s")
     act = helper.np_dtype_to_tensor_dtype(spec.act_dtype)
     v = helper.make_tensor_value_info
     h, qw = cfg.hidden_size, cfg.num_heads * cfg.head_dim
@@ -327,7 +334,7 @@ def build_llama_segments(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec)
         layers = _Layers(g, cfg, attention=False)
         if i == 0:
             inputs = [v("input_ids", TensorProto.INT64, ["N"])]
-            x = g.op1("Gather", [g.weight("embed", weights.embed), "input_ids"], axis=0)
+            x = _embed(g, cfg, weights)
         else:
             inputs = [v("x", act, ["N", h]), v("attn", act, ["N", qw])]
             lw = weights.layers[i - 1]

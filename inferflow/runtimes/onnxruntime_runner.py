@@ -5,6 +5,12 @@ block pool (num_blocks, Hkv, block_size, D) backing the prefix cache, all made r
 engine loads (``kv_memory.py``). The in-place (gqa) form binds the first B slots of each buffer
 as both past and present through IOBinding, so a step writes only its new K/V; the canonical
 form (the reference) gathers and scatters slots.
+
+Sliding windows (Mistral, Qwen2/3, Gemma 2/3, Phi-3): a windowed layer's slot buffers are laid out
+as any layer's, the whole context (C positions, each where it was written); the graph only hides
+the keys outside the window (``models/graph_attention.py``). A window saves no KV memory here, and
+prefill, chunked prefill across a window, decode and the prefix cache's block copies work as for
+full attention.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import onnx
 import onnxruntime as ort
 
 from inferflow.models.checkpoint import Checkpoint
+from inferflow.models.errors import CheckpointError
+from inferflow.models.graph_attention import GQA_HEAD_MULTIPLE
 from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
 from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
@@ -45,6 +53,10 @@ class OnnxRuntimeRunner:
         cfg = checkpoint.config
         cfg.check_context(checkpoint.path / "config.json",
                           min(layout.max_model_len, cfg.max_position_embeddings), "max_model_len")
+        if settings.graph_form == "gqa" and cfg.head_dim % GQA_HEAD_MULTIPLE:
+            raise CheckpointError(checkpoint.path / "config.json", f"head_dim={cfg.head_dim}: the CPU "
+                                  f"graph's GroupQueryAttention needs a multiple of {GQA_HEAD_MULTIPLE}; "
+                                  "serve it with executor.graph_form=canonical")
         self.model_config, self.settings, self.layout = cfg, settings, layout
         self.capacity = min(layout.max_model_len, cfg.max_position_embeddings)
         self.spec = GraphSpec(settings.graph_form, settings.precision, self.capacity,  # type: ignore[arg-type]

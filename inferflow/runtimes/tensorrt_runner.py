@@ -2,9 +2,15 @@
 
 TensorRT's ONNX parser ignores op domains, so it always gets the ``canonical`` form
 (RMSNormalization, RotaryEmbedding, TensorScatter, Attention; weight-only int8/int4 through
-DequantizeLinear), never the CPU form. ``tensorrt`` and ``cuda-python`` are imported lazily: this
-module imports, and its pure parts (profiles, buffer plans, step arrays) are unit-tested, on a
-machine without a GPU. Install the GPU extra with ``pip install inferflow[tensorrt]``.
+DequantizeLinear), never the CPU form. The families' traits are standard attributes there
+(``models/graph_attention.py``): Attention's ``scale`` and ``softcap`` (Gemma 2; whether
+TensorRT's parser takes ``softcap`` has not been checked on a GPU), RotaryEmbedding's
+``rotary_embedding_dim`` (partial rotary, which TensorRT's rotary layer supports), one bool mask
+per window; the KV buffers hold the whole context on windowed layers too.
+
+``tensorrt`` and ``cuda-python`` are imported lazily: this module imports, and its pure parts
+(profiles, buffer plans, step arrays) are unit-tested, on a machine without a GPU. Install the
+GPU extra with ``pip install inferflow[tensorrt]``.
 
 Shapes: two optimization profiles (``optimization_profiles``), decode-only steps and steps with
 prefill chunks, sized from the scheduler's limits: at most ``max_slots`` rows (``max_num_seqs``),
