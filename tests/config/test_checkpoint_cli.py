@@ -53,25 +53,26 @@ def test_missing_file(tmp_path: Path, cli_env: dict[str, str], workdir: Path) ->
                      "tokenizer.json is missing")
 
 
-def test_sliding_window_names_the_context_that_serves_it(
+def test_a_context_longer_than_the_sliding_window_is_served(
     tmp_path: Path, cli_env: dict[str, str], workdir: Path
 ) -> None:
+    """The executors attend through the window (issue 39): no cap on the context any more."""
     path = _checkpoint(tmp_path, "mistral", "MistralForCausalLM", sliding_window=128)
-    args = ["task=check", "+model=local", f"model.path={path}"]
-    _one_line_exit_2(args, cli_env, workdir, "sliding_window=128", "model.max_model_len=128")
-    proc = run_cli([*args, "model.max_model_len=128"], cli_env, workdir)
+    proc = run_cli(["task=check", "+model=local", f"model.path={path}", "model.max_model_len=512"],
+                   cli_env, workdir)
     assert proc.returncode == 0, proc.stderr
-    assert "max_model_len=128" in proc.stdout
+    assert "max_model_len=512" in proc.stdout
 
 
 def test_offline_llm_raises_the_same_line(tmp_path: Path) -> None:
     from inferflow import LLM
-    from inferflow.models.errors import CheckpointError
+    from inferflow.config.base import ConfigError
 
-    path = _checkpoint(tmp_path, "mistral", "MistralForCausalLM", sliding_window=64)
-    with pytest.raises(CheckpointError) as info:
+    path = _checkpoint(tmp_path, "relu2", hidden_act="relu2")
+    with pytest.raises(ConfigError) as info:
         LLM(str(path), max_slots=1, max_model_len=256)
     assert "\n" not in str(info.value)
-    assert "sliding_window=64" in str(info.value) and "max_model_len=64" in str(info.value)
-    llm = LLM(str(path), max_slots=1, max_model_len=64)  # within the window: served
-    assert llm.engine.max_model_len == 64
+    assert "hidden_act='relu2' is not supported" in str(info.value)
+    window = _checkpoint(tmp_path, "mistral", "MistralForCausalLM", sliding_window=64)
+    llm = LLM(str(window), max_slots=1, max_model_len=256)  # past the window: served
+    assert llm.engine.max_model_len == 256
