@@ -1,14 +1,26 @@
-"""The Llama-family decoder in torch, built from the checkpoint's ``ModelArch`` (config.json) and
-weights as the ONNX graph builder reads them (``Checkpoint.open_weights``, tensor by tensor): one forward for
-Llama, Mistral and Qwen2 (q/k/v bias), GQA, tied or untied embeddings, every rope type
-``models/rope.py`` serves, the MLP activations of ``config_fields.ACTIVATIONS`` and Llama's
-attention and MLP biases.
+"""The decoder in torch, built from the checkpoint's ``ModelArch`` (config.json) and weights as
+the ONNX graph builder reads them (``Checkpoint.open_weights``, tensor by tensor): one forward
+for every dense family ``models/families/`` describes. The Llama block, GQA, tied or untied
+embeddings, every rope type ``models/rope.py`` serves, the MLP activations of
+``config_fields.ACTIVATIONS``, q/k/v, output and MLP biases; and where ``ModelArch.block`` says
+so: RMSNorm scaling by ``(norm_offset + w)`` in float32 (Gemma), per-head q/k RMSNorm before the
+rotary (Qwen3, Gemma 3), sandwich norms (Gemma), an embedding scale, a softmax scale other than
+``head_dim ** -0.5``, attention and final-logit soft-capping (Gemma 2); per layer, its sliding
+window (``ModelArch.window``) and its rotary (``ModelArch.layer_rope``: Gemma 3's local layers
+rotate with their own base); partial rotary (``ModelArch.rotary_dim`` < ``head_dim``: the first
+``rotary_dim`` dims of each head rotate, the rest pass through, Phi-4-mini).
 
 Why a torch forward and not the ONNX graph lowered to torch: the KV layout differs (paged blocks,
-not slots), and the attention is the paged custom op; everything else is a dozen lines that
-mirror ``transformers``' ``LlamaDecoderLayer`` operation for operation (RMSNorm in float32, then
-cast back and scaled; rotate-half rotary with transformers' cos/sin tables), so fp32 output
-matches it token for token.
+not slots), and the attention is the paged custom op; everything else is a few dozen lines that
+mirror ``transformers``' decoder layers operation for operation (Llama's RMSNorm in float32,
+then cast back and scaled; Gemma's scaled in float32, then cast; rotate-half rotary with
+transformers' cos/sin tables), so fp32 output matches it token for token.
+
+KV of windowed layers: every layer writes the same paged blocks (one block table per sequence),
+windowed or not, and a windowed layer's blocks are kept for the whole sequence; its attention
+reads only the positions inside its window (``attention.py``). Freeing the blocks that lie wholly
+outside every layer's window (all layers windowed, as Mistral v0.1) is the KV manager's decision;
+this model reads nothing outside a window, so what those table entries point at does not matter.
 
 A step is *packed*: N tokens of all rows back to back (shapes as in ``attention.py``); the
 forward returns logits only for ``sample_index`` (R,), the last token of each sampled row.
@@ -27,7 +39,7 @@ from torch import nn
 
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
-from inferflow.models.rope import cos_sin_cache
+from inferflow.models.rope import RotarySettings, cos_sin_cache
 from inferflow.runtimes.torch_engine.attention import KV_CACHES, paged_attention
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -50,10 +62,14 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
     return torch.from_numpy(raw).view(dtype)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: normalise in float32, cast back, then scale."""
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 0.0) -> torch.Tensor:
+    """RMSNorm over the last dim, normalised in float32. ``offset`` 0 is transformers'
+    LlamaRMSNorm (cast back, then ``w *``); otherwise Gemma's (``* (offset + w)`` in float32,
+    then cast: Gemma2RMSNorm / Gemma3RMSNorm)."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    if offset:
+        return (h * (offset + weight.float())).to(x.dtype)
     return weight * h.to(x.dtype)
 
 
@@ -66,18 +82,57 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {  # as transfo
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half rotary; x (N, heads, D), cos/sin (N, 1, D)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """Rotate-half rotary over the first R dims of each head (R = cos.shape[-1]; the other
+    D - R dims pass through: partial rotary); x (N, heads, D), cos/sin (N, 1, R)."""
+    r = cos.shape[-1]
+    part = x[..., :r] if r < x.shape[-1] else x
+    half = r // 2
+    rotated = part * cos + torch.cat((-part[..., half:], part[..., :half]), dim=-1) * sin
+    return torch.cat((rotated, x[..., r:]), dim=-1) if r < x.shape[-1] else rotated
 
 
-class DecoderLayer(nn.Module):
-    """Weights of one layer in (in_features, out_features) layout: q|k|v and gate|up fused."""
+def rotary_tables(rope: RotarySettings, rotary_dim: int, max_positions: int, dtype: torch.dtype,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (P, R) in ``dtype``: transformers' tables (float32, then cast), both halves."""
+    cos, sin = cos_sin_cache(rope, rotary_dim, max_positions)  # (P, R/2) float32
+    return (torch.from_numpy(np.concatenate([cos, cos], -1)).to(device, dtype),
+            torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
+
+
+class DenseMLP(nn.Module):
+    """``act(h W_gate + b) * (h W_up + b) W_down + b``, gate|up fused (in, out) layout."""
 
     def __init__(self, arch: ModelArch, w: LayerWeights, dtype: torch.dtype,
                  device: torch.device) -> None:
         super().__init__()
+        self.act = ACTIVATIONS[arch.hidden_act]
+        self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
+        self.b_gate_up = None  # biases: None where config.json says the projection has none
+        if arch.mlp_bias:
+            assert w.b_gate is not None and w.b_up is not None
+            self.b_gate_up = _param(np.concatenate([w.b_gate, w.b_up]), dtype, device)
+        self.w_down = _param(w.w_down, dtype, device)
+        self.b_down = _param(w.b_down, dtype, device) if arch.mlp_bias else None
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, H)
+        gate_up = h @ self.w_gate_up
+        if self.b_gate_up is not None:
+            gate_up = gate_up + self.b_gate_up
+        gate, up = gate_up.chunk(2, dim=-1)
+        down = (self.act(gate) * up) @ self.w_down
+        return down if self.b_down is None else down + self.b_down
+
+
+class DecoderLayer(nn.Module):
+    """Weights of one layer in (in_features, out_features) layout (q|k|v fused), its norms, its
+    attention window (0: none) and which rotary table it reads."""
+
+    def __init__(self, arch: ModelArch, w: LayerWeights, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        super().__init__()
+        block, i = arch.block, w.index
+        self.window = arch.window(i) or 0
+        self.local_rope = arch.local_rope is not None and arch.layer_rope(i) is arch.local_rope
         self.input_norm = _param(w.input_norm, dtype, device)
         self.wqkv = _param(np.concatenate([w.wq, w.wk, w.wv], axis=1), dtype, device)
         self.bqkv = None  # biases: None where config.json says the projection has none
@@ -86,14 +141,17 @@ class DecoderLayer(nn.Module):
             self.bqkv = _param(np.concatenate([w.bq, w.bk, w.bv]), dtype, device)
         self.wo = _param(w.wo, dtype, device)
         self.bo = _param(w.bo, dtype, device) if arch.o_proj_bias else None
-        self.post_norm = _param(w.post_norm, dtype, device)
-        self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
-        self.b_gate_up = None
-        if arch.mlp_bias:
-            assert w.b_gate is not None and w.b_up is not None
-            self.b_gate_up = _param(np.concatenate([w.b_gate, w.b_up]), dtype, device)
-        self.w_down = _param(w.w_down, dtype, device)
-        self.b_down = _param(w.b_down, dtype, device) if arch.mlp_bias else None
+        # (D,) each: per-head RMSNorm of q and k before the rotary
+        self.q_norm = _param(w.q_norm, dtype, device) if block.qk_norm else None
+        self.k_norm = _param(w.k_norm, dtype, device) if block.qk_norm else None
+        # sandwich (Gemma): post_attention_layernorm norms the attention output, the MLP's
+        # input norm is pre_feedforward_layernorm and post_feedforward_layernorm its output's;
+        # otherwise post_attention_layernorm is the MLP's input norm
+        sandwich = block.sandwich_norms
+        self.attn_out_norm = _param(w.post_norm, dtype, device) if sandwich else None
+        self.mlp_norm = _param(w.pre_ffn_norm if sandwich else w.post_norm, dtype, device)
+        self.mlp_out_norm = _param(w.post_ffn_norm, dtype, device) if sandwich else None
+        self.mlp: nn.Module = DenseMLP(arch, w, dtype, device)  # (N, H) -> (N, H)
 
 
 class TorchLlama(nn.Module):
@@ -103,18 +161,30 @@ class TorchLlama(nn.Module):
     def __init__(self, arch: ModelArch, weights: ModelWeights, num_blocks: int, block_size: int,
                  max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
         super().__init__()
+        block = arch.block
         self.arch = arch
         self.eps = arch.rms_norm_eps
-        self.scale = arch.head_dim ** -0.5
-        self.act = ACTIVATIONS[arch.hidden_act]
+        self.norm_offset = block.norm_offset
+        self.scale = block.attn_scale if block.attn_scale is not None else arch.head_dim ** -0.5
+        self.attn_softcap = block.attn_softcap or 0.0
+        self.final_softcap = block.final_softcap or 0.0
         self.embed = _param(weights.embed, dtype, device)
+        # transformers multiplies by the scale as a tensor of the activation dtype (rounded)
+        self.register_buffer("embed_scale", None if block.embed_scale == 1.0
+                             else torch.tensor(block.embed_scale).to(device, dtype))
         self.layers = nn.ModuleList(DecoderLayer(arch, w, dtype, device) for w in weights.layers)
         self.decoder_layers: list[DecoderLayer] = list(self.layers)  # type: ignore[arg-type]
         self.final_norm = _param(weights.final_norm, dtype, device)
         self.lm_head = _param(weights.lm_head, dtype, device)
-        cos, sin = cos_sin_cache(arch.rope, arch.head_dim, max_positions)  # (P, D/2) float32
-        self.register_buffer("cos", torch.from_numpy(np.concatenate([cos, cos], -1)).to(device, dtype))
-        self.register_buffer("sin", torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
+        # (P, R) each; the local (windowed layers') tables only where their rotary differs
+        cos, sin = rotary_tables(arch.rope, arch.rotary_dim, max_positions, dtype, device)
+        self.register_buffer("cos", cos)
+        self.register_buffer("sin", sin)
+        local = arch.local_rope
+        tables = (rotary_tables(local, arch.rotary_dim, max_positions, dtype, device)
+                  if local is not None else (None, None))
+        self.register_buffer("cos_local", tables[0])
+        self.register_buffer("sin_local", tables[1])
         shape = (num_blocks + 1, block_size, arch.num_kv_heads, arch.head_dim)
         # not buffers: the attention op finds them by id (see attention.KVCacheRegistry)
         self.kv_caches = [(zeros(shape, dtype, device), zeros(shape, dtype, device))
@@ -132,6 +202,17 @@ class TorchLlama(nn.Module):
         k, _ = self.kv_cache(0)
         return 2 * len(self.layers) * k.numel() * k.element_size()
 
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.eps, self.norm_offset)
+
+    def _rotary(self, positions: torch.Tensor) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
+        """{local: (cos, sin)} of the step's positions, each (N, 1, R)."""
+        tables = {False: (cast(torch.Tensor, self.cos), cast(torch.Tensor, self.sin))}
+        if self.cos_local is not None:
+            tables[True] = (cast(torch.Tensor, self.cos_local), cast(torch.Tensor, self.sin_local))
+        return {local: (cos[positions][:, None, :], sin[positions][:, None, :])
+                for local, (cos, sin) in tables.items()}
+
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start: torch.Tensor, sample_index: torch.Tensor,
@@ -141,27 +222,35 @@ class TorchLlama(nn.Module):
         hq, hkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         n = input_ids.shape[0]
         x = F.embedding(input_ids, self.embed)
-        cos_table, sin_table = cast(torch.Tensor, self.cos), cast(torch.Tensor, self.sin)
-        cos, sin = cos_table[positions][:, None, :], sin_table[positions][:, None, :]
+        if self.embed_scale is not None:
+            x = x * cast(torch.Tensor, self.embed_scale)
+        rotary = self._rotary(positions)
         for i, layer in enumerate(self.decoder_layers):
-            h = rms_norm(x, layer.input_norm, self.eps)
+            h = self._norm(x, layer.input_norm)
             qkv = h @ layer.wqkv
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
-            q = rotate(q.reshape(n, hq, d), cos, sin)
-            k = rotate(k.reshape(n, hkv, d), cos, sin)
-            attn = paged_attention(q, k, v.reshape(n, hkv, d), slot_mapping, block_tables,
-                                   seq_lens, query_start, self.cache_id, i, self.scale,
-                                   decode_only)
+            q, k = q.reshape(n, hq, d), k.reshape(n, hkv, d)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
+            cos, sin = rotary[layer.local_rope]
+            attn = paged_attention(rotate(q, cos, sin), rotate(k, cos, sin), v.reshape(n, hkv, d),
+                                   slot_mapping, block_tables, seq_lens, query_start,
+                                   self.cache_id, i, self.scale, decode_only, layer.window,
+                                   self.attn_softcap)
             out = attn.reshape(n, hq * d) @ layer.wo
-            x = x + (out if layer.bo is None else out + layer.bo)
-            h = rms_norm(x, layer.post_norm, self.eps)
-            gate_up = h @ layer.w_gate_up
-            if layer.b_gate_up is not None:
-                gate_up = gate_up + layer.b_gate_up
-            gate, up = gate_up.chunk(2, dim=-1)
-            down = (self.act(gate) * up) @ layer.w_down
-            x = x + (down if layer.b_down is None else down + layer.b_down)
-        x = rms_norm(x[sample_index], self.final_norm, self.eps)
-        return (x @ self.lm_head).float()
+            if layer.bo is not None:
+                out = out + layer.bo
+            if layer.attn_out_norm is not None:
+                out = self._norm(out, layer.attn_out_norm)
+            x = x + out
+            out = layer.mlp(self._norm(x, layer.mlp_norm))
+            if layer.mlp_out_norm is not None:
+                out = self._norm(out, layer.mlp_out_norm)
+            x = x + out
+        x = self._norm(x[sample_index], self.final_norm)
+        logits = (x @ self.lm_head).float()
+        if self.final_softcap:  # in float32 (transformers: in the activation dtype)
+            logits = self.final_softcap * torch.tanh(logits / self.final_softcap)
+        return logits
