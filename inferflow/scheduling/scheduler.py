@@ -15,10 +15,9 @@ With a paged layout (``layout.paged``) the block ids are the executor's physical
 chunk carries its block table, a prefix hit shares the cached blocks (refcount, no copy) and a
 block that became full is registered in the prefix cache once the step ran, with nothing copied.
 The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
-Under a sliding window (``layout.freeing_window``) each step first frees, for every running
-request, the blocks its next chunk cannot see (``KVCacheManager.free_outside_window``): a
-windowed sequence holds at most ``window_blocks`` blocks, so more of them run at once, and with
-chunked prefill a request is refused only if it could not run alone within that (``check_fits``).
+Under a sliding window (``layout.freeing_window``) each step first frees the blocks no running
+request's next chunk sees (``KVCacheManager.free_outside_window``): a sequence then holds at most
+``window_blocks`` blocks, so more run at once, and ``check_fits`` bounds a request by that.
 
 Speculative decoding (``proposer``; ``scheduling/speculation.py``): decode rows carry drafts
 within what the budget and free blocks leave every decode; ``update`` rolls rejected ones back.
@@ -89,13 +88,10 @@ class Scheduler:
         self.max_running = max_running(budgets, layout)
         self.drafts = None if proposer is None else DraftPlanner(proposer, layout.max_model_len)
         self.policy = policy or budgets
-        self.kv = kv or KVCacheManager(
-            layout.num_blocks, layout.block_size, True, layout.freeing_window)
-        if (self.kv.pool.num_blocks, self.kv.block_size, self.kv.window) != (
-            layout.num_blocks, layout.block_size, layout.freeing_window
-        ):
-            raise ValueError(
-                "kv: its pool does not match the layout's num_blocks / block_size / window")
+        sizes = (layout.num_blocks, layout.block_size, layout.freeing_window)
+        self.kv = kv or KVCacheManager(sizes[0], sizes[1], True, sizes[2])
+        if (self.kv.pool.num_blocks, self.kv.block_size, self.kv.window) != sizes:
+            raise ValueError("kv: its pool does not match the layout's blocks, size or window")
         self.slots = SlotAllocator(layout.max_slots)
         self._clock = clock
         self._keys: dict[str, SortKey] = {}  # live request id -> service-order key
