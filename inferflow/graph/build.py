@@ -102,19 +102,30 @@ class ServingGraph:
         """``model.max_model_len`` capped by the checkpoint's limit and by what the executor's
         KV budget holds (``scheduling/kv_budget.py``); a budget too small is a ConfigError."""
         from inferflow.models.safetensors_reader import iter_shards
+        from inferflow.scheduling.config import blocks_per_window
         from inferflow.scheduling.kv_budget import paged_context, served_context, weights_bytes
 
         arch = self.model_arch
         limit = arch.max_position_embeddings
         wanted = min(limit, self.model.max_model_len or limit)
-        fit = paged_context if self.executor.pages_kv else served_context
+        size, blocks = self.cache.block_size, self.cache.num_blocks
         try:
             budget = None
             if not self.model.is_embedding:
                 budget = self.executor.kv_budget(arch, weights_bytes(iter_shards(self.model_path)))
-            return fit(wanted, self.max_slots, self.cache.block_size, self.cache.num_blocks, budget)
+            if not self.executor.pages_kv:
+                return served_context(wanted, self.max_slots, size, blocks, budget)
+            need = blocks_per_window(self.kv_window, size, self.batching)
+            return paged_context(wanted, self.max_slots, size, blocks, budget, need or 0)
         except ValueError as exc:
             raise ConfigError(str(exc), "executor.kv_cache_memory") from None
+
+    @property
+    def kv_window(self) -> int | None:
+        """The model's sliding window when every layer has one (the layout's ``sliding_window``)."""
+        from inferflow.scheduling.layout import kv_window
+
+        return kv_window(self.model_arch.layer_windows)
 
     @functools.cached_property
     def model_arch(self) -> ModelArch:
@@ -216,6 +227,7 @@ class ServingGraph:
                 block_size=self.cache.block_size,
                 num_blocks=context.num_blocks or self.cache.num_blocks,
                 paged=self.executor.pages_kv,
+                sliding_window=self.kv_window,
             )
         except ValueError as exc:
             raise ConfigError(f"engine layout: {exc}") from None

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from inferflow.scheduling.layout import KVLayout
+from inferflow.scheduling.layout import KVLayout, window_blocks
 from inferflow.scheduling.policy import AdmissionOrder, RequestQueue, SortKey, make_queue, sort_key
 from inferflow.scheduling.request import Request, max_kv_tokens
 
@@ -109,14 +109,40 @@ def check_budgets(budgets: Budgets, layout: KVLayout) -> None:
         )
 
 
-def check_fits(request: Request, layout: KVLayout) -> None:
+def max_chunk(budgets: Budgets) -> int:
+    """Most prompt tokens one request computes in a step (drafts never need more blocks than
+    are free: they are clipped to them)."""
+    threshold = budgets.long_prefill_token_threshold if budgets.enable_chunked_prefill else 0
+    return min(budgets.max_num_batched_tokens, threshold or budgets.max_num_batched_tokens)
+
+
+def blocks_per_window(window: int | None, block_size: int, budgets: Budgets) -> int | None:
+    """Most blocks a sequence holds at once when the blocks behind ``window`` are freed and
+    prefill is chunked: what a chunk and the window behind it straddle (``window_blocks``).
+    None without a window, or without chunked prefill (a preempted request's recompute then
+    prefills its whole sequence in one step)."""
+    if window is None or not budgets.enable_chunked_prefill:
+        return None
+    return window_blocks(window, block_size, max_chunk(budgets))
+
+
+def max_blocks_held(request: Request, layout: KVLayout, budgets: Budgets) -> int:
+    """Most blocks ``request`` holds at once: all of its KV, or fewer under a freeing window
+    (``blocks_per_window``)."""
+    n, size = request.num_prompt_tokens, layout.block_size
+    need = -(-max_kv_tokens(n, request.sampling_params.max_tokens, layout.max_model_len) // size)
+    bound = blocks_per_window(layout.freeing_window, size, budgets)
+    return need if bound is None else min(need, bound)
+
+
+def check_fits(request: Request, layout: KVLayout, budgets: Budgets) -> None:
     """Raise ValueError if ``request`` could not finish even alone on ``layout``."""
     n, limit = request.num_prompt_tokens, layout.max_model_len
     if n > limit:
         raise ValueError(
             f"request {request.request_id!r}: prompt of {n} tokens > max_model_len {limit}"
         )
-    need = -(-max_kv_tokens(n, request.sampling_params.max_tokens, limit) // layout.block_size)
+    need = max_blocks_held(request, layout, budgets)
     if need > layout.num_blocks:
         raise ValueError(
             f"request {request.request_id!r}: needs up to {need} KV blocks, the pool has "

@@ -24,6 +24,12 @@ def check_scheduler(scheduler: Scheduler) -> None:
             r.num_computed_tokens
         )
         assert r.num_computed_tokens <= scheduler.layout.max_model_len
+        freed = len(scheduler.kv.block_ids(r.request_id)) - scheduler.kv.num_held_blocks(
+            r.request_id
+        )
+        assert freed <= scheduler.kv.num_dead_blocks(r.num_computed_tokens), (
+            f"{r.request_id}: a block within the window was freed"
+        )
     for r in scheduler.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), r.status
         assert r.slot is None and r.num_computed_tokens == 0 and not scheduler.kv.holds(r.request_id)

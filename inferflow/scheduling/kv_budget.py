@@ -164,12 +164,20 @@ def served_context(
 
 
 def paged_context(
-    wanted: int, slots: int, block_size: int, num_blocks: int, budget: KVBudget | None
+    wanted: int,
+    slots: int,
+    block_size: int,
+    num_blocks: int,
+    budget: KVBudget | None,
+    window_need: int = 0,
 ) -> ServedContext:
     """A paged pool: ``num_blocks`` from the budget (an explicit ``cache.num_blocks`` wins; no
     budget and no count = one full sequence per slot), the context capped at the pool's size.
     An ``auto`` budget takes at most twice what ``slots`` full-length sequences need (every
-    running sequence at full length, and as much again for cached prefixes)."""
+    running sequence at full length, and as much again for cached prefixes). ``window_need``:
+    the most blocks a sequence holds under a sliding window whose blocks are freed
+    (``scheduling.config.blocks_per_window``; 0: none); a pool that holds them does not cap
+    the context."""
     blocks = num_blocks
     if not blocks and budget is not None:
         budget = budget.shared(2 * slots * -(-wanted // block_size) * block_size)
@@ -184,6 +192,8 @@ def paged_context(
     if not blocks:
         blocks = slots * -(-wanted // block_size)
     served = min(wanted, blocks * block_size)
+    if window_need and blocks >= window_need:
+        served = wanted
     return ServedContext(wanted, served, slots, budget, blocks)
 
 
@@ -195,6 +205,8 @@ def describe_layout(layout: KVLayout, budget: KVBudget | None) -> str:
         if budget is not None:
             size = human(layout.num_blocks * layout.block_size * budget.bytes_per_token)
             where = f" = {size} (budget: {budget.describe()})"
-        return f"paged, {pool}{where}; up to {layout.max_slots} sequences"
+        window = layout.freeing_window
+        freed = f"; blocks behind the {window}-token window are freed" if window else ""
+        return f"paged, {pool}{where}; up to {layout.max_slots} sequences{freed}"
     where = f" in {budget.describe()}" if budget is not None else ""
     return f"{layout.max_slots} slots x {layout.max_model_len} positions + a pool of {pool}{where}"

@@ -15,6 +15,9 @@ With a paged layout (``layout.paged``) the block ids are the executor's physical
 chunk carries its block table, a prefix hit shares the cached blocks (refcount, no copy) and a
 block that became full is registered in the prefix cache once the step ran, with nothing copied.
 The number of running sequences is then bounded by free blocks and ``max_num_seqs`` only.
+Under a sliding window (``layout.freeing_window``) each step first frees the blocks no running
+request's next chunk sees (``KVCacheManager.free_outside_window``): a sequence then holds at most
+``window_blocks`` blocks, so more run at once, and ``check_fits`` bounds a request by that.
 
 Speculative decoding (``proposer``; ``scheduling/speculation.py``): decode rows carry drafts
 within what the budget and free blocks leave every decode; ``update`` rolls rejected ones back.
@@ -85,9 +88,10 @@ class Scheduler:
         self.max_running = max_running(budgets, layout)
         self.drafts = None if proposer is None else DraftPlanner(proposer, layout.max_model_len)
         self.policy = policy or budgets
-        self.kv = kv or KVCacheManager(layout.num_blocks, layout.block_size, True)
-        if (self.kv.pool.num_blocks, self.kv.block_size) != (layout.num_blocks, layout.block_size):
-            raise ValueError("kv: its pool does not match the layout's num_blocks / block_size")
+        sizes = (layout.num_blocks, layout.block_size, layout.freeing_window)
+        self.kv = kv or KVCacheManager(sizes[0], sizes[1], True, sizes[2])
+        if (self.kv.pool.num_blocks, self.kv.block_size, self.kv.window) != sizes:
+            raise ValueError("kv: its pool does not match the layout's blocks, size or window")
         self.slots = SlotAllocator(layout.max_slots)
         self._clock = clock
         self._keys: dict[str, SortKey] = {}  # live request id -> service-order key
@@ -115,7 +119,7 @@ class Scheduler:
             or request.output_token_ids
         ):
             raise ValueError(f"request {request.request_id!r} is not fresh")
-        check_fits(request, self.layout)
+        check_fits(request, self.layout, self.budgets)
         self._requests[request.request_id] = request
         self._keys[request.request_id] = self.policy.sort_key(request, next(self._seq))
         self.waiting.add(request)
@@ -161,6 +165,8 @@ class Scheduler:
         )
 
     def _schedule_running(self, step: _Step) -> None:
+        for request in self.running:  # (nothing before the next query's window is read again)
+            self.kv.free_outside_window(request.request_id, request.num_computed_tokens)
         order = sorted(self.running, key=self._key)
         decodes = [r for r in order if r.num_tokens_to_compute == 1]
         if self.drafts is not None:

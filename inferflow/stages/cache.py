@@ -46,7 +46,8 @@ class CacheStage(EngineStage):
     def create(self, layout: KVLayout) -> KVCacheManager:
         from inferflow.scheduling.kv_cache_manager import KVCacheManager
 
-        return KVCacheManager(layout.num_blocks, layout.block_size, self.enabled)
+        return KVCacheManager(
+            layout.num_blocks, layout.block_size, self.enabled, layout.freeing_window)
 
 
 @dataclass

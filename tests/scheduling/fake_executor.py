@@ -15,6 +15,11 @@ blocks hold for ``[0, start_pos + len)``. A block shared while another request w
 table missing a block or a prefix hit on a block that was reused shows up as a changed output. ``reference_output``
 is the independent oracle: the same hash applied to the sequence itself, no scheduler involved.
 
+``window`` (a sliding-window model): the sampled token hashes only the last ``window``
+positions' content ``[n - window, n)``, what a query at ``n - 1`` sees. A paged table's entries
+for those positions (and for every position a chunk's queries see) must be real blocks: the
+null block (id ``num_blocks``, the freed entries' target) holds nothing and is never written.
+
 A chunk with drafts (speculative decoding) is verified as a real executor does it: the token at
 each of its last ``len(drafts) + 1`` positions is the hash of the KV up to there, drafts are
 accepted while they equal it, and the first mismatch (or the token after the last draft) is the
@@ -30,6 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.layout import window_blocks
 from inferflow.scheduling.plan import ExecutorOutput, SampledToken, ScheduledChunk, SchedulerOutput
 
 
@@ -38,17 +44,23 @@ def next_token(kv_content: Sequence[int], vocab_size: int) -> int:
     return int.from_bytes(digest, "little") % vocab_size
 
 
+def visible_from(n: int, window: int | None) -> int:
+    """First position a query at ``n - 1`` sees: ``(n - 1) - window < j``."""
+    return 0 if window is None else max(0, n - window)
+
+
 def reference_output(
     prompt: Sequence[int],
     params: SamplingParams,
     eos_token_ids: Sequence[int],
     max_model_len: int,
     vocab_size: int,
+    window: int | None = None,
 ) -> list[int]:
     """What a correct scheduler + this executor must produce for one request, however batched."""
     tokens, out = list(prompt), []
     while True:
-        tok = next_token(tokens, vocab_size)
+        tok = next_token(tokens[visible_from(len(tokens), window):], vocab_size)
         tokens.append(tok)
         out.append(tok)
         stop_ok = len(out) >= params.min_tokens
@@ -76,6 +88,7 @@ class FakeExecutor:
     block_size: int
     vocab_size: int = 64
     paged: bool = False
+    window: int | None = None
     slots: list[list[int | None]] = field(init=False)
     pool: list[tuple[int, ...] | None] = field(init=False)
     history: list[StepRecord] = field(default_factory=list)
@@ -110,7 +123,8 @@ class FakeExecutor:
             kv[chunk.start_pos : end] = list(chunk.token_ids)
             if chunk.sample:
                 rid = chunk.request_id
-                sampled[rid], accepted[rid] = self._verify(chunk, lambda n, kv=kv: kv[:n])
+                sampled[rid], accepted[rid] = self._verify(
+                    chunk, lambda n, kv=kv: kv[visible_from(n, self.window):n])
         for save in plan.kv_saves:
             content = self.slots[save.slot][save.block_index * bs : (save.block_index + 1) * bs]
             assert None not in content, f"save of an incomplete block {save}"
@@ -122,7 +136,7 @@ class FakeExecutor:
         self, chunk: ScheduledChunk, read: Callable[[int], list[int | None]]
     ) -> tuple[SampledToken, tuple[SampledToken, ...]]:
         """(the sampled token, the accepted drafts) of a sampling chunk; ``read(n)`` is the KV
-        content of positions ``[0, n)``."""
+        content a query at ``n - 1`` sees (positions ``[0, n)``, or the window's)."""
         drafts = chunk.draft_token_ids
         end = chunk.start_pos + len(chunk.token_ids)
         logprob = -0.5 if chunk.sampling_params.logprobs is not None else None
@@ -142,9 +156,16 @@ class FakeExecutor:
         bs = self.block_size
         blocks = self.paged_blocks
         sampled = {}
+        null = self.num_blocks
         for chunk in plan.chunks:
             end = chunk.start_pos + len(chunk.token_ids)
             assert len(chunk.block_table) == -(-end // bs), f"{chunk.request_id}: table size"
+            seen = chunk.block_table[visible_from(chunk.start_pos + 1, self.window) // bs:]
+            assert null not in seen, f"{chunk.request_id}: a block its queries see was freed"
+            if self.window is not None:  # the blocks behind the window were given back
+                held = len(chunk.block_table) - chunk.block_table.count(null)
+                bound = window_blocks(self.window, bs, len(chunk.token_ids))
+                assert held <= bound, f"{chunk.request_id}: holds {held} > {bound} blocks"
             for offset, token in enumerate(chunk.token_ids):
                 pos = chunk.start_pos + offset
                 blocks[chunk.block_table[pos // bs]][pos % bs] = token
@@ -154,7 +175,8 @@ class FakeExecutor:
                 table = chunk.block_table
 
                 def read(n: int, table: tuple[int, ...] = table) -> list[int | None]:
-                    return [blocks[table[p // bs]][p % bs] for p in range(n)]
+                    return [blocks[table[p // bs]][p % bs]
+                            for p in range(visible_from(n, self.window), n)]
 
                 rid = chunk.request_id
                 sampled[rid], accepted[rid] = self._verify(chunk, read)
@@ -163,8 +185,9 @@ class FakeExecutor:
 
     @property
     def paged_blocks(self) -> list[list[int | None]]:
+        """The pool's blocks, then the null block (never written: its content stays None)."""
         if not hasattr(self, "_paged_blocks"):
-            self._paged_blocks = [[None] * self.block_size for _ in range(self.num_blocks)]
+            self._paged_blocks = [[None] * self.block_size for _ in range(self.num_blocks + 1)]
         return self._paged_blocks
 
     def _forget(self, request_ids: frozenset[str]) -> None:

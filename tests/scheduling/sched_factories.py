@@ -6,7 +6,7 @@ import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from fake_executor import FakeExecutor, next_token, reference_output
+from fake_executor import FakeExecutor, next_token, reference_output, visible_from
 
 from inferflow.engine.step import step
 from inferflow.sampling_params import SamplingParams
@@ -55,6 +55,7 @@ class TinyConfig:
     policy: str = "fcfs"
     mode: BatchingMode = "continuous"
     paged: bool = False
+    sliding_window: int | None = None  # the model's (every layer's) window: the fake's and paged freeing
 
     def __post_init__(self) -> None:
         check_budgets(self.budgets, self.layout)
@@ -68,7 +69,7 @@ class TinyConfig:
     @property
     def layout(self) -> KVLayout:
         return KVLayout(self.max_slots, self.max_model_len, self.block_size, self.num_blocks,
-                        self.paged)
+                        self.paged, self.sliding_window)
 
     @property
     def max_running(self) -> int:
@@ -81,7 +82,8 @@ def make_config(**overrides: object) -> TinyConfig:
 
 def make_scheduler(cfg: TinyConfig, clock: Callable[[], float] = FakeClock(),
                    proposer: DraftProposer | None = None) -> Scheduler:
-    kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)
+    kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching,
+                        cfg.layout.freeing_window)
     return Scheduler(cfg.budgets, cfg.layout, kv=kv, proposer=proposer, clock=clock)
 
 
@@ -114,6 +116,7 @@ def expected(request: Request, config: TinyConfig) -> list[int]:
         request.eos_token_ids,
         config.max_model_len,
         VOCAB,
+        config.sliding_window,
     )
 
 
@@ -132,7 +135,8 @@ class Harness:
         cfg = self.config
         self.scheduler = make_scheduler(cfg, clock=FakeClock(), proposer=self.proposer)
         self.executor = FakeExecutor(
-            cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged
+            cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged,
+            cfg.sliding_window,
         )
 
     def add(self, *requests: Request) -> None:
@@ -194,13 +198,16 @@ __all__ = [
 
 
 class OracleProposer:
-    """Drafts the fake executor's true continuation, each draft wrong with probability
-    ``error_rate`` and the run cut after it, drafts of 1..k tokens: every acceptance length
-    occurs. Deterministic (a hash of the sequence decides), so a failing example replays."""
+    """Drafts the fake executor's true continuation (under ``window``, the model's sliding
+    window), each draft wrong with probability ``error_rate`` and the run cut after it, drafts of
+    1..k tokens: every acceptance length occurs. Deterministic (a hash of the sequence decides),
+    so a failing example replays."""
 
-    def __init__(self, num_speculative_tokens: int = 3, error_rate: float = 0.3) -> None:
+    def __init__(self, num_speculative_tokens: int = 3, error_rate: float = 0.3,
+                 window: int | None = None) -> None:
         self.num_speculative_tokens = num_speculative_tokens
         self.error_rate = error_rate
+        self.window = window
         self.forgotten: set[str] = set()
 
     def propose(self, requests: Sequence[DraftRequest]) -> list[tuple[int, ...]]:
@@ -209,7 +216,7 @@ class OracleProposer:
             tokens, drafts = list(r.token_ids), []
             n = 1 + next_token([*tokens, -1], r.max_draft_tokens)  # 1..max_draft_tokens
             for j in range(n):
-                true = next_token(tokens, VOCAB)
+                true = next_token(tokens[visible_from(len(tokens), self.window):], VOCAB)
                 wrong = next_token([*tokens, -2 - j], 1000) < self.error_rate * 1000
                 drafts.append((true + 1) % VOCAB if wrong else true)
                 tokens.append(drafts[-1])

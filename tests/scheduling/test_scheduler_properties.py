@@ -19,7 +19,9 @@ from sched_factories import (
 )
 
 from inferflow.scheduling import Request, RequestStatus
+from inferflow.scheduling.config import max_chunk
 from inferflow.scheduling.integrity import check_scheduler
+from inferflow.scheduling.layout import window_blocks
 
 
 @dataclass
@@ -92,6 +94,29 @@ def tight_configs(draw: st.DrawFn) -> TinyConfig:
     )
 
 
+@st.composite
+def windowed_configs(draw: st.DrawFn) -> TinyConfig:
+    """A sliding-window model on a paged pool smaller than the context: requests longer than
+    the pool run, since blocks behind the window are freed."""
+    block_size = draw(st.sampled_from([2, 3, 4]))
+    num_blocks = draw(st.integers(4, 10))
+    max_slots, max_num_seqs = draw(st.integers(1, 5)), draw(st.integers(1, 5))
+    lowest = max(min(max_slots, max_num_seqs), 4)
+    return make_config(
+        block_size=block_size,
+        num_blocks=num_blocks,
+        max_slots=max_slots,
+        max_num_seqs=max_num_seqs,
+        max_model_len=draw(st.integers(num_blocks * block_size, 40)),
+        max_num_batched_tokens=draw(st.integers(lowest, 10)),
+        long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3])),
+        enable_prefix_caching=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        paged=True,
+        sliding_window=draw(st.integers(1, 9)),
+    )
+
+
 SETTINGS = settings(
     max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
 )
@@ -148,6 +173,33 @@ def test_speculative_tight_memory_workloads_still_match(
     run_workload(dataclasses.replace(cfg, paged=paged), plan, OracleProposer(4, 0.2))
 
 
+@SETTINGS
+@given(cfg=configs(), plan=arrivals(), window=st.integers(1, 9), paged=st.booleans())
+def test_sliding_window_workloads_match_the_reference(
+    cfg: TinyConfig, plan: list[Arrival], window: int, paged: bool
+) -> None:
+    """A windowed model (the fake hashes only what the window sees): paged, the blocks behind
+    the window are freed and the outputs do not change; slots keep everything."""
+    run_workload(dataclasses.replace(cfg, paged=paged, sliding_window=window), plan)
+
+
+@SETTINGS
+@given(cfg=windowed_configs(), plan=arrivals(min_requests=2), speculate=st.booleans())
+def test_sliding_window_contexts_longer_than_the_pool_still_match(
+    cfg: TinyConfig, plan: list[Arrival], speculate: bool
+) -> None:
+    run_workload(cfg, plan, OracleProposer(3, 0.3, cfg.sliding_window) if speculate else None)
+
+
+@SETTINGS
+@given(cfg=tight_configs(), plan=arrivals(min_requests=4), window=st.integers(1, 6))
+def test_sliding_window_tight_memory_workloads_preempt_and_still_match(
+    cfg: TinyConfig, plan: list[Arrival], window: int
+) -> None:
+    run_workload(dataclasses.replace(cfg, paged=True, sliding_window=window), plan,
+                 OracleProposer(4, 0.2, window))
+
+
 def run_workload(
     cfg: TinyConfig, plan: list[Arrival], proposer: OracleProposer | None = None
 ) -> None:
@@ -176,6 +228,10 @@ def run_workload(
         event(f"drafts accepted: {spec.num_accepted_tokens > 0}, "
               f"rejected: {spec.num_accepted_tokens < spec.num_draft_tokens}")
     event(f"refused: {len(plan) - len(accepted)}")
+    if cfg.layout.freeing_window is not None:
+        null = cfg.num_blocks
+        event(f"freed behind the window: "
+              f"{any(null in c.block_table for p in h.executor.plans for c in p.chunks)}")
     assert stats.num_kv_blocks_used == 0 and stats.num_kv_blocks_free == cfg.num_blocks
     assert (
         stats.num_running == stats.num_waiting == 0 and h.scheduler.slots.num_free == cfg.max_slots
@@ -199,6 +255,9 @@ def run_workload(
 
 def add(h: Harness, cfg: TinyConfig, a: Arrival, accepted: list[Arrival]) -> None:
     r = a.request
+    # paged under a window with chunked prefill, a request holds at most window_blocks at once
+    window = cfg.layout.freeing_window
+    bounded = window is not None and cfg.enable_chunked_prefill
     try:
         h.add(r)
     except ValueError:
@@ -206,5 +265,9 @@ def add(h: Harness, cfg: TinyConfig, a: Arrival, accepted: list[Arrival]) -> Non
         assert r.num_prompt_tokens > cfg.max_model_len or (
             r.num_prompt_tokens + r.sampling_params.max_tokens - 1 > cfg.num_blocks * cfg.block_size
         )
+        if bounded and r.num_prompt_tokens <= cfg.max_model_len:
+            assert window is not None
+            need = window_blocks(window, cfg.block_size, max_chunk(cfg.budgets))
+            assert need > cfg.num_blocks
         return
     accepted.append(a)
