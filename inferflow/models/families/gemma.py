@@ -1,7 +1,8 @@
 """Gemma 2 and Gemma 3 (text): RMSNorm scaling by ``(1 + w)``, the embedding times
 sqrt(hidden_size), GeGLU (``hidden_activation``), four norms per layer (``sandwich_norms``),
-softmax scale ``query_pre_attn_scalar ** -0.5``, tanh soft-capping of attention scores and final
-logits where the config sets it (Gemma 2 does), local (sliding-window) and global layers as
+softmax scale ``query_pre_attn_scalar ** -0.5``, tanh soft-capping of attention scores (Gemma 2;
+transformers' Gemma 3 never applies ``attn_logit_softcapping``) and of final logits where the
+config sets it, local (sliding-window) and global layers as
 ``layer_types`` says (Gemma 2 alternates; Gemma 3 has five local per global, with their own rotary
 base: ``rope_parameters`` nested by layer type, or the legacy ``rope_local_base_freq``), and
 Gemma 3's q/k norms."""
@@ -15,7 +16,7 @@ from typing import Any
 from inferflow.models.family import Block, Family, Raw, windows_from_types
 
 
-def _block(qk_norm: bool):  # type: ignore[no-untyped-def]
+def _block(qk_norm: bool, attn_softcap: bool):  # type: ignore[no-untyped-def]
     def read(raw: Raw, defaults: Mapping[str, Any]) -> Block:
         if raw.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention=true is not supported (a decoder "
@@ -28,7 +29,7 @@ def _block(qk_norm: bool):  # type: ignore[no-untyped-def]
         return Block(norm_offset=1.0, qk_norm=qk_norm, sandwich_norms=True,
                      embed_scale=math.sqrt(int(raw["hidden_size"])),
                      attn_scale=float(get("query_pre_attn_scalar")) ** -0.5,
-                     attn_softcap=float(attn_cap) if attn_cap else None,
+                     attn_softcap=float(attn_cap) if attn_cap and attn_softcap else None,
                      final_softcap=float(final_cap) if final_cap else None)
 
     return read
@@ -63,15 +64,20 @@ GEMMA2 = Family(
     {**_COMMON, "max_position_embeddings": 8192, "attn_logit_softcapping": 50.0,
      "final_logit_softcapping": 30.0},
     reads=_READS, qkv_bias="attention_bias", o_bias="attention_bias",
-    windows=_windows(2), block=_block(qk_norm=False), activation_key="hidden_activation")
+    windows=_windows(2), block=_block(qk_norm=False, attn_softcap=True),
+    activation_key="hidden_activation")
 
 GEMMA3 = Family(
     "Gemma3ForCausalLM", "gemma3_text",
     {**_COMMON, "max_position_embeddings": 131072, "attn_logit_softcapping": None,
      "final_logit_softcapping": None},
-    reads=_READS | {"_sliding_window_pattern", "sliding_window_pattern", "rope_local_base_freq"},
+    reads=(_READS - {"attn_logit_softcapping"})
+    | {"_sliding_window_pattern", "sliding_window_pattern", "rope_local_base_freq"},
+    # transformers' Gemma 3 attention never applies it (q/k norms replaced soft-capping)
+    ignores=frozenset({"attn_logit_softcapping"}),
     qkv_bias="attention_bias", o_bias="attention_bias",
-    windows=_windows(6), block=_block(qk_norm=True), activation_key="hidden_activation",
+    windows=_windows(6), block=_block(qk_norm=True, attn_softcap=False),
+    activation_key="hidden_activation",
     per_layer_type_rope=True)
 
 FAMILIES = (GEMMA2, GEMMA3)
