@@ -112,7 +112,7 @@ class ModelArch:
             ("q/k norms", b.qk_norm), ("(1 + w) norms", b.norm_offset), ("sandwich norms", b.sandwich_norms),
             ("embedding scale", b.embed_scale != 1.0), ("attention scale", b.attn_scale is not None),
             ("soft-capping", b.attn_softcap or b.final_softcap), ("local rotary", self.local_rope),
-            ("partial rotary", self.rotary_dim != self.head_dim), ("experts", self.moe)) if on]
+            ("partial rotary", self.rotary_dim != self.head_dim)) if on]
         if pending:  # read, not computed yet by the executors (issue 39 lands them)
             raise CheckpointError(path, f"{self.architecture}: {pending[0]} not served yet")
 

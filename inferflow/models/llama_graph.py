@@ -36,6 +36,7 @@ from onnx import TensorProto, helper
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
+from inferflow.models.moe_graph import moe_mlp
 from inferflow.models.quantize import quantize_blocked
 from inferflow.models.rope import cos_sin_cache
 
@@ -173,6 +174,8 @@ class _Layers:
         """x + MLP(norm(x)): the second half of layer ``i``."""
         g, cfg = self.g, self.cfg
         h = g.rms_norm(x, lw.post_norm, cfg.rms_norm_eps)
+        if cfg.is_sparse(i):  # a mixture of experts (moe_graph.py)
+            return g.op1("Add", [x, moe_mlp(g, cfg, i, h, lw, self.activation)])
         # (H, 2 * (I + pad)): [gate | 0 | up | 0]; act(0) * 0 = 0, so the padding columns of the
         # activations are zero and meet zero rows of the down projection: the output is unchanged.
         # (Each LayerWeights attribute reads its tensor: one access per weight.)

@@ -155,7 +155,8 @@ PRECISIONS = {("ort", "fp16"): 0.95, ("ort", "int8"): 0.90, ("ort", "int4"): 0.6
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS), ids=lambda p: "-".join(p))
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4_partial_rotary", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4_partial_rotary", "qwen3_moe", "mixtral",
+                                  "qwen2_moe_shared"])
 def test_precisions_agree(ckpt_root: Path, tmp_path: Path, name: str, precision: tuple[str, str],
                           record_property: pytest.RecordProperty) -> None:
     path = checkpoint(ckpt_root, name)

@@ -29,6 +29,7 @@ from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
 from inferflow.models.rope import cos_sin_cache
 from inferflow.runtimes.torch_engine.attention import KV_CACHES, paged_attention
+from inferflow.runtimes.torch_engine.moe import SparseMoE
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -87,6 +88,10 @@ class DecoderLayer(nn.Module):
         self.wo = _param(w.wo, dtype, device)
         self.bo = _param(w.bo, dtype, device) if arch.o_proj_bias else None
         self.post_norm = _param(w.post_norm, dtype, device)
+        # a sparse layer's MLP is the mixture of experts (moe.py); the dense weights stay unset
+        self.moe = SparseMoE(arch.moe, w, dtype, device) if arch.moe and arch.is_sparse(w.index) else None
+        if self.moe is not None:
+            return
         self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
         self.b_gate_up = None
         if arch.mlp_bias:
@@ -157,6 +162,9 @@ class TorchLlama(nn.Module):
             out = attn.reshape(n, hq * d) @ layer.wo
             x = x + (out if layer.bo is None else out + layer.bo)
             h = rms_norm(x, layer.post_norm, self.eps)
+            if layer.moe is not None:
+                x = x + layer.moe(h, self.act)
+                continue
             gate_up = h @ layer.w_gate_up
             if layer.b_gate_up is not None:
                 gate_up = gate_up + layer.b_gate_up
