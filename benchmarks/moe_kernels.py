@@ -8,18 +8,29 @@ One sparse MLP block (``models/moe_graph.py``, seeded weights), built in each fo
 run on ``--tokens`` normed tokens, ``--repeats`` times (median), on ONNX Runtime's CPU provider
 with ``--threads`` intra-op threads:
 
+- ``per_expert``: what ``models/moe_graph.py`` builds (both graph forms): routes sorted by
+  expert, one constant-weight 2-D MLP per expert over its rows (prepacked; MatMulNBits at
+  int8/int4);
+- ``nonzero``: the same with each expert's routes found by Equal + NonZero (more nodes);
 - ``contrib``: ``com.microsoft::MoE`` (fp32/fp16) / ``QMoE`` (int8/int4): one kernel routes,
   groups tokens by expert and runs one GEMM per routed expert;
 - ``gather``: standard ops: TopK, each token's k experts gathered from the stacked weights
   (the quantized stack + scales, then DequantizeLinear, at int8/int4), a batched MatMul;
 - ``dense``: every expert on every token, mixed by a routing matrix zero off the routed experts
-  (the cost of all experts; float precisions only);
+  (the cost of all experts; float weights);
 - ``dense_mlp``: a dense SwiGLU MLP with intermediate size top_k x expert size (the MLP of a
   dense model with the same active parameters): what the mixture should cost.
 
 ``max_err`` is the largest absolute difference from a float64 numpy evaluation of the same
-mixture with unquantized weights. Writes ``benchmarks/results/moe_kernels.json`` and prints a
+mixture with unquantized weights (int4's ~0.3 is the weights' rounding). Writes ``benchmarks/results/moe_kernels.json`` and prints a
 table. Times are this machine's, measured while it runs; nothing asserts them.
+
+Recorded (``results/moe_kernels.json``; 2 cores, ORT 1.32, defaults, other work on the
+machine): at 1 token every form but ``gather``/``dense`` takes 0.11-0.19 ms (QMoE int8 0.06,
+``dense_mlp`` 0.06-0.08); at 32 tokens per_expert 0.93 (fp32) / 0.93 (fp16) / 1.28 (int8) /
+1.01 (int4) ms, contrib 1.43 / 1.33 / 1.09 / 1.67, gather 15-25, dense 2.7, dense_mlp 0.62 /
+0.68 / 1.05 / 0.79; at 256 tokens per_expert 5.1 / 5.8 / 8.9 / 6.8, contrib 6.9 / 7.0 / 8.7 /
+6.8, dense_mlp 4.8 / 4.8 / 7.8 / 5.7, gather 110-170.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ from inferflow.models.config import ModelArch
 from inferflow.models.family import MoE
 from inferflow.models.initializers import InMemoryInitializers
 from inferflow.models.llama_graph import GraphSpec, _Graph, _Layers
-from inferflow.models.moe_graph import Activation, fused, mix, moe_mlp, padded, route
+from inferflow.models.moe_graph import Activation, expert_mlp, fused, mix, moe_mlp, padded, route
 from inferflow.models.quantize import QuantizedWeight, quantize_blocked
 from inferflow.models.rope import RotarySettings
 
@@ -178,6 +189,26 @@ def dense(g: _Graph, moe: MoE, h: str, logits: str, layer: SyntheticLayer, activ
     return g.op1("Squeeze", [g.op1("MatMul", [mixing, y]), g.const("axes", np.array([1], np.int64))])
 
 
+def nonzero(g: _Graph, moe: MoE, h: str, logits: str, layer: SyntheticLayer, activation: Activation) -> str:
+    """``per_expert`` with each expert's routes found by its own Equal + NonZero (~4 more nodes
+    per expert than one TopK sort and a Split by the experts' counts)."""
+    weights, index = route(g, moe, logits)
+    routes = g.op1("Reshape", [index, g.const("shape", np.array([-1], np.int64))])  # (R,)
+    k = g.const("k", np.array(moe.top_k, np.int64))
+    picks, outs = [], []
+    for e in range(moe.num_experts):
+        hit = g.op1("Equal", [routes, g.const("e", np.array(e, np.int64))])
+        picked = g.op1("Reshape", [g.op1("NonZero", [hit]), g.const("shape", np.array([-1], np.int64))])  # (R_e,)
+        x = g.op1("Gather", [h, g.op1("Div", [picked, k])], axis=0)
+        outs.append(expert_mlp(g, f"e{e}", x, layer.expert(e), activation))
+        picks.append(picked)
+    order = g.op1("Unsqueeze", [g.op1("Concat", picks, axis=0), g.const("axes", np.array([1], np.int64))])
+    y = g.op1("Concat", outs, axis=0)
+    y = g.op1("ScatterND", [y, order, y])
+    hidden = layer.router.shape[0]
+    return mix(g, g.op1("Reshape", [y, g.const("shape", np.array([-1, moe.top_k, hidden], np.int64))]), weights)
+
+
 def dense_mlp(g: _Graph, cfg: ModelArch, h: str, activation: Activation) -> str:
     """A dense model's MLP with top_k x the expert size: [gate | up], activation, down."""
     assert cfg.moe is not None
@@ -212,7 +243,7 @@ def build(layer: SyntheticLayer, cfg: ModelArch, precision: str, kernel: str) ->
     return bytes(model.SerializeToString())
 
 
-KERNELS = {"gather": gather, "dense": dense}
+KERNELS = {"nonzero": nonzero, "gather": gather, "dense": dense}
 
 
 def measure(model: bytes, h: np.ndarray, threads: int, repeats: int) -> tuple[float, np.ndarray]:
@@ -248,7 +279,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     print(f"{'precision':9} {'kernel':9} {'tokens':>6} {'ms':>8} {'max_err':>8}")
     for precision in args.precisions.split(","):
-        kernels = ["per_expert", "contrib", "gather", "dense_mlp"]
+        kernels = ["per_expert", "nonzero", "contrib", "gather", "dense_mlp"]
         if precision in ("fp32", "fp16"):
             kernels.insert(2, "dense")
         models = {k: build(layer, cfg, precision, k) for k in kernels}
