@@ -89,7 +89,8 @@ class DecoderLayer(nn.Module):
         self.bo = _param(w.bo, dtype, device) if arch.o_proj_bias else None
         self.post_norm = _param(w.post_norm, dtype, device)
         # a sparse layer's MLP is the mixture of experts (moe.py); the dense weights stay unset
-        self.moe = SparseMoE(arch.moe, w, dtype, device) if arch.moe and arch.is_sparse(w.index) else None
+        self.moe = SparseMoE(arch.moe, w, dtype, device, ACTIVATIONS[arch.hidden_act]) \
+            if arch.moe and arch.is_sparse(w.index) else None
         if self.moe is not None:
             return
         self.w_gate_up = _param(np.concatenate([w.w_gate, w.w_up], axis=1), dtype, device)
@@ -163,7 +164,7 @@ class TorchLlama(nn.Module):
             x = x + (out if layer.bo is None else out + layer.bo)
             h = rms_norm(x, layer.post_norm, self.eps)
             if layer.moe is not None:
-                x = x + layer.moe(h, self.act)
+                x = x + layer.moe(h)
                 continue
             gate_up = h @ layer.w_gate_up
             if layer.b_gate_up is not None:

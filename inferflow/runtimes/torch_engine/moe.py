@@ -45,8 +45,10 @@ class SparseMoE(nn.Module):
     (E, I, H) (on CPU in float32: each expert's (out, in) weights packed for oneDNN), and the
     shared expert where the family has one."""
 
-    def __init__(self, moe: MoE, w: LayerWeights, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, moe: MoE, w: LayerWeights, dtype: torch.dtype, device: torch.device,
+                 act: Callable[[torch.Tensor], torch.Tensor]) -> None:
         super().__init__()
+        self.act = act  # the experts' (and the shared expert's) activation
         self.num_experts, self.top_k, self.normalize = moe.num_experts, moe.top_k, moe.norm_topk_prob
         self.router = _param(w.router, dtype, device)
         experts = [w.expert(e) for e in range(moe.num_experts)]  # gate (H, I), up (H, I), down (I, H)
@@ -79,10 +81,9 @@ class SparseMoE(nn.Module):
             top = top / top.sum(dim=-1, keepdim=True)
         return top.to(h.dtype), index
 
-    def forward(self, h: torch.Tensor, act: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """The normed MLP input (N, H) -> the MLP output (N, H) (the residual is the caller's);
-        ``act``: the experts' activation."""
-        weights, index = self.route(h)
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        """The normed MLP input (N, H) -> the MLP output (N, H) (the residual is the caller's)."""
+        act, (weights, index) = self.act, self.route(h)
         experts = index.reshape(-1)  # (R,) R = N * k routes, token-major
         order = torch.argsort(experts, stable=True)  # routes grouped by expert
         routed = experts[order]  # (R,) the expert of each sorted route, ascending
