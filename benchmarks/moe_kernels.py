@@ -27,7 +27,7 @@ table. Times are this machine's, measured while it runs; nothing asserts them.
 
 Recorded (``results/moe_kernels.json``; 2 cores, ORT 1.32, defaults, other work on the
 machine): at 1 token every form but ``gather``/``dense`` takes 0.11-0.19 ms (QMoE int8 0.06,
-``dense_mlp`` 0.06-0.08); at 32 tokens per_expert 0.93 (fp32) / 0.93 (fp16) / 1.28 (int8) /
+``dense_mlp`` 0.06-0.08); at 32 tokens per_expert 0.87 (fp32) / 0.93 (fp16) / 1.28 (int8) /
 1.01 (int4) ms, contrib 1.43 / 1.33 / 1.09 / 1.67, gather 15-25, dense 2.7, dense_mlp 0.62 /
 0.68 / 1.05 / 0.79; at 256 tokens per_expert 5.1 / 5.8 / 8.9 / 6.8, contrib 6.9 / 7.0 / 8.7 /
 6.8, dense_mlp 4.8 / 4.8 / 7.8 / 5.7, gather 110-170.

@@ -20,7 +20,7 @@ per layer.
 ``benchmarks/moe_kernels.py`` measured it (2 cores, H 512, 8 experts of 512, top-2) against
 ONNX Runtime 1.32's ``com.microsoft::MoE``/``QMoE`` CPU kernels (one node), a per-token gather
 of the routed experts' stacked weights and every expert on every token: at 1 token all but the
-gather are ~0.15 ms (QMoE int8: 0.06); at 32 tokens this form 0.93 ms fp32, 1.0 int4, 1.3 int8,
+gather are 0.12-0.19 ms (QMoE int8: 0.06); at 32 tokens this form 0.87 ms fp32, 1.0 int4, 1.3 int8,
 against MoE 1.4, QMoE 1.1 (int8) / 1.7 (int4), the gather 16-25 (it copies N*k experts) and all
 experts 2.7 (a dense MLP of the same active size: 0.62). The contrib kernels are not faster where
 it matters and the int8 QMoE computes with int8 activations whatever the accuracy level (top-1
