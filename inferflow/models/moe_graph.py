@@ -17,16 +17,17 @@ concatenated by expert, go back to route order (ScatterND with the sort's permut
 mixed by the routing weights (a (1, k) @ (k, H) MatMul per token). ~7 nodes per expert and ~20
 per layer.
 
-``benchmarks/moe_kernels.py`` measured it (2 cores, H 512, 8 experts of 512, top-2) against
-ONNX Runtime 1.32's ``com.microsoft::MoE``/``QMoE`` CPU kernels (one node), a per-token gather
-of the routed experts' stacked weights and every expert on every token: at 1 token this form,
-the contrib kernels and the fp32/fp16 gather take 0.12-0.23 ms (QMoE int8: 0.06; every expert:
-0.3-0.4; a dense MLP of the same active size: 0.06-0.08); at 32 tokens this form 0.87 ms fp32, 1.0 int4, 1.3 int8,
-against MoE 1.4, QMoE 1.1 (int8) / 1.7 (int4), the gather 16-25 (it copies N*k experts) and all
-experts 2.7 (a dense MLP of the same active size: 0.62). The contrib kernels are slower at fp32,
-fp16 and int4 past one token, QMoE int8 is faster at 1 token only, and it computes with int8 activations whatever the accuracy level (top-1
-with transformers on the qwen2_moe_shared case: 89 % against 96 % here); the MoE kernel also
-takes only SiLU-gated experts in its interleaved layout and is no standard op for TensorRT.
+``benchmarks/moe_kernels.py`` measured it (2 cores, H 512, 8 experts of 512, top-2) against ONNX
+Runtime 1.32's ``com.microsoft::MoE``/``QMoE`` CPU kernels (one node), a per-token gather of the
+routed experts' stacked weights and every expert on every token: at 1 token this form, the
+contrib kernels and the fp32/fp16 gather take 0.12-0.23 ms (QMoE int8: 0.06; every expert:
+0.3-0.4; a dense MLP of the same active size: 0.06-0.08); at 32 tokens this form 0.87 ms fp32,
+1.0 int4, 1.3 int8, against MoE 1.4, QMoE 1.1 (int8) / 1.7 (int4), the gather 16-25 (it copies
+N*k experts) and all experts 2.7 (a dense MLP of the same active size: 0.62). The contrib
+kernels are slower at fp32, fp16 and int4 past one token, QMoE int8 is faster at 1 token only,
+and it computes with int8 activations whatever the accuracy level (top-1 with transformers on
+the qwen2_moe_shared case: 89 % against 96 % here); the MoE kernel also takes only SiLU-gated
+experts in its interleaved layout and is no standard op for TensorRT.
 Router and shared-expert gate stay in the activation type at every precision (E and 1 output
 columns: routing decisions are not quantized). Where an expert's intermediate size is not a
 multiple of the quantization block, its gate/up columns and down rows are padded with zeros
