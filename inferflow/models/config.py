@@ -120,6 +120,15 @@ class ModelArch:
 
     @property
     def num_parameters(self) -> int:
+        return self._parameters(active=False)
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters a token computes with: a sparse layer counts its router, its top_k
+        experts and its shared expert (all of them for a dense model)."""
+        return self._parameters(active=True)
+
+    def _parameters(self, active: bool) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         biases = (q + 2 * kv) * self.attention_bias + h * self.o_proj_bias + (2 * i + h) * self.mlp_bias
@@ -129,7 +138,8 @@ class ModelArch:
             if self.is_sparse(layer):
                 assert self.moe is not None
                 m = self.moe
-                mlp += m.num_experts * (h + 3 * h * m.intermediate_size)
+                experts = m.top_k if active else m.num_experts
+                mlp += m.num_experts * h + experts * 3 * h * m.intermediate_size  # router + experts
                 mlp += (3 * h * m.shared_intermediate_size + h) if m.shared_expert else 0
             else:
                 mlp += 3 * h * i
@@ -145,8 +155,6 @@ class ModelArch:
                 path, f"rope type {self.rope.rope_type!r} is served up to its "
                 f"original_max_position_embeddings={limit} (past it transformers switches every "
                 f"position to long_factor); serve it with {knob}={limit} (or less)")
-        if self.moe:  # read, not computed yet by the executors (issue 39 lands them)
-            raise CheckpointError(path, f"{self.architecture}: experts not served yet")
 
 
 def _eos_ids(value: Any) -> tuple[int, ...]:

@@ -47,6 +47,7 @@ from inferflow.models.config import ModelArch
 from inferflow.models.family import Block
 from inferflow.models.graph_attention import Attention
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
+from inferflow.models.moe_graph import moe_mlp
 from inferflow.models.quantize import quantize_blocked
 
 # 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
@@ -206,7 +207,11 @@ class _Layers:
         """x + MLP(norm(x)): the second half of layer ``i`` (with sandwich norms the MLP's
         input norm is pre_feedforward_layernorm and its output is normed too)."""
         sandwich = self.cfg.block.sandwich_norms
-        y = self.dense_mlp(i, self.norm(x, lw.pre_ffn_norm if sandwich else lw.post_norm), lw)
+        h = self.norm(x, lw.pre_ffn_norm if sandwich else lw.post_norm)
+        if self.cfg.is_sparse(i):  # a mixture of experts (moe_graph.py)
+            y = moe_mlp(self.g, self.cfg, i, h, lw, self.activation)
+        else:
+            y = self.dense_mlp(i, h, lw)
         if sandwich:
             y = self.norm(y, lw.post_ffn_norm)
         return self.g.op1("Add", [x, y])

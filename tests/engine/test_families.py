@@ -160,7 +160,8 @@ PRECISIONS = {("ort", "fp16"): 0.95, ("ort", "int8"): 0.90, ("ort", "int4"): 0.6
 
 
 @pytest.mark.parametrize("precision", list(PRECISIONS), ids=lambda p: "-".join(p))
-@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4_partial_rotary", "qwen3_moe"])
+@pytest.mark.parametrize("name", ["qwen3", "gemma3", "phi4_partial_rotary", "qwen3_moe", "mixtral",
+                                  "qwen2_moe_shared"])
 def test_precisions_agree(ckpt_root: Path, tmp_path: Path, name: str, precision: tuple[str, str],
                           record_property: pytest.RecordProperty) -> None:
     path = checkpoint(ckpt_root, name)
@@ -236,3 +237,17 @@ def test_expert_count_in_both_spellings(ckpt_root: Path, tmp_path: Path) -> None
     (path / "config.json").write_text(json.dumps(cfg))
     moe = load_checkpoint(path).config.moe
     assert moe is not None and moe.num_experts == 8
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe_shared"])
+def test_parameter_counts_of_a_mixture(ckpt_root: Path, name: str) -> None:
+    """``num_parameters`` counts every tensor the checkpoint holds; ``active_parameters`` leaves
+    out the experts a token does not use (num_experts - top_k per sparse layer)."""
+    from inferflow.models.checkpoint import expected_shapes
+
+    cfg = load_checkpoint(checkpoint(ckpt_root, name)).config
+    assert cfg.moe is not None
+    stored = sum(int(np.prod(shape)) for shape in expected_shapes(cfg).values())
+    assert cfg.num_parameters == stored
+    unused = (cfg.moe.num_experts - cfg.moe.top_k) * 3 * cfg.hidden_size * cfg.moe.intermediate_size
+    assert cfg.active_parameters == stored - unused * sum(cfg.moe.sparse_layers)

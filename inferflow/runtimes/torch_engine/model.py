@@ -41,6 +41,7 @@ from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
 from inferflow.models.rope import RotarySettings, cos_sin_cache
 from inferflow.runtimes.torch_engine.attention import KV_CACHES, paged_attention
+from inferflow.runtimes.torch_engine.moe import SparseMoE
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -151,7 +152,10 @@ class DecoderLayer(nn.Module):
         self.attn_out_norm = _param(w.post_norm, dtype, device) if sandwich else None
         self.mlp_norm = _param(w.pre_ffn_norm if sandwich else w.post_norm, dtype, device)
         self.mlp_out_norm = _param(w.post_ffn_norm, dtype, device) if sandwich else None
-        self.mlp: nn.Module = DenseMLP(arch, w, dtype, device)  # (N, H) -> (N, H)
+        # (N, H) -> (N, H); a sparse layer's is the mixture of experts (moe.py)
+        self.mlp: nn.Module = (
+            SparseMoE(arch.moe, w, dtype, device, ACTIVATIONS[arch.hidden_act])
+            if arch.moe and arch.is_sparse(i) else DenseMLP(arch, w, dtype, device))
 
 
 class TorchLlama(nn.Module):
