@@ -121,7 +121,7 @@ UNSUPPORTED: dict[str, tuple[dict[str, object], tuple[str, ...]]] = {
     "activation": ({"hidden_act": "quick_gelu"}, ("hidden_act='quick_gelu'", "gelu_pytorch_tanh")),
     "rope_type": ({"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4}}, ("'proportional'", "yarn")),
     "longrope_incomplete": ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4}},
-                            ("'longrope'", "short_factor")),
+                            ("'longrope'", "long_factor")),
     "partial_rotary": ({"partial_rotary_factor": 1.5}, ("partial_rotary_factor=1.5",)),
     "rope_key": ({"rope_parameters": {**_YARN, "mrope_section": [2, 2]}}, ("mrope_section=[2, 2]", "yarn")),
     "rope_spellings_disagree": ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}, "rope_parameters": _YARN},
