@@ -37,7 +37,7 @@ from inferflow.models.config import ModelArch
 from inferflow.models.rope import RotarySettings, cos_sin_cache
 
 if TYPE_CHECKING:
-    from inferflow.models.llama_graph import _Graph
+    from inferflow.models.onnx_graph import _Graph
 
 # GroupQueryAttention's CPU kernel (ONNX Runtime 1.32) refuses other head sizes and cos tables
 GQA_HEAD_MULTIPLE = 16

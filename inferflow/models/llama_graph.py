@@ -35,8 +35,6 @@ The slot buffers hold the whole context on every layer, windowed ones included
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any, Literal
 
 import numpy as np
 import onnx
@@ -48,84 +46,11 @@ from inferflow.models.family import Block
 from inferflow.models.graph_attention import Attention
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.moe_graph import moe_mlp
-from inferflow.models.quantize import quantize_blocked
+from inferflow.models.onnx_graph import GraphSpec, _Graph
 
 # 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
 # windows, per-layer and partial rotary
 GRAPH_BUILDER_VERSION = "6"
-GraphForm = Literal["gqa", "canonical"]
-
-
-@dataclass(frozen=True)
-class GraphSpec:
-    form: GraphForm = "gqa"
-    precision: str = "fp32"  # fp32 | fp16 | int8 | int4 (weight-only for int8/int4)
-    max_model_len: int = 2048  # rows of the rotary tables; positions must stay below it
-    quant_block_size: int = 32
-    # MatMulNBits accuracy_level: 0 = float activations (exact dequantized matmul); 4 = int8
-    # activations (faster on CPU, ~1e-1 logit error). ORT's DequantizeLinear->MatMul fusion in the
-    # canonical form takes it from the session, so the engine sets both to the same value.
-    quant_accuracy_level: int = 4
-
-    @property
-    def act_dtype(self) -> np.dtype:
-        return np.dtype(np.float16 if self.precision == "fp16" else np.float32)
-
-
-class _Graph:
-    """Accumulates nodes and initializers; names are unique by construction. Each initializer
-    goes to ``store`` when it is made (streamed to the data file when the store writes one)."""
-
-    def __init__(self, spec: GraphSpec, store: InitializerStore) -> None:
-        self.spec, self.store = spec, store
-        self.nodes: list[onnx.NodeProto] = []
-        self.inits: list[onnx.TensorProto] = []
-        self._n = 0
-
-    def name(self, base: str) -> str:
-        self._n += 1
-        return f"{base}_{self._n}"
-
-    def const(self, base: str, value: np.ndarray) -> str:
-        name = self.name(base)
-        self.inits.append(self.store.add(name, value))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, domain: str = "", **attrs: Any) -> list[str]:
-        outs = [self.name(op_type.lower()) for _ in range(n_out)]
-        self.nodes.append(helper.make_node(op_type, inputs, outs, name=self.name(op_type), domain=domain, **attrs))
-        return outs
-
-    def op1(self, op_type: str, inputs: list[str], domain: str = "", **attrs: Any) -> str:
-        return self.op(op_type, inputs, 1, domain, **attrs)[0]
-
-    def weight(self, base: str, w: np.ndarray) -> str:
-        return self.const(base, w.astype(self.spec.act_dtype, copy=False))
-
-    def linear(self, x: str, base: str, w: np.ndarray, bias: np.ndarray | None = None) -> str:
-        """x (N, K) @ w (K, N_out) [+ bias], in the spec's weight precision."""
-        p = self.spec.precision
-        if p in ("int8", "int4"):
-            qw = quantize_blocked(w, 8 if p == "int8" else 4, self.spec.quant_block_size)
-            if self.spec.form == "gqa":
-                y = self.op1("MatMulNBits", [x, self.const(base + "_q", qw.matmulnbits_b()),
-                                             self.const(base + "_scales", qw.matmulnbits_scales())],
-                             domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size,
-                             accuracy_level=self.spec.quant_accuracy_level)
-            else:
-                qname = self.name(base + "_q")
-                self.inits.append(self.store.add(qname, qw.q) if qw.bits == 8 else
-                                  self.store.add(qname, qw.int4_packed(), TensorProto.INT4, qw.q.shape))
-                deq = self.op1("DequantizeLinear", [qname, self.const(base + "_scales", qw.scales)],
-                               axis=0, block_size=qw.block_size)
-                y = self.op1("MatMul", [x, deq])
-        else:
-            y = self.op1("MatMul", [x, self.weight(base, w)])
-        return self.op1("Add", [y, self.weight(base + "_bias", bias)]) if bias is not None else y
-
-    def rms_norm(self, x: str, w: np.ndarray, eps: float) -> str:
-        op = "RMSNormalization" if self.spec.form == "canonical" else "SimplifiedLayerNormalization"
-        return self.op1(op, [x, self.weight("norm", w)], axis=-1, epsilon=eps)
 
 
 def _ffn_padding(spec: GraphSpec, inter: int) -> int:

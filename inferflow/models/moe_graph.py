@@ -47,7 +47,7 @@ from inferflow.models.config import ModelArch
 from inferflow.models.family import MoE
 
 if TYPE_CHECKING:
-    from inferflow.models.llama_graph import _Graph
+    from inferflow.models.onnx_graph import _Graph
 
 Activation = Callable[[str], str]  # graph value -> its activation (``_Layers.activation``)
 
