@@ -70,7 +70,10 @@ class CompletionOutput:
 @dataclass
 class RequestOutput:
     """One request's output of a step. ``prompt``/``prompt_token_ids``: the prompt (for a
-    DELTA request, in its first output only; None and empty in the later ones)."""
+    DELTA request, in its first output only; None and empty in the later ones).
+    ``prompt_logprobs`` (requests with ``SamplingParams.prompt_logprobs``): one entry per prompt
+    token, the first ``None``; present wherever ``prompt_token_ids`` is. ``outputs`` holds
+    ``SamplingParams.n`` sequences (``index`` 0..n-1)."""
 
     request_id: str
     prompt: str | None
@@ -78,3 +81,4 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     metrics: RequestMetrics | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None

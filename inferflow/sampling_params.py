@@ -90,6 +90,22 @@ class SamplingParams:
     ``guided`` constrains the output (structured output: a JSON schema, regex, choice or grammar;
     the engine's ``guided`` stage compiles it). ``output_kind`` says what the engine's outputs
     hold (:class:`RequestOutputKind`).
+
+    Sampling controls (vLLM's and OpenAI's meanings; applied to the logits before temperature,
+    top-k, top-p and ``min_p``; reported logprobs stay those of the raw distribution):
+    ``presence_penalty`` / ``frequency_penalty`` subtract ``p`` once / ``f`` per occurrence of
+    each token already *generated*; ``repetition_penalty`` (transformers' CTRL form) divides a
+    positive logit (multiplies a negative one) of every token in the prompt or the output;
+    ``min_p`` drops tokens whose probability is below ``min_p`` times the top one's;
+    ``logit_bias`` adds a bias to the given token ids.
+
+    ``n`` sequences are returned per prompt (``best_of`` >= ``n`` are generated and the ``n``
+    with the highest cumulative logprob kept); the prompt is computed once and its KV shared.
+    A choice ``i`` of a seeded request samples with ``seed + i``.
+    ``prompt_logprobs=k`` returns each prompt token's logprob (the first is ``None``) and the top
+    ``k`` alternatives; it costs a full-vocabulary row per prompt token and bypasses the prefix
+    cache (cached tokens have no logits). ``max_tokens=0`` computes the prompt only (with
+    ``prompt_logprobs``: what an evaluation harness's loglikelihood request needs).
     """
 
     max_tokens: int = 16
@@ -104,6 +120,14 @@ class SamplingParams:
     min_tokens: int = 0
     guided: GuidedConstraint | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    n: int = 1
+    best_of: int | None = None
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,10 +140,18 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
 
+    @property
+    def processes_logits(self) -> bool:
+        """A penalty, ``min_p`` or ``logit_bias`` changes the logits before sampling."""
+        return bool(
+            self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+            or self.min_p or self.logit_bias
+        )
+
     def validate(self) -> None:
         """Raise :class:`SamplingParamsError` naming the first bad field."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise SamplingParamsError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise SamplingParamsError("max_tokens", f"must be an integer >= 0, got {self.max_tokens!r}")
         if not math.isfinite(self.temperature) or not 0.0 <= self.temperature <= 100.0:
             raise SamplingParamsError("temperature", f"must be in [0, 100], got {self.temperature!r}")
         if not isinstance(self.top_k, int) or self.top_k < -1:
@@ -140,3 +172,47 @@ class SamplingParams:
             raise SamplingParamsError("guided", "must be a GuidedConstraint")
         if not isinstance(self.output_kind, RequestOutputKind):
             raise SamplingParamsError("output_kind", "must be a RequestOutputKind")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _number(value) or not -2.0 <= value <= 2.0:
+                raise SamplingParamsError(name, f"must be in [-2, 2], got {value!r}")
+        if not _number(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 100.0:
+            raise SamplingParamsError(
+                "repetition_penalty", f"must be in (0, 100], got {self.repetition_penalty!r}"
+            )
+        if not _number(self.min_p) or not 0.0 <= self.min_p <= 1.0:
+            raise SamplingParamsError("min_p", f"must be in [0, 1], got {self.min_p!r}")
+        if self.logit_bias is not None:
+            for token, bias in self.logit_bias.items():
+                if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                    raise SamplingParamsError("logit_bias", f"keys must be token ids, got {token!r}")
+                if not _number(bias) or not -100.0 <= bias <= 100.0:
+                    raise SamplingParamsError(
+                        "logit_bias", f"biases must be in [-100, 100], got {bias!r} for {token}"
+                    )
+        if not isinstance(self.n, int) or isinstance(self.n, bool) or not 1 <= self.n <= MAX_N:
+            raise SamplingParamsError("n", f"must be an integer in [1, {MAX_N}], got {self.n!r}")
+        if self.best_of is not None and (
+            not isinstance(self.best_of, int) or not self.n <= self.best_of <= MAX_N
+        ):
+            raise SamplingParamsError(
+                "best_of", f"must be an integer in [n, {MAX_N}], got {self.best_of!r}"
+            )
+        if self.prompt_logprobs is not None and (
+            not isinstance(self.prompt_logprobs, int) or not 0 <= self.prompt_logprobs <= 20
+        ):
+            raise SamplingParamsError(
+                "prompt_logprobs", f"must be an integer in [0, 20], got {self.prompt_logprobs!r}"
+            )
+
+    @property
+    def num_sequences(self) -> int:
+        """Sequences generated per prompt: ``best_of`` if set, else ``n``."""
+        return self.best_of or self.n
+
+
+MAX_N = 16  # choices per prompt (n, best_of): each is a sequence in the engine
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

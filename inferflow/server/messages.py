@@ -119,6 +119,10 @@ class SubmitRequest:
     priority: int = 0
     trace_context: dict[str, str] = field(default_factory=dict)  # W3C carrier of the root span
     operation: str = "text_completion"  # GenAI operation name: text_completion | chat
+    # n > 1 / best_of: the request id of the sibling choice whose prompt this one shares (same
+    # prompt tokens, submitted first); the engine starts this one once the leader's prompt KV is
+    # cached, so the prompt is computed once
+    prompt_leader: str | None = None
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,9 @@ class RequestUpdate:
     cached_tokens: int = 0
     timings: RequestTimings | None = None  # on the last update
     error: ErrorInfo | None = None
+    # ``prompt_logprobs`` requests, in the first update: one entry per prompt token, the first
+    # None (nothing predicts it)
+    prompt_logprobs: tuple[LogprobEntry | None, ...] | None = None
 
     @property
     def final(self) -> bool:
@@ -177,7 +184,8 @@ class RequestUpdate:
         logprobs = self.logprobs
         if later.logprobs is not None:
             logprobs = (logprobs or ()) + later.logprobs
-        return replace(later, text=self.text + later.text, logprobs=logprobs)
+        return replace(later, text=self.text + later.text, logprobs=logprobs,
+                       prompt_logprobs=self.prompt_logprobs or later.prompt_logprobs)
 
 
 @dataclass(frozen=True)

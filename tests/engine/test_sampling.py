@@ -83,9 +83,20 @@ def test_logprobs_are_of_the_raw_distribution() -> None:
     assert [v for _, v in tok.top_logprobs] == pytest.approx(lp[[5, 0, 1]].tolist())
 
 
-@pytest.mark.parametrize(("field", "value"), [("max_tokens", 0), ("temperature", -1.0), ("top_p", 0.0),
-                                              ("top_k", -5), ("logprobs", 50), ("seed", -1)])
+@pytest.mark.parametrize(("field", "value"), [
+    ("max_tokens", -1), ("temperature", -1.0), ("top_p", 0.0), ("top_k", -5), ("logprobs", 50),
+    ("seed", -1), ("presence_penalty", 2.5), ("frequency_penalty", float("nan")),
+    ("repetition_penalty", 0.0), ("min_p", 1.5), ("logit_bias", {-1: 1.0}),
+    ("logit_bias", {3: 101.0}), ("n", 0), ("n", 17), ("prompt_logprobs", 21),
+])
 def test_bad_parameters_name_the_field(field: str, value: object) -> None:
     with pytest.raises(SamplingParamsError) as info:
         SamplingParams(**{field: value})
     assert info.value.field == field
+
+
+def test_best_of_is_at_least_n() -> None:
+    with pytest.raises(SamplingParamsError) as info:
+        SamplingParams(n=3, best_of=2)
+    assert info.value.field == "best_of"
+    assert SamplingParams(n=2, best_of=4).num_sequences == 4
