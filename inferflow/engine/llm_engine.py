@@ -138,6 +138,10 @@ class LLMEngine:
             raise RequestRejected("prompt_logprobs", f"prompt_logprobs is not supported by "
                                   f"executor={self.model_executor.backend or type(self.model_executor).__name__}"
                                   " (its engine returns one logits row per sequence)")
+        if params.num_sequences > 1:  # (n and best_of are not accepted and ignored)
+            field_name = "n" if params.best_of is None or params.n > 1 else "best_of"
+            raise RequestRejected(field_name, "an engine request is one sequence: fan n/best_of "
+                                  "out into requests (inferflow.engine.choices.fan_out)")
         if not prompt_token_ids:
             raise RequestRejected("prompt", "the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:
