@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_factories import make_named_checkpoint
+from engine_factories import llm_on, make_named_checkpoint
 
 from inferflow import LLM, SamplingParams
 from inferflow.engine.llm_engine import RequestRejected
@@ -31,13 +31,8 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module", params=["gqa", "canonical", "torch"])
 def llm(request: pytest.FixtureRequest, path: Path) -> LLM:
     """Chunks of 8 tokens a step (chunked prefill), blocks of 8, the prefix cache on."""
-    kw: dict[str, object] = {"max_num_seqs": 4, "max_num_batched_tokens": 8, "block_size": BLOCK,
-                             "enable_prefix_caching": True, "max_model_len": 128}
-    if request.param == "torch":
-        kw.update(backend="torch", compile="eager", num_blocks=64)
-    else:
-        kw.update(max_slots=4, graph_form=request.param)
-    return LLM(path, **kw)
+    return llm_on(path, request.param, max_num_seqs=4, max_num_batched_tokens=8,
+                  block_size=BLOCK, enable_prefix_caching=True, max_model_len=128)
 
 
 def reference(path: Path, prompt: list[int]) -> np.ndarray:

@@ -5,9 +5,9 @@ prompt from the prefix cache (a real engine on a thread, as in ``test_server_eng
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
+import test_server_engine_loop as loop_tests
 from test_server_engine_loop import Running
 
 from inferflow import LLM
@@ -16,6 +16,7 @@ from inferflow.models.tiny import tiny_llama_path
 from inferflow.sampling_params import SamplingParams
 from inferflow.server.messages import SubmitRequest
 
+running = loop_tests.running  # the loop on a thread, over this module's engine fixture
 BLOCK = 16
 TEXT = ("The robot walked along the shore of the quiet sea, counting the shells it found, "
         "and when the sun went down it sat on a rock and")
@@ -25,14 +26,6 @@ TEXT = ("The robot walked along the shore of the quiet sea, counting the shells 
 def engine() -> LLMEngine:
     return LLM(tiny_llama_path(), max_slots=4, max_model_len=256, block_size=BLOCK,
                max_num_batched_tokens=32, enable_prefix_caching=True).engine
-
-
-@pytest.fixture
-def running(engine: LLMEngine) -> Iterator[Running]:
-    loop = Running(engine)
-    yield loop
-    if loop.thread.is_alive():
-        loop.stop()
 
 
 def submit(running: Running, rid: str, prompt: list[int], params: SamplingParams,
