@@ -124,3 +124,23 @@ def test_prompt_logprobs_cover_every_chunk_and_take_no_cache_hits(paged: bool,
         if max_tokens:
             assert r.output_token_ids == expected(r, cfg)
     assert warm.prompt_logprobs is None
+
+
+@pytest.mark.parametrize("paged", [False, True])
+def test_prompt_logprobs_survive_preemption(paged: bool) -> None:
+    """Few blocks: prefills and decodes preempt each other; a request preempted before its
+    first token recomputes its prompt logprobs, after it keeps them (and may take hits)."""
+    cfg = make_config(paged=paged, num_blocks=10, max_num_batched_tokens=6)
+    h = Harness(cfg)
+    prompts = [[7 + i + j for j in range(14)] for i in range(3)]
+    requests = [make_request(f"r{i}", p, max_tokens=12, ignore_eos=True, prompt_logprobs=0)
+                for i, p in enumerate(prompts)]
+    h.add(*requests)
+    h.run()
+    assert h.scheduler.stats.num_preemptions > 0
+    for r, prompt in zip(requests, prompts, strict=True):
+        assert r.output_token_ids == expected(r, cfg)
+        got = r.prompt_logprobs
+        assert got is not None
+        assert [None if e is None else e.logprob for e in got] == \
+            reference_prompt_logprobs(prompt, VOCAB)
