@@ -17,6 +17,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from inferflow.engine.choices import Choice, fan_out, merge
 from inferflow.outputs import RequestOutput
 from inferflow.sampling_params import RequestOutputKind, SamplingParams
 
@@ -85,22 +86,31 @@ class LLM:
                  use_tqdm: bool = False) -> list[RequestOutput]:
         """Outputs in prompt order. A prompt is text or a list of token ids; ``use_tqdm`` shows a
         progress bar of finished requests (on stderr). Without ``sampling_params``: the
-        model's defaults (``get_default_sampling_params``)."""
+        model's defaults (``get_default_sampling_params``). ``n`` > 1 (or ``best_of``): a
+        prompt's output holds ``n`` sequences, generated as engine requests that share the
+        prompt's KV (``inferflow.engine.choices``)."""
         batch: list[Any] = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
             else list(prompts)
         params = sampling_params or self.get_default_sampling_params()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
-        order = []
+        order: list[tuple[str, SamplingParams, list[Choice]]] = []
         for prompt, given in zip(batch, per_prompt, strict=True):
             # only the final outputs are returned: none is built while a request runs
             p = dataclasses.replace(given, output_kind=RequestOutputKind.FINAL_ONLY)
             rid = str(next(self._ids))
-            if isinstance(prompt, str):
-                self.engine.add_request(rid, self.tokenizer.encode(prompt), p, prompt=prompt)
-            else:
-                self.engine.add_request(rid, list(prompt), p)
-            order.append(rid)
-        return self._run(order, use_tqdm)
+            text = prompt if isinstance(prompt, str) else None
+            ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            choices = fan_out(rid, p)  # n / best_of: one engine request per sequence
+            for choice in choices:
+                self.engine.add_request(choice.request_id, ids, choice.params, prompt=text,
+                                        prompt_leader=choice.prompt_leader)
+            order.append((rid, p, choices))
+        final = iter(self._run([c.request_id for _, _, cs in order for c in cs], use_tqdm))
+        outputs = []
+        for rid, p, choices in order:
+            outs = [next(final) for _ in choices]
+            outputs.append(outs[0] if len(choices) == 1 else merge(rid, p, outs))
+        return outputs
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | None = None) -> list[RequestOutput]:

@@ -127,8 +127,21 @@ class LLMEngine:
         return {"enabled": True, "proposer": type(proposer).__name__, **settings}
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
-                    arrival_time: float | None = None, priority: int = 0, prompt: str | None = None) -> None:
-        """Queue a request. Raises :class:`RequestRejected` if it can never run here."""
+                    arrival_time: float | None = None, priority: int = 0, prompt: str | None = None,
+                    prompt_leader: str | None = None) -> None:
+        """Queue a request. Raises :class:`RequestRejected` if it can never run here.
+
+        ``prompt_leader`` (n > 1): the id of a request added before with the same prompt; this
+        one starts once the leader has computed the prompt, whose full blocks it then reads
+        from the prefix cache (with the prefix cache off it just runs)."""
+        if params.prompt_logprobs is not None and not self.model_executor.returns_prompt_logprobs:
+            raise RequestRejected("prompt_logprobs", f"prompt_logprobs is not supported by "
+                                  f"executor={self.model_executor.backend or type(self.model_executor).__name__}"
+                                  " (its engine returns one logits row per sequence)")
+        if params.num_sequences > 1:  # (n and best_of are not accepted and ignored)
+            field_name = "n" if params.best_of is None or params.n > 1 else "best_of"
+            raise RequestRejected(field_name, "an engine request is one sequence: fan n/best_of "
+                                  "out into requests (inferflow.engine.choices.fan_out)")
         if not prompt_token_ids:
             raise RequestRejected("prompt", "the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:
@@ -140,7 +153,7 @@ class LLMEngine:
         request = Request(request_id, list(prompt_token_ids), params,
                           eos_token_ids=self.checkpoint.eos_token_ids,
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
-                          priority=priority)
+                          priority=priority, prompt_leader=prompt_leader)
         with self._lock:
             if params.guided is not None:
                 self._start_guided(request, params)
@@ -262,5 +275,8 @@ class LLMEngine:
         else:
             prompt = self._prompts.get(rid)
         prompt = prompt if first else None
+        prompt_logprobs = request.prompt_logprobs  # (None until the whole prompt is computed)
         return RequestOutput(rid, prompt, prompt_ids, [completion],
-                             finished=finish is not None, metrics=request.metrics)
+                             finished=finish is not None, metrics=request.metrics,
+                             prompt_logprobs=list(prompt_logprobs) if first and prompt_logprobs
+                             else None)

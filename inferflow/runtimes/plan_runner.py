@@ -8,6 +8,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from inferflow.runtimes.step_inputs import EngineRow
+from inferflow.sampling.prompt_logprobs import prompt_logprobs
 from inferflow.sampling.rejection import verify_drafts
 from inferflow.sampling.sampler import Sampler, SampleRow
 from inferflow.scheduling.plan import ExecutorOutput, KVBlockCopy, ScheduledChunk, SchedulerOutput
@@ -15,41 +16,50 @@ from inferflow.scheduling.plan import SampledToken as SampledToken
 
 
 def engine_rows(chunks: Sequence[ScheduledChunk]) -> list[EngineRow]:
-    """The engine's view of a plan's chunks (a row with drafts wants logits for each of them)."""
-    return [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table, c.num_logits)
-            for c in chunks]
+    """The engine's view of a plan's chunks (a row with drafts wants logits for each of them, a
+    chunk with prompt logprobs for every token)."""
+    return [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table, c.num_logits,
+                      bool(c.prompt_logprob_ids)) for c in chunks]
 
 
 def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> ExecutorOutput:
-    """Sample every chunk with ``sample`` from ``logits`` (each chunk's ``num_logits`` rows, in
-    chunk order): plain rows in one batched call, rows with drafts through verification."""
+    """Sample every chunk with ``sample`` from ``logits`` (each chunk's ``logits_count`` rows, in
+    chunk order; a chunk samples from its last ``num_logits``): plain rows in one batched call,
+    rows with drafts through verification; chunks with ``prompt_logprob_ids`` get their prompt
+    logprobs from their leading rows."""
     masks = plan.token_bitmasks
+    # (start, end) of each chunk's rows in ``logits``
+    ends = np.cumsum([c.logits_count for c in plan.chunks])
+    spans = {c.request_id: (int(e) - c.logits_count, int(e))
+             for c, e in zip(plan.chunks, ends, strict=True)}
+    prompt = {c.request_id: prompt_logprobs(logits[spans[c.request_id][0]:], c.prompt_logprob_ids,
+                                            c.sampling_params.prompt_logprobs or 0)
+              for c in plan.chunks if c.prompt_logprob_ids}
     sampling = [c for c in plan.chunks if c.sample]
     rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
                       masks.get(c.request_id)) for c in sampling]
-    if all(not c.draft_token_ids for c in sampling):  # no speculation: one logits row each
-        tokens = sampler.sample(logits, rows)
-        return ExecutorOutput({row.request_id: tok for row, tok in zip(rows, tokens, strict=True)})
-    starts = np.cumsum([0] + [c.num_logits for c in sampling])
+    firsts = [spans[c.request_id][1] - c.num_logits for c in sampling]  # first sampling row each
     plain = [i for i, c in enumerate(sampling) if not c.draft_token_ids]
     sampled: dict[str, SampledToken] = {}
     accepted: dict[str, tuple[SampledToken, ...]] = {}
     if plain:
-        tokens = sampler.sample(logits[starts[plain]], [rows[i] for i in plain])
+        # (no prompt logprobs and no drafts: the logits are the sampling rows, in order)
+        picked = logits if len(plain) == len(logits) else logits[[firsts[i] for i in plain]]
+        tokens = sampler.sample(picked, [rows[i] for i in plain])
         sampled = {rows[i].request_id: tok for i, tok in zip(plain, tokens, strict=True)}
     for i, chunk in enumerate(sampling):
         if chunk.draft_token_ids:
-            out = verify_drafts(sampler, logits[starts[i]:starts[i + 1]], rows[i],
+            out = verify_drafts(sampler, logits[firsts[i]:firsts[i] + chunk.num_logits], rows[i],
                                 chunk.draft_token_ids)
             sampled[chunk.request_id], accepted[chunk.request_id] = out[-1], tuple(out[:-1])
-    return ExecutorOutput(sampled, accepted)
+    return ExecutorOutput(sampled, accepted, prompt)
 
 
 class Runner(Protocol):
     """A model runner: one forward pass over a step's rows (``TorchRunner``: paged KV)."""
 
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
-        """Logits ``(R, V)``: each row's ``num_logits`` rows, in row order."""
+        """Logits ``(R, V)``: each row's ``logits_count`` rows (its last tokens'), in row order."""
         ...
 
 

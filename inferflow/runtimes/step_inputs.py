@@ -22,10 +22,17 @@ class EngineRow:
     sample: bool  # return logits of the row's last token (its last num_logits tokens)
     block_table: tuple[int, ...] = ()  # paged engines: the row's KV blocks (ScheduledChunk's)
     num_logits: int = 1  # with sample: trailing tokens whose logits come back (drafts + 1)
+    # prompt logprobs: the logits of every token of the row come back, sampling or not (the
+    # sampling row, if any, is the last of them)
+    prompt_logits: bool = False
 
     @property
     def logits_count(self) -> int:
-        """Logits rows this row contributes to the engine's output (0 unless it samples)."""
+        """Logits rows this row contributes to the engine's output: its last ``logits_count``
+        tokens' (every token with ``prompt_logits``; else ``num_logits`` when it samples, 0 when
+        not)."""
+        if self.prompt_logits:
+            return len(self.token_ids)
         return self.num_logits if self.sample else 0
 
 
@@ -82,7 +89,7 @@ def split_padding(rows: Sequence[EngineRow], call: list[int]) -> list[list[int]]
     if grid <= PAD_RATIO * sum(lengths):
         return [call]
     # decode rows: every token samples (one token, or one plus its drafts: speculative decoding)
-    decodes = [i for i in call if rows[i].logits_count == len(rows[i].token_ids)]
+    decodes = [i for i in call if rows[i].sample and rows[i].num_logits == len(rows[i].token_ids)]
     return ([decodes] if decodes else []) + [[i] for i in call if i not in decodes]
 
 
@@ -125,9 +132,9 @@ def build_step_arrays(rows: Sequence[EngineRow], slot_range: bool,
     write_indices[entry] = starts
     position_ids = np.zeros((batch, s_max), dtype=np.int64)
     position_ids[entry] = starts[:, None] + np.arange(s_max)
-    # each sampling row returns the logits of its last num_logits tokens (num_logits <= length)
-    sampled_rows = [i for i, r in enumerate(rows) if r.sample]
-    counts = np.fromiter((rows[i].num_logits for i in sampled_rows), np.int64, len(sampled_rows))
+    # each row returns the logits of its last logits_count tokens (<= length; 0: none)
+    sampled_rows = [i for i, r in enumerate(rows) if r.logits_count]
+    counts = np.fromiter((rows[i].logits_count for i in sampled_rows), np.int64, len(sampled_rows))
     firsts = ends[sampled_rows] - counts
     logits_index = np.repeat(firsts, counts) + np.arange(int(counts.sum())) \
         - np.repeat(np.cumsum(counts) - counts, counts)

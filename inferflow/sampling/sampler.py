@@ -196,9 +196,13 @@ def with_logprobs(token: int, logits: np.ndarray, params: SamplingParams) -> Sam
     if params.logprobs is None:
         return SampledToken(token)
     lp = log_softmax(logits)
-    top: tuple[tuple[int, float], ...] = ()
-    if params.logprobs > 0:
-        idx = np.argpartition(-lp, params.logprobs - 1)[: params.logprobs]
-        idx = idx[np.argsort(-lp[idx], kind="stable")]
-        top = tuple((int(t), float(lp[t])) for t in idx)
-    return SampledToken(token, float(lp[token]), top)
+    return SampledToken(token, float(lp[token]), top_logprobs(lp, params.logprobs))
+
+
+def top_logprobs(lp: np.ndarray, k: int) -> tuple[tuple[int, float], ...]:
+    """The ``k`` best (token_id, logprob) of one (V,) row of logprobs, best first."""
+    if k <= 0:
+        return ()
+    idx = np.argpartition(-lp, k - 1)[:k]
+    idx = idx[np.argsort(-lp[idx], kind="stable")]
+    return tuple((int(t), float(lp[t])) for t in idx)

@@ -70,11 +70,24 @@ class ScheduledChunk:
     # speculative decoding: the proposer's guesses, the last len(draft_token_ids) of token_ids
     # (a decode row: sample is True); the executor returns logits for 1 + len(drafts) positions
     draft_token_ids: tuple[int, ...] = ()
+    # prompt logprobs (a request with ``SamplingParams.prompt_logprobs``, before its first
+    # token): the prompt tokens that follow each of ``token_ids``, those at positions
+    # ``start_pos + 1 ...`` (as many as ``token_ids``, one fewer in the prompt's last chunk).
+    # The executor returns their logprobs in ``ExecutorOutput.prompt_logprobs``; the logits of
+    # position j give the logprob of token j + 1.
+    prompt_logprob_ids: tuple[int, ...] = ()
 
     @property
     def num_logits(self) -> int:
-        """Positions whose next-token logits this row needs: its drafts + 1 when it samples."""
+        """Positions whose next-token logits this row samples from: its drafts + 1 when it
+        samples (the last ``num_logits`` of the row's ``logits_count``)."""
         return 1 + len(self.draft_token_ids) if self.sample else 0
+
+    @property
+    def logits_count(self) -> int:
+        """Positions whose logits the engine returns: every token of a chunk with
+        ``prompt_logprob_ids``, else ``num_logits``."""
+        return len(self.token_ids) if self.prompt_logprob_ids else self.num_logits
 
 
 @dataclass(frozen=True)
@@ -117,7 +130,8 @@ class SampledToken:
 
 @dataclass(frozen=True)
 class ExecutorOutput:
-    """Result of one engine step: a sampled token per chunk that had ``sample=True``.
+    """Result of one engine step: a sampled token per chunk that had ``sample=True``, and the
+    prompt logprobs of the chunks that asked (``prompt_logprob_ids``).
 
     With drafts, a request's new tokens are ``accepted_drafts[rid] + (sampled[rid],)``: the
     drafts the target accepted (a prefix of the chunk's ``draft_token_ids``), then its own token
@@ -126,6 +140,8 @@ class ExecutorOutput:
 
     sampled: dict[str, SampledToken] = field(default_factory=dict)
     accepted_drafts: dict[str, tuple[SampledToken, ...]] = field(default_factory=dict)
+    # chunks with ``prompt_logprob_ids``: one entry per id, in order (logprob and top-k)
+    prompt_logprobs: dict[str, tuple[SampledToken, ...]] = field(default_factory=dict)
 
     def new_tokens(self, request_id: str) -> tuple[SampledToken, ...]:
         """Every token ``request_id`` got this step, in order (empty if it sampled nothing)."""

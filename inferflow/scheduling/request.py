@@ -61,6 +61,9 @@ class Request:
     slot: int | None = None
     status: RequestStatus = RequestStatus.WAITING
     stop_reason: int | str | None = None  # the stop token id (or stop string) that ended it
+    # n > 1: the sibling request with the same prompt, submitted first; this one is admitted
+    # once the leader's prompt is computed, so its full blocks are prefix-cache hits
+    prompt_leader: str | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -71,6 +74,30 @@ class Request:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         # prompt + output, kept in step with output_token_ids by append_output()
         self._all_token_ids = self.prompt_token_ids + self.output_token_ids
+        # SamplingParams.prompt_logprobs: one entry per prompt token (the first None), filled
+        # chunk by chunk; complete once the prefill that computes the whole prompt ran
+        self._prompt_logprobs: list[TokenLogprob | None] | None = None
+        self._prompt_logprobs_done = False
+
+    @property
+    def computes_prompt_logprobs(self) -> bool:
+        """It asked for prompt logprobs and has not got them yet: its prefill chunks return
+        every position's logits (and so it takes no prefix-cache hits)."""
+        return self.sampling_params.prompt_logprobs is not None and not self._prompt_logprobs_done
+
+    @property
+    def prompt_logprobs(self) -> list[TokenLogprob | None] | None:
+        """The prompt's logprobs once computed (None before, and without prompt_logprobs)."""
+        return self._prompt_logprobs if self._prompt_logprobs_done else None
+
+    def record_prompt_logprobs(self, first_position: int, entries: Sequence[TokenLogprob],
+                               complete: bool) -> None:
+        """Logprobs of prompt tokens ``first_position, first_position + 1, ...`` (one prefill
+        chunk's); ``complete``: that chunk ended the prompt."""
+        if self._prompt_logprobs is None:
+            self._prompt_logprobs = [None] * self.num_prompt_tokens
+        self._prompt_logprobs[first_position:first_position + len(entries)] = entries
+        self._prompt_logprobs_done = complete
 
     def append_output(self, token_id: int, logprob: TokenLogprob | None = None) -> None:
         """Record one sampled token (the only way output grows)."""
@@ -160,9 +187,9 @@ def check_length(
 def max_kv_tokens(num_prompt_tokens: int, max_tokens: int, max_model_len: int) -> int:
     """Most tokens with KV a request can ever hold, given the length checks above: the sequence
     ends at ``min(prompt + max_tokens, max(prompt + 1, max_model_len))`` tokens, the last of which
-    is sampled but never computed."""
+    is sampled but never computed; with ``max_tokens`` 0, the prompt (computed, nothing sampled)."""
     n = num_prompt_tokens
-    return min(n + max_tokens, max(n + 1, max_model_len)) - 1
+    return max(n, min(n + max_tokens, max(n + 1, max_model_len)) - 1)
 
 
 def check_stop(request: Request, max_model_len: int) -> StopDecision | None:

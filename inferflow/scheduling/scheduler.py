@@ -220,16 +220,39 @@ class Scheduler:
             and len(self.running) < self.max_running
             and self.slots.num_free
         ):
-            request = self.waiting.peek()
-            hit = self.kv.find_prefix(request.all_token_ids, request.cache_extra_keys)
+            # (a request waiting for its prompt leader is passed over, blocking nobody)
+            request = next((r for r in self.waiting if not self._waits_for_leader(r)), None)
+            if request is None:
+                break
+            hit = self._prefix_hit(request)
             n = self._chunk_size(request.num_tokens - hit.num_tokens, step.budget)
             if n == 0:
                 return  # budget too small for an unchunked prompt: next step, batch stays open
             if not self.kv.can_admit(hit, hit.num_tokens + n):
                 break
-            self._admit(self.waiting.pop(), hit, n, step)
+            self.waiting.remove(request)
+            self._admit(request, hit, n, step)
         if step.budget > 0:  # static mode: stopped by seqs/slots/memory/queue, not by the budget
             self._batch_open = False
+
+    def _prefix_hit(self, request: Request) -> PrefixHit:
+        """The cached prefix ``request`` reuses: none while it computes prompt logprobs (a
+        cached position has no logits; its own blocks are still cached for others)."""
+        if request.computes_prompt_logprobs:
+            return PrefixHit((), 0)
+        return self.kv.find_prefix(request.all_token_ids, request.cache_extra_keys)
+
+    def _waits_for_leader(self, request: Request) -> bool:
+        """n > 1: ``request`` shares its prompt with ``prompt_leader``, which has not computed it
+        yet (waiting, prefilling, or its last prompt chunk in a step that has not run: it has no
+        token). Once it has, the prompt's full blocks are prefix-cache hits. A leader that
+        finished or is unknown, or no prefix cache, or a request computing prompt logprobs (no
+        hits): no wait."""
+        if (request.prompt_leader is None or not self.kv.enable_prefix_caching
+                or request.computes_prompt_logprobs):
+            return False
+        leader = self._requests.get(request.prompt_leader)
+        return leader is not None and leader is not request and leader.num_output_tokens == 0
 
     def _admit(self, request: Request, hit: PrefixHit, n: int, step: _Step) -> None:
         slot = self.slots.allocate()
@@ -267,17 +290,23 @@ class Scheduler:
         rid = request.request_id
         self.kv.grow(rid, end + len(drafts))
         table = tuple(self.kv.block_ids(rid)) if self.layout.paged else ()
+        prompt_ids: tuple[int, ...] = ()  # prompt logprobs: the tokens positions start.. predict
+        if request.computes_prompt_logprobs:
+            prompt_ids = request.token_slice(start + 1, min(end + 1, request.num_prompt_tokens))
+            assert not (prompt_ids and drafts)  # (drafts follow a sampled token only)
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
                 slot=request.slot,
                 token_ids=request.token_slice(start, end) + drafts,
                 start_pos=start,
-                sample=end == request.num_tokens,
+                # max_tokens 0: the prompt is computed, nothing is sampled
+                sample=end == request.num_tokens and request.sampling_params.max_tokens > 0,
                 sampling_params=request.sampling_params,
                 num_output_tokens=request.num_output_tokens,
                 block_table=table,
                 draft_token_ids=drafts,
+                prompt_logprob_ids=prompt_ids,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
@@ -342,8 +371,14 @@ class Scheduler:
         updates = []
         for chunk in plan.chunks:
             request = self._requests.get(chunk.request_id)
-            if not chunk.sample or request is None or request.status != RequestStatus.RUNNING:
-                continue  # a prefill chunk, or finished from outside since the plan was made
+            if request is None or request.status != RequestStatus.RUNNING:
+                continue  # finished from outside since the plan was made
+            if request.computes_prompt_logprobs:
+                self._record_prompt_logprobs(request, chunk, output)
+            if not chunk.sample:
+                if request.sampling_params.max_tokens == 0 and not request.num_tokens_to_compute:
+                    updates.append(self._finish_prompt_only(request))
+                continue  # a prefill chunk
             tokens = output.new_tokens(chunk.request_id)
             if not tokens:
                 raise ValueError(f"executor returned no token for request {chunk.request_id!r}")
@@ -351,6 +386,30 @@ class Scheduler:
                 self.drafts.roll_back(request, chunk, tokens, self.kv)
             updates.append(self._apply_sample(request, tokens))
         return updates
+
+    @staticmethod
+    def _record_prompt_logprobs(request: Request, chunk: ScheduledChunk,
+                                output: ExecutorOutput) -> None:
+        """Keep the prompt logprobs a chunk of ``request`` got (tokens ``start_pos + 1 ...``)."""
+        logprobs: list[TokenLogprob] = []
+        if chunk.prompt_logprob_ids:
+            entries = output.prompt_logprobs.get(chunk.request_id, ())
+            logprobs = [TokenLogprob(e.token_id, e.logprob, list(e.top_logprobs))
+                        for e in entries if e.logprob is not None]
+            if len(logprobs) != len(chunk.prompt_logprob_ids):
+                raise ValueError(f"executor returned {len(logprobs)} prompt logprobs for request "
+                                 f"{chunk.request_id!r}, expected {len(chunk.prompt_logprob_ids)}")
+        end = chunk.start_pos + len(chunk.token_ids)
+        request.record_prompt_logprobs(chunk.start_pos + 1, logprobs,
+                                       complete=end >= request.num_prompt_tokens)
+
+    def _finish_prompt_only(self, request: Request) -> StepUpdate:
+        """``max_tokens`` 0: the prompt is computed (its blocks cached, its logprobs kept), the
+        request ends at its length limit without a token."""
+        now = self._clock()
+        request.metrics.first_token_time = request.metrics.last_token_time = now
+        self._finish(request, RequestStatus.FINISHED_LENGTH_CAPPED, None)
+        return StepUpdate(request, (), (), request.finish_reason, None)
 
     def _apply_sample(self, request: Request, tokens: tuple[SampledToken, ...]) -> StepUpdate:
         """Append a step's tokens in order, stopping at the first one that ends the request."""

@@ -52,6 +52,10 @@ class ExecutorStage(EngineStage):
       ``ExecutorOutput.accepted_drafts``. An executor without it (the default for plugins)
       refuses ``speculative=...``; the built-in ones run plans through ``PlanRunner``, which
       verifies.
+    - ``returns_prompt_logprobs``: :meth:`execute` returns the prompt logprobs of chunks with
+      ``prompt_logprob_ids`` (logits for every position of such a prefill chunk,
+      ``ExecutorOutput.prompt_logprobs``). Without it (plugins by default, TensorRT) the engine
+      refuses requests with ``SamplingParams.prompt_logprobs``.
     - The stage owns that ``PlanRunner``: a stage that implements :meth:`create_runner` (a
       :class:`~inferflow.runtimes.plan_runner.Runner` for the checkpoint and layout) gets
       :meth:`load`, :meth:`execute` and :attr:`runner` from here; a plugin may instead override
@@ -63,6 +67,7 @@ class ExecutorStage(EngineStage):
     kind: ClassVar[str] = "executor"
     pages_kv: ClassVar[bool] = False
     verifies_drafts: ClassVar[bool] = False
+    returns_prompt_logprobs: ClassVar[bool] = False
     backend: ClassVar[str] = ""
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
@@ -176,6 +181,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     backend: ClassVar[str] = "onnxruntime"
     runtime_package: ClassVar[str] = "onnxruntime"
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
+    returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the graph returns any rows' logits
     precision: Precision = Precision.fp32
     graph_form: GraphForm = GraphForm.gqa
     intra_op_threads: int = 0
@@ -268,6 +274,7 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
     runtime_package: ClassVar[str] = "tensorrt"
     # its optimization profiles return one logits row per sequence (logits_index <= max_slots)
     verifies_drafts: ClassVar[bool] = False
+    returns_prompt_logprobs: ClassVar[bool] = False
     precision: Precision = Precision.fp16
     graph_form: GraphForm = GraphForm.canonical
     device_id: int = 0

@@ -64,6 +64,7 @@ class TorchExecutor(ExecutorStage):
 
     backend: ClassVar[str] = "torch"
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
+    returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the model returns any rows' logits
     runtime_package: ClassVar[str] = "torch"
     pages_kv: ClassVar[bool] = True
     device: str = "cpu"

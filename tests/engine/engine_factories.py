@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from inferflow import LLM
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
@@ -142,3 +143,13 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, tog
                 after_each(engine)
     drain()
     return [done[str(i)] for i in range(len(prompts))]
+
+
+def llm_on(path: Path, executor: str, max_slots: int = 4, num_blocks: int = 64,
+           **kw: object) -> LLM:
+    """An offline ``LLM`` on ``executor``: ``"torch"`` (paged KV, eager, ``num_blocks``) or ONNX
+    Runtime's slots in graph form ``"gqa"`` or ``"canonical"`` (``max_slots``); ``kw``: ``LLM``
+    keywords."""
+    if executor == "torch":
+        return LLM(path, backend="torch", compile="eager", num_blocks=num_blocks, **kw)
+    return LLM(path, max_slots=max_slots, graph_form=executor, **kw)

@@ -25,6 +25,10 @@ each of its last ``len(drafts) + 1`` positions is the hash of the KV up to there
 accepted while they equal it, and the first mismatch (or the token after the last draft) is the
 sampled one. Rejected drafts' KV stays written, so a scheduler that forgets to roll the length
 back reads it and changes the output.
+
+Prompt logprobs (a chunk with ``prompt_logprob_ids``): the entry of the token at position
+``p + 1`` has logprob ``-next_token(KV content [0, p + 1))``, read like a sampled token
+(``reference_prompt_logprobs`` is the oracle).
 """
 
 from __future__ import annotations
@@ -47,6 +51,22 @@ def next_token(kv_content: Sequence[int], vocab_size: int) -> int:
 def visible_from(n: int, window: int | None) -> int:
     """First position a query at ``n - 1`` sees: ``(n - 1) - window < j``."""
     return 0 if window is None else max(0, n - window)
+
+
+def reference_prompt_logprobs(prompt: Sequence[int], vocab_size: int) -> list[float | None]:
+    """The fake's prompt logprobs of ``prompt`` (first None), no scheduler involved."""
+    return [None] + [-float(next_token(prompt[:i], vocab_size)) for i in range(1, len(prompt))]
+
+
+def prompt_entries(chunk: ScheduledChunk, read: Callable[[int], list[int | None]],
+                   vocab_size: int) -> tuple[SampledToken, ...]:
+    """The fake's prompt logprobs of a chunk's ``prompt_logprob_ids``."""
+    entries = []
+    for j, token in enumerate(chunk.prompt_logprob_ids):
+        content = read(chunk.start_pos + j + 1)
+        assert None not in content, f"{chunk.request_id}: reads unwritten KV positions"
+        entries.append(SampledToken(token, -float(next_token(content, vocab_size))))  # type: ignore[arg-type]
+    return tuple(entries)
 
 
 def reference_output(
@@ -116,21 +136,23 @@ class FakeExecutor:
             self.slots[load.slot][load.block_index * bs : (load.block_index + 1) * bs] = list(
                 content
             )
-        sampled, accepted = {}, {}
+        sampled, accepted, prompt = {}, {}, {}
         for chunk in plan.chunks:
             kv = self.slots[chunk.slot]
             end = chunk.start_pos + len(chunk.token_ids)
             kv[chunk.start_pos : end] = list(chunk.token_ids)
+            read = lambda n, kv=kv: kv[visible_from(n, self.window):n]  # noqa: E731
+            if chunk.prompt_logprob_ids:
+                prompt[chunk.request_id] = prompt_entries(chunk, read, self.vocab_size)
             if chunk.sample:
                 rid = chunk.request_id
-                sampled[rid], accepted[rid] = self._verify(
-                    chunk, lambda n, kv=kv: kv[visible_from(n, self.window):n])
+                sampled[rid], accepted[rid] = self._verify(chunk, read)
         for save in plan.kv_saves:
             content = self.slots[save.slot][save.block_index * bs : (save.block_index + 1) * bs]
             assert None not in content, f"save of an incomplete block {save}"
             self.pool[save.block_id] = tuple(content)  # type: ignore[arg-type]
         self.history.append(self._record(plan))
-        return ExecutorOutput(sampled, accepted)
+        return ExecutorOutput(sampled, accepted, prompt)
 
     def _verify(
         self, chunk: ScheduledChunk, read: Callable[[int], list[int | None]]
@@ -169,19 +191,21 @@ class FakeExecutor:
             for offset, token in enumerate(chunk.token_ids):
                 pos = chunk.start_pos + offset
                 blocks[chunk.block_table[pos // bs]][pos % bs] = token
-        accepted = {}
+        accepted, prompt = {}, {}
         for chunk in plan.chunks:  # reads after every write of the step, as one forward pass
+            table = chunk.block_table
+
+            def read(n: int, table: tuple[int, ...] = table) -> list[int | None]:
+                return [blocks[table[p // bs]][p % bs]
+                        for p in range(visible_from(n, self.window), n)]
+
+            if chunk.prompt_logprob_ids:
+                prompt[chunk.request_id] = prompt_entries(chunk, read, self.vocab_size)
             if chunk.sample:
-                table = chunk.block_table
-
-                def read(n: int, table: tuple[int, ...] = table) -> list[int | None]:
-                    return [blocks[table[p // bs]][p % bs]
-                            for p in range(visible_from(n, self.window), n)]
-
                 rid = chunk.request_id
                 sampled[rid], accepted[rid] = self._verify(chunk, read)
         self.history.append(self._record(plan))
-        return ExecutorOutput(sampled, accepted)
+        return ExecutorOutput(sampled, accepted, prompt)
 
     @property
     def paged_blocks(self) -> list[list[int | None]]:

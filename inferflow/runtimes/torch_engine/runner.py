@@ -162,10 +162,12 @@ class TorchRunner:
             self.forward([EngineRow(0, (0,), 0, True, scratch)])  # decode only
 
     def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
-        """(R, V) float32 logits of the sampled rows, in order."""
+        """(R, V) float32 logits: each row's ``logits_count`` rows, in row order."""
         with torch.inference_mode():
             logits = None
-            if self.graphs is not None and all(len(r.token_ids) == 1 for r in rows):
+            # a bucket's graph returns one logits row per row: decode rows only
+            if self.graphs is not None and all(len(r.token_ids) == 1 == r.logits_count
+                                               for r in rows):
                 logits = self.graphs.run(rows)
             if logits is None:
                 batch = build_step_batch(rows, self.layout.block_size, self.model.scratch_block)

@@ -27,7 +27,7 @@ class StepBatch:
     block_tables: torch.Tensor  # int32 (B, W)
     seq_lens: torch.Tensor  # int32 (B,)
     query_start: torch.Tensor  # int32 (B + 1,)
-    sample_index: torch.Tensor  # int64 (R,) packed index of each sampled row's last token(s)
+    sample_index: torch.Tensor  # int64 (R,) packed index of each row's logits tokens
     decode_only: bool
     num_sampled: int  # the first num_sampled logits rows are real (the rest is padding)
 
@@ -69,10 +69,12 @@ def build_step_batch(rows: Sequence[EngineRow], block_size: int, scratch_block: 
         slot_mapping[start:start + length] = table[pos // block_size] * block_size + pos % block_size
         tables[b, :len(table)] = table
         seq_lens[b] = end_pos
-        if row.sample:  # the row's last num_logits tokens (drafts + 1 with speculation)
-            if not 1 <= row.num_logits <= length:
-                raise ValueError(f"row {b}: {row.num_logits} logits from {length} tokens")
-            sampled.extend(range(start + length - row.num_logits, start + length))
+        # the row's last logits_count tokens: drafts + 1 when it samples, all with prompt_logits
+        count = row.logits_count
+        if count:
+            if count > length:
+                raise ValueError(f"row {b}: {count} logits from {length} tokens")
+            sampled.extend(range(start + length - count, start + length))
     num_sampled = len(sampled)
     sampled += [int(starts[b]) for b in range(len(rows), len(lengths))]  # padding rows' tokens
     return StepBatch(

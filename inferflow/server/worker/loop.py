@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from inferflow.outputs import RequestOutput
+from inferflow.outputs import RequestOutput, TokenLogprob
 from inferflow.sampling_params import RequestOutputKind
 from inferflow.server.messages import (
     CancelRequest,
@@ -119,6 +119,7 @@ class EngineLoop:
                 replace(request.params, output_kind=RequestOutputKind.DELTA),
                 arrival_time=now,
                 priority=request.priority,
+                prompt_leader=request.prompt_leader,
             )
         except ValueError as exc:
             param = getattr(exc, "field", None)
@@ -207,14 +208,11 @@ def _update_from(
     record.completion_tokens += len(completion.token_ids)
     logprobs = None
     if completion.logprobs is not None:
-        logprobs = tuple(
-            LogprobEntry(
-                token_text(lp.token_id),
-                lp.token_id,
-                lp.logprob,
-                tuple((token_text(t), t, p) for t, p in lp.top),
-            )
-            for lp in completion.logprobs
+        logprobs = tuple(_entry(lp, token_text) for lp in completion.logprobs)
+    prompt_logprobs = None  # (a DELTA output carries them in the request's first output only)
+    if output.prompt_logprobs is not None:
+        prompt_logprobs = tuple(
+            None if lp is None else _entry(lp, token_text) for lp in output.prompt_logprobs
         )
     error = None
     if completion.finish_reason == "abort":  # aborted by the engine itself, not by us
@@ -230,4 +228,15 @@ def _update_from(
         completion_tokens=record.completion_tokens,
         cached_tokens=cached,
         error=error,
+        prompt_logprobs=prompt_logprobs,
+    )
+
+
+def _entry(lp: TokenLogprob, token_text: Callable[[int], str]) -> LogprobEntry:
+    """One token's logprob (generated or prompt) with its text and its top alternatives'."""
+    return LogprobEntry(
+        token_text(lp.token_id),
+        lp.token_id,
+        lp.logprob,
+        tuple((token_text(t), t, p) for t, p in lp.top),
     )
