@@ -23,6 +23,7 @@ from inferflow.engine.step import step as engine_step
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.outputs import CompletionOutput, RequestOutput, StageTime
 from inferflow.sampling_params import RequestOutputKind, SamplingParams
+from inferflow.scheduling.priority import PRIORITY_IGNORED, honours_priority
 from inferflow.scheduling.request import Request, RequestStatus
 from inferflow.scheduling.scheduler import Scheduler
 from inferflow.scheduling.updates import SchedulerStats, StepUpdate
@@ -128,7 +129,10 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt: str | None = None) -> None:
-        """Queue a request. Raises :class:`RequestRejected` if it can never run here."""
+        """Queue a request. Raises :class:`RequestRejected` if it can never run here (also for a
+        non-default ``priority`` under an order that ignores it: ``batching.policy=fcfs``)."""
+        if priority != 0 and not honours_priority(self.scheduler.policy):
+            raise RequestRejected("priority", PRIORITY_IGNORED)
         if not prompt_token_ids:
             raise RequestRejected("prompt", "the prompt is empty")
         if len(prompt_token_ids) >= self.max_model_len:

@@ -95,7 +95,7 @@ class Frontend:
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
-        self.auth = ApiKeyAuth(tuple(settings.api_keys))
+        self.auth = ApiKeyAuth.for_server(settings)
         self.limiter = RateLimiter(  # shared by the API processes forked after this
             settings.rate_limit_requests_per_minute,
             settings.rate_limit_tokens_per_minute,

@@ -178,6 +178,8 @@ ERROR_TEXT = {
     400: "Malformed JSON, a schema or range error, an unsupported parameter, or a prompt over "
     "the context; `param` names the field",
     401: "Missing or wrong API key (when keys are configured)",
+    403: "An API key on an admin route: it needs one of `server.admin_keys` (with `api_keys` "
+    "and no `admin_keys`, the admin routes refuse every key)",
     404: "Unknown `model`",
     408: "The request body did not arrive in time",
     413: "The body exceeds `server.max_payload_bytes`",
@@ -241,14 +243,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/metrics", "get"): Operation(
         "Prometheus metrics", media_type="text/plain; version=0.0.4", errors=(401,)
     ),
-    ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401,)),
+    ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401, 403)),
     ("/admin/models/{name}/traffic", "post"): Operation(
-        "Set the canary split of an LLM's versions", TrafficRequest, errors=(400, 401, 404, 413)
+        "Set the canary split of an LLM's versions",
+        TrafficRequest,
+        errors=(400, 401, 403, 404, 413),
     ),
     ("/admin/models/{name}/promote", "post"): Operation(
         "Send all unpinned traffic of an LLM to one version",
         PromoteRequest,
-        errors=(400, 401, 404, 413),
+        errors=(400, 401, 403, 404, 413),
     ),
 }
 

@@ -87,7 +87,8 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
     """Every route of an API process, for either host to register: the OpenAI routes
     (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
     encoders are served), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
-    ``/admin/stats`` and the model repository's admin routes."""
+    ``/admin/stats`` and the model repository's admin routes (every ``/admin/*`` route takes
+    an admin key once keys are on: ``ApiKeyAuth.authorize_admin``)."""
 
     async def health() -> JSONResponse:
         """Liveness: the API process answers; says nothing about the model."""
@@ -135,7 +136,7 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
         """Set the canary split of a model's versions: ``{"weights": {"1": 0.9, "2": 0.1}}``
         (versions not named get 0). Takes effect for the next request in every API process;
         requests in flight finish on the version they started on."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         body = await read_json_body(request)
         weights = body.get("weights") if isinstance(body, dict) else None
         try:
@@ -157,7 +158,7 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
 def _promote_route(frontend: Frontend) -> Callable[..., Any]:
     async def promote(name: str, request: Request) -> JSONResponse:
         """All unpinned traffic of a model to one version: ``{"version": "2"}``."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         body = await read_json_body(request)
         version = body.get("version") if isinstance(body, dict) else None
         if not isinstance(version, str) or not version:
@@ -228,7 +229,7 @@ def _model_versions(frontend: Frontend, deployment: Deployment) -> JSONObject:
 def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     async def admin_stats(request: Request) -> JSONResponse:
         """Running/waiting requests, free slots and KV blocks, cancellation counters."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         first = frontend.deployments[0]
         engine = first.shared.stats()
         return JSONResponse(
