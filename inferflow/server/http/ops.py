@@ -27,6 +27,7 @@ from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.json_body import read_json_body
+from inferflow.server.http.tokenization import tokenization_routes
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
 
@@ -86,7 +87,7 @@ Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
     """Every route of an API process, for either host to register: the OpenAI routes
     (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
-    encoders are served), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
+    encoders are served), vLLM's ``/tokenize`` and ``/detokenize``, then ``/health``, ``/ready``, ``/version``, ``/metrics``,
     ``/admin/stats`` and the model repository's admin routes (every ``/admin/*`` route takes
     an admin key once keys are on: ``ApiKeyAuth.authorize_admin``)."""
 
@@ -120,6 +121,7 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
         (CHAT_PATH, frontend.chat_completions, ["POST"]),
         (MODELS_PATH, frontend.models, ["GET"]),
         *([(EMBEDDINGS_PATH, embeddings.embeddings, ["POST"])] if embeddings is not None else []),
+        *tokenization_routes(frontend),  # /tokenize, /detokenize (vLLM's)
         ("/health", health, ["GET"]),
         ("/ready", ready, ["GET"]),
         ("/version", _version_route(frontend, model_path), ["GET"]),

@@ -33,6 +33,7 @@ from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 
 if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
+    from inferflow.models.tokenizer import Tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -79,8 +80,10 @@ class RequestPipeline:
         guided: GuidedDecodingStage | None = None,
         defaults: GenerationDefaults | None = None,
         honours_priority: bool = True,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.model_name = model_name
+        self._tokenizer = tokenizer  # the checkpoint's, for /tokenize and /detokenize
         # False under batching.policy=fcfs: a request's non-default priority is a 400
         self.honours_priority = honours_priority
         self.max_model_len = max_model_len
@@ -99,8 +102,15 @@ class RequestPipeline:
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults, graph.batching.honours_priority,
+            defaults, graph.batching.honours_priority, graph.tokenizer,
         )
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer (the one the tokenizer stage encodes with)."""
+        if self._tokenizer is None:
+            raise OpenAIError.of(500, "this model has no tokenizer", code="pipeline_error")
+        return self._tokenizer
 
     async def prepare(
         self,
