@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 from inferflow.scheduling.policy import AdmissionOrder, SortKey
 from inferflow.scheduling.request import Request
 
-
 PRIORITY_IGNORED = (
     "a non-default priority needs batching.policy=priority; the fcfs policy in use serves "
     "requests in arrival order and would ignore it"

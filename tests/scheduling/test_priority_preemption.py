@@ -104,7 +104,7 @@ def test_the_engine_refuses_a_priority_fcfs_would_ignore(checkpoint) -> None:  #
     from inferflow.engine.llm_engine import RequestRejected
 
     llm = LLM(checkpoint, max_slots=2, max_model_len=256)  # batching.policy: fcfs (default)
-    with pytest.raises(RequestRejected, match="batching.policy=priority") as info:
+    with pytest.raises(RequestRejected, match=r"batching\.policy=priority") as info:
         llm.engine.add_request("p", [1, 2, 3], SamplingParams(max_tokens=2), priority=5)
     assert info.value.field == "priority" and not llm.engine.has_unfinished_requests()
     llm.engine.add_request("d", [1, 2, 3], SamplingParams(max_tokens=2), priority=0)

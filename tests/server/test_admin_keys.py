@@ -47,7 +47,7 @@ def test_api_keys_without_admin_keys_close_the_admin_routes() -> None:
     auth = ApiKeyAuth(("user",))
     status, kind, code = refusal(auth.authorize_admin, bearer("user"))
     assert (status, kind, code) == (403, "permission_error", "admin_key_required")
-    with pytest.raises(OpenAIError, match="set server.admin_keys"):
+    with pytest.raises(OpenAIError, match=r"set server\.admin_keys"):
         auth.authorize_admin(bearer("user"))
     assert refusal(auth.authorize_admin, {})[0] == 401
     assert auth.authenticate(bearer("user")) == "key-0"

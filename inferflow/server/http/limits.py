@@ -20,7 +20,6 @@ from collections.abc import Iterable, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferflow.config.server import ServerConfig
-
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.messages import ErrorInfo
 
