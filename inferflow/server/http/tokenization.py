@@ -30,14 +30,13 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
-    ValidationError,
 )
 
 from inferflow.json_types import JSONValue
 from inferflow.server.http.errors import bad_request
 from inferflow.server.http.guided_fields import ClosedModel
 from inferflow.server.http.json_body import read_json_body
-from inferflow.server.http.protocol import ChatCompletionRequest, ChatMessage, validation_error
+from inferflow.server.http.protocol import ChatCompletionRequest, ChatMessage, validate_body
 from inferflow.server.http.tool_calls import ToolDefinition
 from inferflow.stages.tokenizer import message_text
 
@@ -97,9 +96,11 @@ def tokenization_routes(frontend: Frontend) -> list[tuple[str, Callable[..., Any
 
     async def tokenize(request: Request) -> JSONResponse:
         raw = await _read(frontend, request)
-        schema = TokenizeChatRequest if isinstance(raw, dict) and "messages" in raw else (
-            TokenizeCompletionRequest)
-        body = _parse(schema, raw)
+        schema: type[TokenizeChatRequest | TokenizeCompletionRequest] = (
+            TokenizeChatRequest if isinstance(raw, dict) and "messages" in raw
+            else TokenizeCompletionRequest
+        )
+        body = validate_body(schema, raw)
         deployment = _route(frontend, body.model, request)
         tokenizer = _tokenizer(deployment)
         if isinstance(body, TokenizeChatRequest):
@@ -112,7 +113,7 @@ def tokenization_routes(frontend: Frontend) -> list[tuple[str, Callable[..., Any
         return JSONResponse(out.model_dump())
 
     async def detokenize(request: Request) -> JSONResponse:
-        body = _parse(DetokenizeRequest, await _read(frontend, request))
+        body = validate_body(DetokenizeRequest, await _read(frontend, request))
         tokenizer = _tokenizer(_route(frontend, body.model, request))
         vocab = tokenizer.vocab_size
         bad = next((i for i, t in enumerate(body.tokens) if not 0 <= t < vocab), None)
@@ -129,15 +130,6 @@ async def _read(frontend: Frontend, request: Request) -> JSONValue:
     frontend.auth.authenticate(request.headers)
     frontend.check_accepting()
     return await read_json_body(request)
-
-
-def _parse(schema: type[ClosedModel], raw: JSONValue) -> Any:
-    if not isinstance(raw, dict):
-        raise bad_request("the request body must be a JSON object", None)
-    try:
-        return schema.model_validate(raw)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
 
 
 def _route(frontend: Frontend, model: str | None, request: Request) -> Deployment:
