@@ -40,6 +40,7 @@ LIMITED_KEYS = [
     "k-refund",
     "k-timeout",
 ]
+LIMITED_ADMIN_KEY = "k-admin"  # an admin key only (from $INFERFLOW_ADMIN_KEYS)
 
 
 def free_port() -> int:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from inferflow.config.base import ConfigEnum, parse_memory
 
 API_KEYS_ENV = "INFERFLOW_API_KEYS"
+ADMIN_KEYS_ENV = "INFERFLOW_ADMIN_KEYS"
 
 
 class ServerRuntime(ConfigEnum):
@@ -42,8 +43,12 @@ class ServerConfig:
 
     ``api_keys`` (plus the comma-separated ``$INFERFLOW_API_KEYS``: ``with_env_api_keys()``,
     which the frontend runs with) turn on bearer-token auth, for every route but ``/health`` and
-    ``/ready`` (``public_metrics`` opens ``/metrics``); with none the API is open. Rate limits are
-    per API key and per minute (429 + Retry-After). ``num_api_servers``: uvicorn processes
+    ``/ready`` (``public_metrics`` opens ``/metrics``); with none the API is open. ``admin_keys``
+    (plus ``$INFERFLOW_ADMIN_KEYS``) are the only keys the admin routes (``/admin/*``: stats,
+    canary traffic, promotion) accept once any key is configured: an API key there is a 403,
+    and with ``api_keys`` but no ``admin_keys`` the admin routes refuse every key. An admin key
+    also opens every other route. With no key of either kind everything is open (the server
+    binds 127.0.0.1 by default). Rate limits are per key and per minute (429 + Retry-After). ``num_api_servers``: uvicorn processes
     sharing the port; ``workers``: engine workers per model (one: it owns the KV cache and
     batches every request).
     """
@@ -51,6 +56,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_keys: list[str] = field(default_factory=list)
+    admin_keys: list[str] = field(default_factory=list)  # the admin routes' keys (see above)
     max_payload_bytes: int | None = 1_048_576
     request_timeout_s: float | None = 600.0  # arrival -> last token; 504 after it
     max_waiting_requests: int | None = 256  # admitted beyond the engine's slots; 429 after it
@@ -89,6 +95,9 @@ class ServerConfig:
             if isinstance(value, int | float) and not isinstance(value, bool) and value < 0:
                 null = " or null" if "None" in str(f.type) else ""
                 raise ValueError(f"{f.name}: must be >= 0{null}, got {value}")
+        for name in ("api_keys", "admin_keys"):  # (a key in both lists is fine)
+            if any(not str(key) for key in getattr(self, name)):
+                raise ValueError(f"{name}: an empty key would match no client; remove it")
         if self.workers != 1:
             raise ValueError(
                 "workers: one engine worker per model is supported (it owns the KV cache and "
@@ -103,11 +112,20 @@ class ServerConfig:
         return parse_memory(self.model_memory_budget, "model_memory_budget")
 
     def with_env_api_keys(self, environ: Mapping[str, str] | None = None) -> ServerConfig:
-        """This config with ``$INFERFLOW_API_KEYS`` (comma-separated) added to ``api_keys``,
-        each key once: what the frontend runs with."""
-        env = (os.environ if environ is None else environ).get(API_KEYS_ENV, "")
-        keys = [str(k) for k in self.api_keys] + [k.strip() for k in env.split(",") if k.strip()]
-        return dataclasses.replace(self, api_keys=list(dict.fromkeys(keys)))
+        """This config with ``$INFERFLOW_API_KEYS`` added to ``api_keys`` and
+        ``$INFERFLOW_ADMIN_KEYS`` to ``admin_keys`` (comma-separated), each key once: what the
+        frontend runs with."""
+        env = os.environ if environ is None else environ
+        return dataclasses.replace(
+            self,
+            api_keys=_with_env_keys(self.api_keys, env.get(API_KEYS_ENV, "")),
+            admin_keys=_with_env_keys(self.admin_keys, env.get(ADMIN_KEYS_ENV, "")),
+        )
+
+
+def _with_env_keys(configured: list[str], env: str) -> list[str]:
+    keys = [str(k) for k in configured] + [k.strip() for k in env.split(",") if k.strip()]
+    return list(dict.fromkeys(keys))
 
 
 @dataclass

@@ -23,6 +23,7 @@ from inferflow.engine.step import step as engine_step
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.outputs import CompletionOutput, RequestOutput, StageTime
 from inferflow.sampling_params import RequestOutputKind, SamplingParams
+from inferflow.scheduling.priority import PRIORITY_IGNORED, honours_priority
 from inferflow.scheduling.request import Request, RequestStatus
 from inferflow.scheduling.scheduler import Scheduler
 from inferflow.scheduling.updates import SchedulerStats, StepUpdate
@@ -129,11 +130,14 @@ class LLMEngine:
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt: str | None = None,
                     prompt_leader: str | None = None) -> None:
-        """Queue a request. Raises :class:`RequestRejected` if it can never run here.
+        """Queue a request. Raises :class:`RequestRejected` if it can never run here (also for a
+        non-default ``priority`` under an order that ignores it: ``batching.policy=fcfs``).
 
         ``prompt_leader`` (n > 1): the id of a request added before with the same prompt; this
         one starts once the leader has computed the prompt, whose full blocks it then reads
         from the prefix cache (with the prefix cache off it just runs)."""
+        if priority != 0 and not honours_priority(self.scheduler.policy):
+            raise RequestRejected("priority", PRIORITY_IGNORED)
         if params.prompt_logprobs is not None and not self.model_executor.returns_prompt_logprobs:
             raise RequestRejected("prompt_logprobs", f"prompt_logprobs is not supported by "
                                   f"executor={self.model_executor.backend or type(self.model_executor).__name__}"

@@ -78,6 +78,11 @@ class SchedulerConfig:
                 "mode", f"must be 'continuous', 'static' or 'none', got {self.mode!r}"
             )
 
+    @property
+    def honours_priority(self) -> bool:
+        """``fcfs`` ignores ``Request.priority`` (``scheduling/priority.py``)."""
+        return self.policy == "priority"
+
     def sort_key(self, request: Request, seq: int) -> SortKey:
         return sort_key(self.policy, request, seq)
 

@@ -2,12 +2,15 @@
 
 One step (``schedule``), under a budget of ``max_num_batched_tokens``:
 
+0. **priority preemption** (``policy=priority`` only; ``scheduling/priority.py``): lower-priority
+   running requests make room for a waiting request that outranks them;
 1. **decodes**: every running request whose prompt is done gets its one token, in service order;
    if its next block cannot be allocated, the last running request in service order that is not yet
    scheduled this step is preempted (possibly itself);
 2. **continuing prefills**: running requests still prefilling get a chunk of the remaining budget,
    shrunk to the free memory (preempting only requests behind them; otherwise they wait a step);
-3. **admission** (skipped in a step that preempted, and in ``static`` mode once the batch closed):
+3. **admission** (skipped in a step that preempted for memory, and in ``static`` mode once the
+   batch closed):
    waiting requests in queue order, while a slot, ``max_running`` and blocks for the first chunk
    allow; prefix hits become ``kv_loads`` and only the rest is prefilled.
 
@@ -48,6 +51,7 @@ from inferflow.scheduling.plan import (
     SchedulerOutput,
 )
 from inferflow.scheduling.policy import AdmissionOrder, SortKey
+from inferflow.scheduling.priority import priority_victim
 from inferflow.scheduling.request import Request, RequestStatus, check_stop
 from inferflow.scheduling.slots import SlotAllocator
 from inferflow.scheduling.speculation import DraftPlanner, DraftProposer
@@ -145,6 +149,8 @@ class Scheduler:
     # -- schedule ----------------------------------------------------------------------------
     def schedule(self) -> SchedulerOutput:
         step = _Step(budget=self.budgets.max_num_batched_tokens)
+        if str(self.budgets.policy) == "priority":
+            self._preempt_for_priority(step)
         self._schedule_running(step)
         if not step.preempted and self._admission_open():
             self._schedule_waiting(step)
@@ -224,6 +230,8 @@ class Scheduler:
             request = next((r for r in self.waiting if not self._waits_for_leader(r)), None)
             if request is None:
                 break
+            if request.request_id in self._preempted:
+                break  # preempted for priority this step: it is reported, not run, this step
             hit = self._prefix_hit(request)
             n = self._chunk_size(request.num_tokens - hit.num_tokens, step.budget)
             if n == 0:
@@ -327,6 +335,30 @@ class Scheduler:
             and (behind is None or self._key(r) > self._key(behind))
         ]
         return max(candidates, key=self._key, default=None)
+
+    def _preempt_for_priority(self, step: _Step) -> None:
+        """Preempt lower-priority running requests, lowest first, while the waiting head outranks
+        them and lacks a slot or the blocks of its first chunk (``scheduling/priority.py``)."""
+        if not self.waiting or not self._admission_open():
+            return
+        head = self.waiting.peek()
+        while not self._head_fits(head):
+            victim = priority_victim(head, self.running, self._key)
+            if victim is None:
+                return
+            self._preempt(victim, step)
+            step.preempted = False  # room made for the head: admission follows this step
+
+    def _head_fits(self, head: Request) -> bool:
+        """A slot and the blocks for ``head``'s first chunk, with the budget the running decodes
+        leave (a prompt the budget defers is no reason to preempt)."""
+        if len(self.running) >= self.max_running or not self.slots.num_free:
+            return False
+        decodes = sum(1 for r in self.running if r.num_tokens_to_compute == 1)
+        hit = self.kv.find_prefix(head.all_token_ids, head.cache_extra_keys)
+        n = self._chunk_size(head.num_tokens - hit.num_tokens,
+                             max(1, self.budgets.max_num_batched_tokens - decodes))
+        return n == 0 or self.kv.can_admit(hit, hit.num_tokens + n)
 
     def _preempt(self, request: Request, step: _Step) -> None:
         self._release(request)

@@ -82,6 +82,14 @@ class BatchingStage(EngineStage):
         return 0
 
     # -- the scheduling policy ------------------------------------------------------------------
+    @property
+    def honours_priority(self) -> bool:
+        """Whether the order reads ``Request.priority``: the ``priority`` policy does, ``fcfs``
+        does not (a non-default priority is refused, ``scheduling/priority.py``); a plugin's own
+        ``sort_key`` is trusted to."""
+        own_order = type(self).sort_key is not BatchingStage.sort_key
+        return own_order or SchedulingPolicy(self.policy) is SchedulingPolicy.priority
+
     def sort_key(self, request: Request, seq: int) -> SortKey:
         from inferflow.scheduling.policy import sort_key
 

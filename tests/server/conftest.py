@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from server_harness import LIMITED_KEYS, ServerProcess, start_server
+from server_harness import LIMITED_ADMIN_KEY, LIMITED_KEYS, ServerProcess, start_server
 
 
 @pytest.fixture(scope="session")
@@ -59,9 +59,11 @@ def torch_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
 
 @pytest.fixture(scope="session")
 def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """API keys, a 4 KiB payload limit, 2 slots + 1 waiting, rate limits, a 1.5 s timeout."""
+    """API keys, admin keys, a 4 KiB payload limit, 2 slots + 1 waiting, rate limits, a 1.5 s
+    timeout."""
     overrides = [
         f"server.api_keys=[{','.join(LIMITED_KEYS[:-1])}]",
+        f"server.admin_keys=[{LIMITED_KEYS[0]}]",  # k-main is both (fine); k-rpm... are not
         "server.max_payload_bytes=4096",
         "server.max_waiting_requests=1",
         "server.rate_limit_requests_per_minute=4",
@@ -69,10 +71,10 @@ def limited_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerP
         "server.request_timeout_s=1.5",
         "batching.max_num_seqs=2",
     ]
-    # the last key comes from the environment variable, as an operator would pass a secret
-    srv = start_server(
-        tmp_path_factory, "limited", overrides, env={"INFERFLOW_API_KEYS": LIMITED_KEYS[-1]}
-    )
+    # the last key comes from the environment variable, as an operator would pass a secret;
+    # so does an admin key that is no API key
+    env = {"INFERFLOW_API_KEYS": LIMITED_KEYS[-1], "INFERFLOW_ADMIN_KEYS": LIMITED_ADMIN_KEY}
+    srv = start_server(tmp_path_factory, "limited", overrides, env=env)
     srv.admin_key = "k-main"  # type: ignore[attr-defined]
     yield srv
     srv.terminate()

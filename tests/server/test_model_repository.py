@@ -94,6 +94,7 @@ def repo_server(
         "+models.minilm.model.builtin=minilm",
         "+models.minilm.model.task=embed",
         f"server.api_keys=[{KEY}]",
+        f"server.admin_keys=[{KEY}]",
         KV_MEMORY,
         SLOTS,
     ]

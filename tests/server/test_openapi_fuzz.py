@@ -35,7 +35,8 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     srv = start_server(
         tmp_path_factory,
         "openapi",
-        [f"server.api_keys=[{KEY}]", "server.request_timeout_s=20"],
+        # the key is an admin key too, so the admin routes' bodies are fuzzed past the 403
+        [f"server.api_keys=[{KEY}]", f"server.admin_keys=[{KEY}]", "server.request_timeout_s=20"],
     )
     yield srv
     srv.terminate()
@@ -72,6 +73,19 @@ def test_the_document_describes_bodies_errors_and_content_types(
         assert schemas[body]["properties"]["model"]["enum"] == [MODEL]
     assert "prompt" in schemas["CompletionRequest"]["required"]
     assert "messages" in schemas["ChatCompletionRequest"]["required"]
+    for path, body, response in (
+        ("/tokenize", "TokenizeRequest", "TokenizeResponse"),
+        ("/detokenize", "DetokenizeRequest", "DetokenizeResponse"),
+    ):
+        operation = paths[path]["post"]
+        content = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert content == {"$ref": f"#/components/schemas/{body}"}
+        ok = operation["responses"]["200"]["content"]["application/json"]["schema"]
+        assert ok == {"$ref": f"#/components/schemas/{response}"}
+        assert {"400", "401", "404"} <= set(operation["responses"])
+    for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
+        assert schemas[name]["properties"]["model"]["enum"] == [MODEL]
+    assert "403" in paths["/admin/stats"]["get"]["responses"]  # an API key on an admin route
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain; version=0.0.4"]
     assert set(paths["/ready"]["get"]["responses"]) == {"200", "503"}

@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictInt
 
 from inferflow.embeddings.dynamic_batcher import BatcherClosed, QueueFull
 from inferflow.embeddings.models import EmbeddingModelSpec
@@ -35,7 +35,7 @@ from inferflow.server.http.embedding_trace import EmbeddingTrace
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
-from inferflow.server.http.protocol import validation_error
+from inferflow.server.http.protocol import validate_body
 from inferflow.server.routing import ModelRouter, ModelVersion
 from inferflow.telemetry.metrics import REQUEST_LATENCY_BUCKETS
 from inferflow.telemetry.timings import phase_timing_headers
@@ -67,12 +67,7 @@ class EmbeddingRequest(BaseModel):
 
 
 def parse_embedding_request(body: JSONValue) -> EmbeddingRequest:
-    if not isinstance(body, dict):
-        raise bad_request("the request body must be a JSON object", None)
-    try:
-        return EmbeddingRequest.model_validate(body)
-    except ValidationError as exc:
-        raise validation_error(exc) from None
+    return validate_body(EmbeddingRequest, body)
 
 
 class EmbeddingMetrics:

@@ -95,7 +95,7 @@ class Frontend:
         self.settings = settings
         self.shared = shared
         self.telemetry = telemetry or FrontendTelemetry(None)
-        self.auth = ApiKeyAuth(tuple(settings.api_keys))
+        self.auth = ApiKeyAuth.for_server(settings)
         self.limiter = RateLimiter(  # shared by the API processes forked after this
             settings.rate_limit_requests_per_minute,
             settings.rate_limit_tokens_per_minute,
@@ -175,6 +175,17 @@ class Frontend:
             code="model_not_found",
         )
 
+    def route(self, model: str, request: Request, user: str | None = None) -> Deployment:
+        """The LLM version that serves ``model`` for this request (a canary split sticks to the
+        route-key header, else ``user``); 404 naming the served models, or 400 for an
+        embedding model."""
+        deployment = self.router.route(model, request.headers.get(ROUTE_KEY_HEADER) or user)
+        if deployment is None:
+            if self.embeddings is not None and self.embeddings.models.serves(model):
+                raise unsupported_route(model, request.url.path)
+            raise self._unknown_model(model)
+        return deployment
+
     async def _wait_loaded(self, deployment: Deployment, span: RequestSpan | None) -> None:
         """Until ``deployment`` serves (an on-demand model loads on its first request), with a
         ``model_load`` span for the wait; 503 when it fails, the server drains or
@@ -229,13 +240,7 @@ class Frontend:
         key_id = self.auth.authenticate(request.headers)
         self.check_accepting()
         body = parse_body(schema, await read_json_body(request))
-        deployment = self.router.route(
-            body.model, request.headers.get(ROUTE_KEY_HEADER) or body.user
-        )
-        if deployment is None:
-            if self.embeddings is not None and self.embeddings.models.serves(body.model):
-                raise unsupported_route(body.model, request.url.path)
-            raise self._unknown_model(body.model)
+        deployment = self.route(body.model, request, body.user)
         self.check_accepting(deployment)
         self._admit(deployment)  # the waiting-queue bound first: a burst's 429 costs no stage work
         deployment.shared.touch()

@@ -1,4 +1,5 @@
-"""Admission checks of the frontend: API keys (401), payload size (413), rate limits (429).
+"""Admission checks of the frontend: API and admin keys (401/403), payload size (413), rate limits
+(429).
 
 Rate limits are token buckets per API key (one bucket when the API is open), refilled
 continuously: ``requests_per_minute`` counts requests, ``tokens_per_minute`` counts prompt +
@@ -18,6 +19,7 @@ from collections.abc import Iterable, Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferflow.config.server import ServerConfig
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.messages import ErrorInfo
 
@@ -25,35 +27,81 @@ OPEN_ACCESS = "anonymous"
 
 
 class ApiKeyAuth:
-    """Bearer-token check against the configured keys; open when there are none."""
+    """Bearer-token checks against the configured keys.
 
-    def __init__(self, keys: tuple[str, ...]) -> None:
+    ``authenticate`` guards every keyed route but the admin ones: open without ``keys``, else
+    an API key or an admin key. ``authorize_admin`` guards the admin routes: open only when no
+    key of either kind is configured, else an admin key (an API key is a 403; with ``keys`` but
+    no ``admin_keys`` every key is a 403: the admin role is off until it is given keys). Key
+    ids, never the keys, name the caller (rate limits): ``key-<i>`` and ``admin-<i>``.
+    """
+
+    def __init__(self, keys: tuple[str, ...], admin_keys: tuple[str, ...] = ()) -> None:
         self._keys = [(key.encode(), f"key-{i}") for i, key in enumerate(keys)]
+        self._admin = [(key.encode(), f"admin-{i}") for i, key in enumerate(admin_keys)]
+
+    @classmethod
+    def for_server(cls, settings: ServerConfig) -> ApiKeyAuth:
+        """The keys of ``settings`` (``ServerConfig.with_env_api_keys()``: env keys added)."""
+        return cls(tuple(settings.api_keys), tuple(settings.admin_keys))
 
     @property
     def key_ids(self) -> list[str]:
         """Every id ``authenticate`` can return."""
-        return [key_id for _, key_id in self._keys] or [OPEN_ACCESS]
+        api_ids = [key_id for _, key_id in self._keys] or [OPEN_ACCESS]
+        return api_ids + [key_id for _, key_id in self._admin]
 
     def authenticate(self, headers: Mapping[str, str]) -> str:
         """The id of the key that authenticated (never the key itself); raises a 401."""
         if not self._keys:
             return OPEN_ACCESS
-        presented = _presented_key(headers)
-        if presented is None:
-            raise OpenAIError.of(
-                401,
-                "Missing API key: send it as 'Authorization: Bearer <key>'.",
-                type="invalid_request_error",
-                code="invalid_api_key",
-            )
-        token = presented.encode()
-        for key, key_id in self._keys:
-            if hmac.compare_digest(token, key):
-                return key_id
-        raise OpenAIError.of(
-            401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key"
+        token = _required_key(headers)
+        key_id = _match(token, self._keys) or _match(token, self._admin)
+        if key_id is None:
+            raise _incorrect_key()
+        return key_id
+
+    def authorize_admin(self, headers: Mapping[str, str]) -> str:
+        """The admin key's id (``OPEN_ACCESS`` with no keys at all); a 401 for a missing or
+        unknown key, a 403 for an API key."""
+        if not self._keys and not self._admin:
+            return OPEN_ACCESS
+        token = _required_key(headers)
+        key_id = _match(token, self._admin)
+        if key_id is not None:
+            return key_id
+        if _match(token, self._keys) is None:
+            raise _incorrect_key()
+        needed = (
+            "This route needs an admin key (server.admin_keys); an API key cannot use it."
+            if self._admin
+            else "The admin routes are disabled while server.api_keys is set and "
+            "server.admin_keys is empty: set server.admin_keys (or $INFERFLOW_ADMIN_KEYS)."
         )
+        raise OpenAIError.of(403, needed, type="permission_error", code="admin_key_required")
+
+
+def _required_key(headers: Mapping[str, str]) -> bytes:
+    presented = _presented_key(headers)
+    if presented is None:
+        raise OpenAIError.of(
+            401,
+            "Missing API key: send it as 'Authorization: Bearer <key>'.",
+            type="invalid_request_error",
+            code="invalid_api_key",
+        )
+    return presented.encode()
+
+
+def _match(token: bytes, keys: list[tuple[bytes, str]]) -> str | None:
+    """The id of the key equal to ``token`` (compared in constant time), if any."""
+    return next((key_id for key, key_id in keys if hmac.compare_digest(token, key)), None)
+
+
+def _incorrect_key() -> OpenAIError:
+    return OpenAIError.of(
+        401, "Incorrect API key provided.", type="invalid_request_error", code="invalid_api_key"
+    )
 
 
 def _presented_key(headers: Mapping[str, str]) -> str | None:

@@ -25,6 +25,12 @@ from pydantic import BaseModel
 import inferflow
 from inferflow.server.http.embeddings import EmbeddingRequest
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
+from inferflow.server.http.tokenization import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    TokenizeRequest,
+    TokenizeResponse,
+)
 
 FinishReason = Literal["stop", "length", "tool_calls"]
 
@@ -174,10 +180,13 @@ class PromoteRequest(BaseModel):
 # --- operations ---------------------------------------------------------------------------------
 GENERATE_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503, 504)
 EMBED_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503)
+TOKENIZE_ERRORS = (400, 401, 404, 408, 413, 503)
 ERROR_TEXT = {
     400: "Malformed JSON, a schema or range error, an unsupported parameter, or a prompt over "
     "the context; `param` names the field",
     401: "Missing or wrong API key (when keys are configured)",
+    403: "An API key on an admin route: it needs one of `server.admin_keys` (with `api_keys` "
+    "and no `admin_keys`, the admin routes refuse every key)",
     404: "Unknown `model`",
     408: "The request body did not arrive in time",
     413: "The body exceeds `server.max_payload_bytes`",
@@ -229,6 +238,15 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Embeddings (OpenAI)", EmbeddingRequest, EmbeddingResponse, errors=EMBED_ERRORS
     ),
     ("/v1/models", "get"): Operation("Served models", response=ModelList, errors=(401,)),
+    ("/tokenize", "post"): Operation(
+        "Prompt or conversation -> token ids (vLLM)",
+        TokenizeRequest,
+        TokenizeResponse,
+        errors=TOKENIZE_ERRORS,
+    ),
+    ("/detokenize", "post"): Operation(
+        "Token ids -> text (vLLM)", DetokenizeRequest, DetokenizeResponse, errors=TOKENIZE_ERRORS
+    ),
     ("/health", "get"): Operation("Liveness: the API process answers", response=Health),
     ("/ready", "get"): Operation(
         "Readiness: the engine is loaded, warm and consuming requests",
@@ -241,14 +259,16 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("/metrics", "get"): Operation(
         "Prometheus metrics", media_type="text/plain; version=0.0.4", errors=(401,)
     ),
-    ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401,)),
+    ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401, 403)),
     ("/admin/models/{name}/traffic", "post"): Operation(
-        "Set the canary split of an LLM's versions", TrafficRequest, errors=(400, 401, 404, 413)
+        "Set the canary split of an LLM's versions",
+        TrafficRequest,
+        errors=(400, 401, 403, 404, 413),
     ),
     ("/admin/models/{name}/promote", "post"): Operation(
         "Send all unpinned traffic of an LLM to one version",
         PromoteRequest,
-        errors=(400, 401, 404, 413),
+        errors=(400, 401, 403, 404, 413),
     ),
 }
 
@@ -293,7 +313,10 @@ def build_openapi(
             continue  # not served by this server (e.g. no embedding model)
         paths[path][method] = _describe(operation, doc, components)
     if model_ids:  # in request bodies: one of the served models (else 404)
-        for name in ("CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest"):
+        for name in (
+            "CompletionRequest", "ChatCompletionRequest", "EmbeddingRequest",
+            "TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest",
+        ):
             properties = components.get(name, {}).get("properties", {})
             if "model" in properties:
                 properties["model"] = {

@@ -27,6 +27,7 @@ from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.json_body import read_json_body
+from inferflow.server.http.tokenization import tokenization_routes
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
 
@@ -86,8 +87,9 @@ Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
     """Every route of an API process, for either host to register: the OpenAI routes
     (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
-    encoders are served), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
-    ``/admin/stats`` and the model repository's admin routes."""
+    encoders are served), vLLM's ``/tokenize`` and ``/detokenize``, then ``/health``, ``/ready``, ``/version``, ``/metrics``,
+    ``/admin/stats`` and the model repository's admin routes (every ``/admin/*`` route takes
+    an admin key once keys are on: ``ApiKeyAuth.authorize_admin``)."""
 
     async def health() -> JSONResponse:
         """Liveness: the API process answers; says nothing about the model."""
@@ -119,6 +121,7 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
         (CHAT_PATH, frontend.chat_completions, ["POST"]),
         (MODELS_PATH, frontend.models, ["GET"]),
         *([(EMBEDDINGS_PATH, embeddings.embeddings, ["POST"])] if embeddings is not None else []),
+        *tokenization_routes(frontend),  # /tokenize, /detokenize (vLLM's)
         ("/health", health, ["GET"]),
         ("/ready", ready, ["GET"]),
         ("/version", _version_route(frontend, model_path), ["GET"]),
@@ -135,7 +138,7 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
         """Set the canary split of a model's versions: ``{"weights": {"1": 0.9, "2": 0.1}}``
         (versions not named get 0). Takes effect for the next request in every API process;
         requests in flight finish on the version they started on."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         body = await read_json_body(request)
         weights = body.get("weights") if isinstance(body, dict) else None
         try:
@@ -157,7 +160,7 @@ def _traffic_route(frontend: Frontend) -> Callable[..., Any]:
 def _promote_route(frontend: Frontend) -> Callable[..., Any]:
     async def promote(name: str, request: Request) -> JSONResponse:
         """All unpinned traffic of a model to one version: ``{"version": "2"}``."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         body = await read_json_body(request)
         version = body.get("version") if isinstance(body, dict) else None
         if not isinstance(version, str) or not version:
@@ -228,7 +231,7 @@ def _model_versions(frontend: Frontend, deployment: Deployment) -> JSONObject:
 def _admin_stats_route(frontend: Frontend) -> Callable[[Request], Any]:
     async def admin_stats(request: Request) -> JSONResponse:
         """Running/waiting requests, free slots and KV blocks, cancellation counters."""
-        frontend.auth.authenticate(request.headers)
+        frontend.auth.authorize_admin(request.headers)
         first = frontend.deployments[0]
         engine = first.shared.stats()
         return JSONResponse(

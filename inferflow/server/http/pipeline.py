@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferflow.models.generation_config import GenerationDefaults, load_generation_defaults
 from inferflow.sampling_params import GuidedError, SamplingParams, SamplingParamsError
+from inferflow.scheduling.priority import PRIORITY_IGNORED
 from inferflow.server.http.errors import OpenAIError, bad_request
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest
 from inferflow.server.observability import ATTR_TRACE_CONTEXT
@@ -32,6 +33,7 @@ from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 
 if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
+    from inferflow.models.tokenizer import Tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -77,8 +79,13 @@ class RequestPipeline:
         wrap_stage: StageWrapper = _no_wrap,
         guided: GuidedDecodingStage | None = None,
         defaults: GenerationDefaults | None = None,
+        honours_priority: bool = True,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.model_name = model_name
+        self._tokenizer = tokenizer  # the checkpoint's, for /tokenize and /detokenize
+        # False under batching.policy=fcfs: a request's non-default priority is a 400
+        self.honours_priority = honours_priority
         self.max_model_len = max_model_len
         self.defaults = defaults or GenerationDefaults()
         self.stages = list(stages)
@@ -95,8 +102,15 @@ class RequestPipeline:
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults,
+            defaults, graph.batching.honours_priority, graph.tokenizer,
         )
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The checkpoint's tokenizer (the one the tokenizer stage encodes with)."""
+        if self._tokenizer is None:
+            raise OpenAIError.of(500, "this model has no tokenizer", code="pipeline_error")
+        return self._tokenizer
 
     async def prepare(
         self,
@@ -105,6 +119,8 @@ class RequestPipeline:
         trace_context: Mapping[str, str],
     ) -> PreparedRequest:
         """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
+        if body.priority != 0 and not self.honours_priority:
+            raise bad_request(PRIORITY_IGNORED, "priority")
         request, fill_context = self._stage_request(body, key_id)
         if trace_context:
             request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)

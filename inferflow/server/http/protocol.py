@@ -11,7 +11,7 @@ vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_toke
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
@@ -23,6 +23,7 @@ from inferflow.server.http.guided_fields import ClosedModel, GuidedFields
 from inferflow.server.http.tool_calls import ToolCall, ToolFields
 
 MAX_STOP_SEQUENCES = 4
+BaseModelT = TypeVar("BaseModelT", bound=BaseModel)
 
 
 class StreamOptions(ClosedModel):
@@ -249,6 +250,17 @@ def parse_body(model: type[_SamplingFields], body: JSONValue) -> Any:
         raise validation_error(exc) from None
     request.check_supported()
     return request
+
+
+def validate_body(model: type[BaseModelT], body: JSONValue) -> BaseModelT:
+    """``body`` (decoded JSON) as ``model``; a non-object or the first schema error is a 400
+    naming its field."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object", None)
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc) from None
 
 
 def validation_error(exc: ValidationError) -> OpenAIError:

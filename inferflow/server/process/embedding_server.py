@@ -66,7 +66,7 @@ class EmbeddingApp:
         self.draining = False
         self.created = int(time.time())
         self.telemetry = telemetry or FrontendTelemetry(None)
-        auth = ApiKeyAuth(tuple(settings.api_keys))
+        auth = ApiKeyAuth.for_server(settings)
         self.frontend = EmbeddingsFrontend(
             models,
             auth,
@@ -151,7 +151,7 @@ class EmbeddingApp:
         return Response(content=body, media_type=content_type)
 
     async def admin_stats(self, request: Request) -> JSONResponse:
-        self.frontend.auth.authenticate(request.headers)
+        self.frontend.auth.authorize_admin(request.headers)
         return JSONResponse({"status": self.readiness(), "embeddings": self.models.stats()})
 
     async def version(self, request: Request) -> JSONResponse:
