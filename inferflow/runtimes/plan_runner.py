@@ -26,7 +26,7 @@ def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> 
     masks = plan.token_bitmasks
     sampling = [c for c in plan.chunks if c.sample]
     rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
-                      masks.get(c.request_id)) for c in sampling]
+                      masks.get(c.request_id), c.history) for c in sampling]
     if all(not c.draft_token_ids for c in sampling):  # no speculation: one logits row each
         tokens = sampler.sample(logits, rows)
         return ExecutorOutput({row.request_id: tok for row, tok in zip(rows, tokens, strict=True)})

@@ -46,6 +46,7 @@ from inferflow.scheduling.plan import (
     SampledToken,
     ScheduledChunk,
     SchedulerOutput,
+    TokenHistory,
 )
 from inferflow.scheduling.policy import AdmissionOrder, SortKey
 from inferflow.scheduling.request import Request, RequestStatus, check_stop
@@ -267,17 +268,21 @@ class Scheduler:
         rid = request.request_id
         self.kv.grow(rid, end + len(drafts))
         table = tuple(self.kv.block_ids(rid)) if self.layout.paged else ()
+        sample = end == request.num_tokens
+        # a row that samples sees its prompt and output (two references: O(1), see TokenHistory)
+        history = TokenHistory(request.prompt_token_ids, request.output_token_ids) if sample else None
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
                 slot=request.slot,
                 token_ids=request.token_slice(start, end) + drafts,
                 start_pos=start,
-                sample=end == request.num_tokens,
+                sample=sample,
                 sampling_params=request.sampling_params,
                 num_output_tokens=request.num_output_tokens,
                 block_table=table,
                 draft_token_ids=drafts,
+                history=history,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
