@@ -63,6 +63,7 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 _BLOCK = 64  # tokens per block of the two-level draw
+_LOGIT_CAP = 1e30  # processed logits are capped here (finite, even divided by a small temperature)
 
 
 def _plain(row: SampleRow) -> bool:
@@ -191,6 +192,9 @@ class Sampler:
         x = logits.astype(np.float64)  # (a copy: the raw row stays for logprobs)
         for processor in processors:
             x = processor.apply(x, params, row.history)
+        # a tiny repetition_penalty can divide a logit into +inf (then inf - inf = nan in the
+        # softmax): cap at a finite value far above any real logit, which keeps it the top one
+        np.minimum(x, _LOGIT_CAP, out=x)
         return self.masked_logits(x, row)
 
     def masked_logits(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
