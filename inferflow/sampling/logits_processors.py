@@ -70,7 +70,9 @@ class RepetitionPenalty:
 
     def apply(self, logits: np.ndarray, params: SamplingParams,
               history: TokenHistory) -> np.ndarray:
-        seen = np.unique(_ids(history.all_ids(), logits.size))
+        mask = np.zeros(logits.size, dtype=bool)
+        mask[_ids(history.all_ids(), logits.size)] = True
+        seen = np.flatnonzero(mask)  # each token once, however often it occurs
         x = logits[seen]
         penalty = params.repetition_penalty
         logits[seen] = np.where(x > 0, x / penalty, x * penalty)
@@ -86,8 +88,9 @@ class PresenceFrequencyPenalty:
 
     def apply(self, logits: np.ndarray, params: SamplingParams,
               history: TokenHistory) -> np.ndarray:
-        counts = np.bincount(_ids(history.output_ids(), logits.size), minlength=logits.size)
-        logits -= params.presence_penalty * (counts > 0) + params.frequency_penalty * counts
+        # only the generated tokens are touched: O(output), not O(V)
+        ids, counts = np.unique(_ids(history.output_ids(), logits.size), return_counts=True)
+        logits[ids] -= params.presence_penalty + params.frequency_penalty * counts
         return logits
 
 
