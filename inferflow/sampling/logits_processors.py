@@ -53,10 +53,12 @@ class LogitBias:
 
     def apply(self, logits: np.ndarray, params: SamplingParams,
               history: TokenHistory) -> np.ndarray:
-        assert params.logit_bias  # (applies)
-        for token, bias in params.logit_bias.items():
-            if 0 <= token < logits.size:
-                logits[token] += bias
+        bias = params.logit_bias
+        assert bias  # (applies)
+        ids = np.fromiter(bias.keys(), np.int64, len(bias))
+        values = np.fromiter(bias.values(), np.float64, len(bias))
+        keep = (ids >= 0) & (ids < logits.size)
+        logits[ids[keep]] += values[keep]  # (the ids are distinct: dict keys)
         return logits
 
 
@@ -75,7 +77,8 @@ class RepetitionPenalty:
         seen = np.flatnonzero(mask)  # each token once, however often it occurs
         x = logits[seen]
         penalty = params.repetition_penalty
-        logits[seen] = np.where(x > 0, x / penalty, x * penalty)
+        with np.errstate(over="ignore"):  # a denormal penalty: +inf, capped by the sampler
+            logits[seen] = np.where(x > 0, x / penalty, x * penalty)
         return logits
 
 

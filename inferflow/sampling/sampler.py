@@ -41,7 +41,9 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
     """(V,) probabilities after temperature, ``min_p``, top-k and top-p (nucleus) filtering."""
-    x = logits.astype(np.float64) / params.temperature
+    x = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # (only a far-below-the-top logit can overflow: to -inf)
+        x = (x - x.max()) / params.temperature  # shifted first: the top is 0, nothing above it
     if params.min_p > 0.0:
         # drop what is less likely than min_p times the top token (its own ratio: always kept)
         x = np.where(x - x.max() < np.log(params.min_p), -np.inf, x)
@@ -63,7 +65,7 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 _BLOCK = 64  # tokens per block of the two-level draw
-_LOGIT_CAP = 1e30  # processed logits are capped here (finite, even divided by a small temperature)
+_LOGIT_CAP = float(np.finfo(np.float64).max)  # processed logits are capped here (finite)
 
 
 def _plain(row: SampleRow) -> bool:
@@ -192,8 +194,8 @@ class Sampler:
         x = logits.astype(np.float64)  # (a copy: the raw row stays for logprobs)
         for processor in processors:
             x = processor.apply(x, params, row.history)
-        # a tiny repetition_penalty can divide a logit into +inf (then inf - inf = nan in the
-        # softmax): cap at a finite value far above any real logit, which keeps it the top one
+        # a denormal repetition_penalty can divide a logit into +inf (then inf - inf = nan in
+        # the softmax): the largest finite value instead, still the top one
         np.minimum(x, _LOGIT_CAP, out=x)
         return self.masked_logits(x, row)
 

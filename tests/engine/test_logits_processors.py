@@ -104,6 +104,21 @@ def test_logit_bias_forces_and_bans_under_greedy_with_raw_logprobs() -> None:
     assert top not in {t.token_id for t in sampler.sample(np.tile(LOGITS, (200, 1)), rows)}
 
 
+def test_an_extreme_repetition_penalty_stays_finite() -> None:
+    """A penalty of 1e-30 multiplies a positive logit by 1e30, one of 1e-320 overflows it:
+    never inf or nan in what is sampled; the repeated token with the best positive logit wins."""
+    logits = LOGITS.copy()
+    seen = [5, 11, 30]  # in the history, with positive logits; 11 the best
+    logits[seen] = [1.0, 2.0, 1.5]
+    sampler = Sampler()
+    for penalty in (1e-30, 1e-320):
+        for temperature in (0.0, 0.01, 0.5):
+            r = row(temperature=temperature, seed=1, repetition_penalty=penalty)
+            assert np.isfinite(sampler.processed_logits(logits, r)).all()
+            token = sampler.sample(logits[None], [r])[0].token_id
+            assert token == 11 if penalty == 1e-30 else token in seen
+
+
 def test_a_plain_row_beside_a_processed_one_is_unchanged() -> None:
     logits = np.tile(LOGITS, (2, 1))
     plain, biased = SampleRow("a", SamplingParams(temperature=0.0), 0), row(
