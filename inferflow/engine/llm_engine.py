@@ -154,6 +154,9 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         if any(not 0 <= t < vocab for t in prompt_token_ids):
             raise RequestRejected("prompt", f"token ids must be in [0, {vocab})")
+        bad = next((t for t in params.logit_bias or () if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestRejected("logit_bias", f"token ids must be in [0, {vocab}), got {bad}")
         request = Request(request_id, list(prompt_token_ids), params,
                           eos_token_ids=self.checkpoint.eos_token_ids,
                           arrival_time=arrival_time if arrival_time is not None else time.time(),

@@ -132,7 +132,8 @@ def instantiate_stage(
         if nested:
             from hydra.utils import instantiate
 
-            kwargs = {k: instantiate(v, _convert_="all") for k, v in kwargs.items()}
+            kwargs = {k: instantiate(v, _convert_="all") if isinstance(v, dict | list) else v
+                      for k, v in kwargs.items()}  # (a scalar setting is not a config)
         stage = cls(**kwargs)
     except (TypeError, ValueError) as exc:
         raise keyed_error(where, exc, set(kwargs)) from None

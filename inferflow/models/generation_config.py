@@ -1,12 +1,12 @@
 """A checkpoint's ``generation_config.json`` as request defaults (vLLM's ``--generation-config``).
 
-What is applied, as vLLM applies it: ``temperature``, ``top_p``, ``top_k`` and
-``max_new_tokens`` (as ``max_tokens``), each only when the file has it (not null); a request's
-own value always wins. ``eos_token_id`` (an id or a list) joins the ids that end generation.
+What is applied, as vLLM applies it: ``temperature``, ``top_p``, ``top_k``,
+``repetition_penalty``, ``min_p`` and ``max_new_tokens`` (as ``max_tokens``), each only when the
+file has it (not null); a request's own value always wins. ``eos_token_id`` (an id or a list) joins the ids that end generation.
 ``do_sample`` is not read: ``do_sample: false`` alone does not make requests greedy (vLLM ignores
 it too; a file that wants greedy says ``temperature: 0`` or ``top_k: 1``). ``max_length``
 (transformers' prompt + completion cap) and the token ids other than EOS are ignored, as vLLM
-ignores them. Sampling settings inferflow cannot apply yet (``repetition_penalty``, ``min_p``,
+ignores them. Sampling settings inferflow does not apply (``typical_p``, ``no_repeat_ngram_size``,
 ...) are kept in ``not_applied`` when they differ from their neutral value: logged once when the
 checkpoint loads (``warn_not_applied``) and shown on ``/version``, never silently dropped.
 
@@ -34,13 +34,13 @@ from inferflow.sampling_params import SamplingParams, SamplingParamsError
 logger = logging.getLogger(__name__)
 
 FILE = "generation_config.json"
-# generation_config.json key -> SamplingParams field (vLLM's get_diff_sampling_param, less the
-# two inferflow cannot apply, listed below)
+# generation_config.json key -> SamplingParams field (vLLM's get_diff_sampling_param)
 APPLIED = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+           "repetition_penalty": "repetition_penalty", "min_p": "min_p",
            "max_new_tokens": "max_tokens"}
 # Sampling settings a file may hold that inferflow cannot apply -> their neutral value.
 NOT_APPLIED: dict[str, float | None] = {
-    "repetition_penalty": 1.0, "min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
+    "presence_penalty": 0.0, "frequency_penalty": 0.0,
     "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0, "no_repeat_ngram_size": 0,
     "encoder_repetition_penalty": 1.0, "min_new_tokens": 0, "min_length": 0, "num_beams": 1,
     "num_beam_groups": 1, "penalty_alpha": None, "bad_words_ids": None,

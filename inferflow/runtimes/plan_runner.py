@@ -37,7 +37,7 @@ def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> 
               for c in plan.chunks if c.prompt_logprob_ids}
     sampling = [c for c in plan.chunks if c.sample]
     rows = [SampleRow(c.request_id, c.sampling_params, c.num_output_tokens,
-                      masks.get(c.request_id)) for c in sampling]
+                      masks.get(c.request_id), c.history) for c in sampling]
     firsts = [spans[c.request_id][1] - c.num_logits for c in sampling]  # first sampling row each
     plain = [i for i, c in enumerate(sampling) if not c.draft_token_ids]
     sampled: dict[str, SampledToken] = {}

@@ -14,8 +14,9 @@ an accepted draft that ends the request (EOS, a stop token) is its last.
   ``p(x)`` and, when rejected, the replacement is drawn from the target ``p`` with ``x`` removed
   (``max(0, p - q)`` renormalised): each emitted token is distributed exactly as ``p``.
 
-Each position is a sample of its own (``num_output_tokens`` advanced), so ``min_tokens``,
-per-position seeds and logprobs behave as without speculation.
+Each position is a sample of its own (``num_output_tokens`` advanced, and the drafts accepted
+before it added to its token history), so ``min_tokens``, per-position seeds, logprobs and the
+logits processors (penalties, ``logit_bias``, ``min_p``) behave as without speculation.
 """
 
 from __future__ import annotations
@@ -40,21 +41,30 @@ def verify_drafts(sampler: Sampler, logits: np.ndarray, row: SampleRow,
         raise ValueError(f"{row.request_id}: {len(drafts)} drafts need {len(drafts) + 1} logits "
                          f"rows, got {logits.shape[0]}")
     params = row.params
-    if params.greedy and params.logprobs is None and row.num_output_tokens >= params.min_tokens:
+    if params.greedy and sampler.plain(row):
         best = np.argmax(logits, axis=-1).tolist()  # the plain greedy row: one argmax
         n = next((j for j, d in enumerate(drafts) if best[j] != d or _ends(sampler, row, d, j)),
                  len(drafts))
         return [SampledToken(t) for t in best[:n + 1]]
     out: list[SampledToken] = []
     for j, draft in enumerate(drafts):
-        at = dataclasses.replace(row, num_output_tokens=row.num_output_tokens + j)
+        at = _at(row, tuple(drafts[:j]))
         token = _verify_one(sampler, logits[j], at, draft)
         out.append(with_logprobs(token, logits[j], params))
         if token != draft or _ends(sampler, row, draft, j):
             return out
-    bonus = dataclasses.replace(row, num_output_tokens=row.num_output_tokens + len(drafts))
+    bonus = _at(row, tuple(drafts))
     out.append(sampler.sample(logits[-1:], [bonus])[0])
     return out
+
+
+def _at(row: SampleRow, accepted: tuple[int, ...]) -> SampleRow:
+    """``row`` as the sample after its ``accepted`` drafts: later position, longer history."""
+    history = row.history
+    if history is not None and accepted:
+        history = history._replace(accepted=history.accepted + accepted)
+    return dataclasses.replace(row, num_output_tokens=row.num_output_tokens + len(accepted),
+                               history=history)
 
 
 def _ends(sampler: Sampler, row: SampleRow, token: int, j: int) -> bool:
@@ -70,7 +80,7 @@ def _ends(sampler: Sampler, row: SampleRow, token: int, j: int) -> bool:
 def _verify_one(sampler: Sampler, logits: np.ndarray, row: SampleRow, draft: int) -> int:
     """The token at one position: ``draft`` if accepted, else the target's replacement."""
     if row.params.greedy:
-        return int(np.argmax(sampler.masked_logits(logits, row)))
+        return int(np.argmax(sampler.processed_logits(logits, row)))
     p = sampler.target_probs(logits, row)
     rng = sampler.rng(row)  # one generator for both draws (a seeded row's is per position)
     if rng.random() < p[draft]:

@@ -6,7 +6,9 @@ greedy and seeded outputs do not depend on batch composition. Logprobs are of th
 distribution (log_softmax of the unmodified logits), as OpenAI and vLLM report them.
 
 A row with a token bitmask (structured output) samples among its allowed tokens only; rows
-without one are not touched.
+without one are not touched. A row whose request asks for penalties or ``logit_bias`` (or that a
+configured processor applies to) has its logits processed first (``logits_processors``); ``min_p``
+filters the tempered distribution before top-k and top-p (vLLM's order).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from inferflow.sampling.bitmask import allowed_tokens
+from inferflow.sampling.logits_processors import BUILTIN_PROCESSORS, LogitsProcessor
 from inferflow.sampling_params import SamplingParams
-from inferflow.scheduling.plan import SampledToken
+from inferflow.scheduling.plan import SampledToken, TokenHistory
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,7 @@ class SampleRow:
     params: SamplingParams
     num_output_tokens: int  # tokens generated before this one (for min_tokens)
     token_bitmask: np.ndarray | None = None  # allowed tokens (packed), structured output only
+    history: TokenHistory | None = None  # prompt and output before this token (penalties)
 
 
 def log_softmax(x: np.ndarray) -> np.ndarray:
@@ -36,8 +40,13 @@ def log_softmax(x: np.ndarray) -> np.ndarray:
 
 
 def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
-    """(V,) probabilities after temperature, top-k and top-p (nucleus) filtering."""
-    x = logits.astype(np.float64) / params.temperature
+    """(V,) probabilities after temperature, ``min_p``, top-k and top-p (nucleus) filtering."""
+    x = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # (only a far-below-the-top logit can overflow: to -inf)
+        x = (x - x.max()) / params.temperature  # shifted first: the top is 0, nothing above it
+    if params.min_p > 0.0:
+        # drop what is less likely than min_p times the top token (its own ratio: always kept)
+        x = np.where(x - x.max() < np.log(params.min_p), -np.inf, x)
     if params.top_k > 0 and params.top_k < x.size:
         kth = np.partition(x, -params.top_k)[-params.top_k]
         x = np.where(x < kth, -np.inf, x)
@@ -56,12 +65,15 @@ def filtered_probs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
 
 
 _BLOCK = 64  # tokens per block of the two-level draw
+_LOGIT_CAP = float(np.finfo(np.float64).max)  # processed logits are capped here (finite)
 
 
 def _plain(row: SampleRow) -> bool:
-    """Nothing to apply but the choice itself: no bitmask, no logprobs, past ``min_tokens``."""
+    """Nothing to apply but the choice itself: no bitmask, no logprobs, past ``min_tokens``, no
+    penalty, bias or ``min_p`` (a configured processor is checked by ``Sampler.processes``)."""
     p = row.params
-    return p.logprobs is None and row.token_bitmask is None and row.num_output_tokens >= p.min_tokens
+    return (p.logprobs is None and row.token_bitmask is None and row.num_output_tokens >= p.min_tokens
+            and not p.processes_logits)
 
 
 def _plain_random(row: SampleRow, vocab: int) -> bool:
@@ -71,12 +83,22 @@ def _plain_random(row: SampleRow, vocab: int) -> bool:
 
 
 class Sampler:
-    """Samples one token per row; keeps one RNG per request (seeded ones are reproducible)."""
+    """Samples one token per row; keeps one RNG per request (seeded ones are reproducible).
 
-    def __init__(self, eos_token_ids: Iterable[int] = ()) -> None:
+    ``logits_processors``: processors applied after the built-in ones (a plugin's; see
+    ``inferflow.sampling.logits_processors``)."""
+
+    def __init__(self, eos_token_ids: Iterable[int] = (),
+                 logits_processors: Iterable[LogitsProcessor] = ()) -> None:
         self.eos_token_ids = tuple(eos_token_ids)
+        self.extra_processors = tuple(logits_processors)
         self._rngs: dict[str, np.random.Generator] = {}
         self._buf = np.empty((0, 0), np.float32)  # _draw's scratch
+
+    def plain(self, row: SampleRow) -> bool:
+        """Whether ``row`` takes a batched fast path: nothing to apply but the choice itself."""
+        return _plain(row) and not (
+            self.extra_processors and any(p.applies(row.params) for p in self.extra_processors))
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for rid in request_ids:
@@ -98,12 +120,13 @@ class Sampler:
         Plain rows (no bitmask, no logprobs, past ``min_tokens``) run batched: greedy ones as one
         argmax, temperature-only ones as one draw (``_draw``); every other row goes through
         ``_sample_one``. Which path a row takes depends only on its own parameters."""
-        plain = [i for i, row in enumerate(rows) if row.params.greedy and _plain(row)]
+        plain = [i for i, row in enumerate(rows) if row.params.greedy and self.plain(row)]
         out: list[SampledToken | None] = [None] * len(rows)
         if plain:
             for i, token in zip(plain, np.argmax(logits[plain], axis=-1).tolist(), strict=True):
                 out[i] = SampledToken(token)
-        drawn = [i for i, row in enumerate(rows) if _plain_random(row, logits.shape[-1])]
+        drawn = [i for i, row in enumerate(rows)
+                 if _plain_random(row, logits.shape[-1]) and self.plain(row)]
         if drawn:
             picked = logits if len(drawn) == len(rows) else logits[drawn]
             tokens = self._draw([rows[i] for i in drawn], picked)
@@ -151,12 +174,30 @@ class Sampler:
 
     def _sample_one(self, logits: np.ndarray, row: SampleRow) -> SampledToken:
         params = row.params
-        masked = self.masked_logits(logits, row)
+        masked = self.processed_logits(logits, row)
         if params.greedy:
             token = int(np.argmax(masked))
         else:
             token = self.draw(filtered_probs(masked, params), self.rng(row))
         return with_logprobs(token, logits, params)
+
+    def processed_logits(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
+        """What the row samples from, before temperature: ``logits`` through the processors that
+        apply to it (built-in, then configured), then its masks (``masked_logits``)."""
+        params = row.params
+        processors = [p for p in (*BUILTIN_PROCESSORS, *self.extra_processors) if p.applies(params)]
+        if not processors:
+            return self.masked_logits(logits, row)
+        if row.history is None:
+            raise ValueError(f"{row.request_id}: a row with logits processors needs its token "
+                             "history (ScheduledChunk.history)")
+        x = logits.astype(np.float64)  # (a copy: the raw row stays for logprobs)
+        for processor in processors:
+            x = processor.apply(x, params, row.history)
+        # a denormal repetition_penalty can divide a logit into +inf (then inf - inf = nan in
+        # the softmax): the largest finite value instead, still the top one
+        np.minimum(x, _LOGIT_CAP, out=x)
+        return self.masked_logits(x, row)
 
     def masked_logits(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
         """``logits`` with what the row may not sample at -inf: tokens outside its bitmask, and
@@ -177,8 +218,9 @@ class Sampler:
         return masked
 
     def target_probs(self, logits: np.ndarray, row: SampleRow) -> np.ndarray:
-        """(V,) the distribution a random row samples from (masks, temperature, top-k, top-p)."""
-        return filtered_probs(self.masked_logits(logits, row), row.params)
+        """(V,) the distribution a random row samples from (processors, masks, temperature,
+        ``min_p``, top-k, top-p)."""
+        return filtered_probs(self.processed_logits(logits, row), row.params)
 
     def draw(self, p: np.ndarray, rng: np.random.Generator) -> int:
         """One token from probabilities ``p`` (one ``rng`` uniform): an inverse-CDF draw over the

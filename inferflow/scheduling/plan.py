@@ -31,9 +31,9 @@ are full without them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from inferflow.sampling_params import SamplingParams
 
@@ -51,6 +51,31 @@ class KVBlockCopy:
     slot: int
     block_index: int  # index of the block within the sequence (position // block_size)
     block_id: int  # physical block id in the pool
+
+
+class TokenHistory(NamedTuple):
+    """The tokens before the position a row samples, for the logits processors (penalties).
+
+    ``prompt`` and ``output`` are the request's own lists (``Request.prompt_token_ids`` and
+    ``output_token_ids``), not copies: O(1) per row however long the sequence. That is sound
+    because the executor reads them within the step (schedule -> execute -> update, under the
+    engine's lock) and only ``Scheduler.update`` appends, after sampling; a preempted request
+    keeps its output, so its history is right when it resumes. ``accepted``: drafts accepted
+    earlier in the same step (speculative verification, position ``j`` sees ``drafts[:j]``);
+    never carried by the plan itself.
+    """
+
+    prompt: Sequence[int]
+    output: Sequence[int]
+    accepted: tuple[int, ...] = ()
+
+    def output_ids(self) -> list[int]:
+        """Every token generated before the sampled position."""
+        return [*self.output, *self.accepted]
+
+    def all_ids(self) -> list[int]:
+        """Prompt and generated tokens before the sampled position."""
+        return [*self.prompt, *self.output, *self.accepted]
 
 
 @dataclass(frozen=True)
@@ -76,6 +101,8 @@ class ScheduledChunk:
     # The executor returns their logprobs in ``ExecutorOutput.prompt_logprobs``; the logits of
     # position j give the logprob of token j + 1.
     prompt_logprob_ids: tuple[int, ...] = ()
+    # rows that sample: the request's prompt and output so far (references, see TokenHistory)
+    history: TokenHistory | None = None
 
     @property
     def num_logits(self) -> int:

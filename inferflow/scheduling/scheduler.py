@@ -49,6 +49,7 @@ from inferflow.scheduling.plan import (
     SampledToken,
     ScheduledChunk,
     SchedulerOutput,
+    TokenHistory,
 )
 from inferflow.scheduling.policy import AdmissionOrder, SortKey
 from inferflow.scheduling.priority import priority_victim
@@ -302,6 +303,9 @@ class Scheduler:
         if request.computes_prompt_logprobs:
             prompt_ids = request.token_slice(start + 1, min(end + 1, request.num_prompt_tokens))
             assert not (prompt_ids and drafts)  # (drafts follow a sampled token only)
+        sample = end == request.num_tokens and request.sampling_params.max_tokens > 0
+        # a row that samples sees its prompt and output (two references: O(1), see TokenHistory)
+        history = TokenHistory(request.prompt_token_ids, request.output_token_ids) if sample else None
         step.chunks.append(
             ScheduledChunk(
                 request_id=rid,
@@ -309,12 +313,13 @@ class Scheduler:
                 token_ids=request.token_slice(start, end) + drafts,
                 start_pos=start,
                 # max_tokens 0: the prompt is computed, nothing is sampled
-                sample=end == request.num_tokens and request.sampling_params.max_tokens > 0,
+                sample=sample,
                 sampling_params=request.sampling_params,
                 num_output_tokens=request.num_output_tokens,
                 block_table=table,
                 draft_token_ids=drafts,
                 prompt_logprob_ids=prompt_ids,
+                history=history,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)

@@ -62,6 +62,11 @@ class ExecutorStage(EngineStage):
       :meth:`load` and :meth:`execute` themselves.
     - :meth:`estimate_bytes`: the host memory a loaded engine holds (a model repository's
       admission check).
+    - ``logits_processors``: extra :class:`~inferflow.sampling.logits_processors.LogitsProcessor`
+      objects (``_target_`` nodes, allowlisted like every target) the sampler applies after the
+      built-in penalties and ``logit_bias``, to the rows they say they apply to (a plugin's
+      hook: ``executor.logits_processors='[{_target_: my_plugin.NoDigits}]'``). A plugin
+      executor that overrides :meth:`load` passes them to its own ``Sampler``.
     """
 
     kind: ClassVar[str] = "executor"
@@ -71,6 +76,7 @@ class ExecutorStage(EngineStage):
     backend: ClassVar[str] = ""
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
+    logits_processors: list[Any] = field(default_factory=list)
     step_token_budget: int = field(default=0, init=False, repr=False)  # from limit_steps; 0 = unset
     # the PlanRunner once loaded (Any: the schema of a stage resolves its fields' types)
     _plan: Any = field(default=None, init=False, repr=False)
@@ -78,6 +84,12 @@ class ExecutorStage(EngineStage):
     def __post_init__(self) -> None:
         if self.max_slots is not None and self.max_slots < 1:
             raise ValueError(f"max_slots: must be >= 1, got {self.max_slots}")
+        from inferflow.sampling.logits_processors import LogitsProcessor
+
+        for i, processor in enumerate(self.logits_processors):
+            if not isinstance(processor, LogitsProcessor):
+                raise ValueError(f"logits_processors: entry {i} must be a LogitsProcessor (a "
+                                 f"_target_ with applies() and apply()), got {processor!r}")
 
     def check(self, layout: KVLayout) -> None:
         """Raise ``ValueError`` ("field: message") for settings ``load`` would refuse, without
@@ -103,7 +115,7 @@ class ExecutorStage(EngineStage):
         from inferflow.sampling.sampler import Sampler
 
         runner = self.create_runner(checkpoint, layout)
-        self._plan = PlanRunner(runner, Sampler(checkpoint.eos_token_ids))
+        self._plan = PlanRunner(runner, Sampler(checkpoint.eos_token_ids, self.logits_processors))
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         """Run one step's plan; see the class docstring for the order of its parts."""
@@ -157,6 +169,11 @@ class ExecutorStage(EngineStage):
             )
         except importlib.metadata.PackageNotFoundError:
             return None
+
+    def settings(self) -> dict[str, Any]:
+        """The values in effect; a logits processor as its class's import path."""
+        return {**super().settings(), "logits_processors": [
+            f"{type(p).__module__}.{type(p).__qualname__}" for p in self.logits_processors]}
 
     def describe(self) -> dict[str, Any]:
         """What runs, for ``/version`` and the trace resource."""

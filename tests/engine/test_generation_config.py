@@ -39,15 +39,18 @@ def test_the_fields_vllm_applies_and_the_ones_kept_aside(tmp_path: Path) -> None
         "temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_new_tokens": 7, "min_p": None,
         "do_sample": True, "max_length": 4096, "bos_token_id": 1, "eos_token_id": [9, 2, 9],
         "repetition_penalty": 1.05, "min_p_unknown": 3, "no_repeat_ngram_size": 0,
+        "typical_p": 0.9,
     })
     d = load_generation_defaults(tmp_path)
-    assert d.applied == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_tokens": 7}
-    assert d.not_applied == {"repetition_penalty": 1.05}  # neutral values are not listed
+    assert d.applied == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "max_tokens": 7,
+                         "repetition_penalty": 1.05}
+    assert d.not_applied == {"typical_p": 0.9}  # neutral values are not listed
     assert d.eos_token_ids == (2, 9)
     assert d.describe() == {"source": "auto", "applied": dict(d.applied),
-                            "not_applied": {"repetition_penalty": 1.05}, "eos_token_ids": [2, 9]}
+                            "not_applied": {"typical_p": 0.9}, "eos_token_ids": [2, 9]}
     params = d.sampling_params(seed=3)
     assert (params.temperature, params.top_p, params.top_k, params.max_tokens) == (0.6, 0.9, 20, 7)
+    assert params.repetition_penalty == 1.05
     assert params.seed == 3
 
 
@@ -77,13 +80,14 @@ def test_checkpoint_stop_set_takes_the_generation_config_eos_ids(checkpoint: Pat
 def test_settings_not_applied_are_logged_once_at_load(
     checkpoint: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    _write(checkpoint, {"repetition_penalty": 1.1, "min_p": 0.05, "temperature": 0.7})
+    _write(checkpoint, {"typical_p": 0.9, "no_repeat_ngram_size": 3, "temperature": 0.7,
+                        "min_p": 0.05})
     with caplog.at_level(logging.WARNING, logger="inferflow.models.generation_config"):
         ck = load_checkpoint(checkpoint)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
-    assert "repetition_penalty=1.1" in warnings[0] and "min_p=0.05" in warnings[0]
-    assert ck.generation.applied == {"temperature": 0.7}
+    assert "typical_p=0.9" in warnings[0] and "no_repeat_ngram_size=3" in warnings[0]
+    assert ck.generation.applied == {"temperature": 0.7, "min_p": 0.05}
 
 
 @pytest.mark.parametrize(("content", "problem"), [

@@ -2,7 +2,7 @@
 server driven by the ``openai`` client over 127.0.0.1. It serves two small seeded Llamas:
 
 - ``tuned``: its generation_config.json sets ``max_new_tokens: 5``, ``temperature: 0``, a
-  ``repetition_penalty`` inferflow cannot apply, and one more EOS id (a token its greedy output
+  ``typical_p`` inferflow does not apply, and one more EOS id (a token its greedy output
   reaches at a known position);
 - ``hf-saved``: its tokenizer re-saved by transformers' ``save_pretrained`` (so the chat template
   is ``chat_template.jinja``, no longer in tokenizer_config.json); no sampling defaults.
@@ -49,7 +49,7 @@ def tuned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     assert 4 not in tokens[: at + 1]  # (config.json's EOS comes later for this seed)
     (path / "generation_config.json").write_text(json.dumps({
         "bos_token_id": 0, "eos_token_id": [4, tokens[at]], "do_sample": True,
-        "temperature": 0.0, "max_new_tokens": 5, "repetition_penalty": 1.3,
+        "temperature": 0.0, "max_new_tokens": 5, "typical_p": 0.9,
     }))
     return {"path": path, "tokens": tokens, "stop_at": at}
 
@@ -115,7 +115,7 @@ def test_version_shows_what_is_applied(gen_server: ServerProcess, tuned: dict[st
     assert models["tuned"]["model"]["generation_config"] == {
         "source": "auto",
         "applied": {"temperature": 0.0, "max_tokens": 5},
-        "not_applied": {"repetition_penalty": 1.3},
+        "not_applied": {"typical_p": 0.9},
         "eos_token_ids": sorted({4, tuned["tokens"][tuned["stop_at"]]}),
     }
     hf = models["hf-saved"]["model"]["generation_config"]

@@ -72,6 +72,19 @@ def test_the_document_describes_bodies_errors_and_content_types(
         assert "Retry-After" in operation["responses"]["429"]["headers"]
         assert schemas[body]["properties"]["model"]["enum"] == [MODEL]
     assert "prompt" in schemas["CompletionRequest"]["required"]
+    # the sampling controls with their ranges, so the fuzzer sends valid and invalid ones
+    for body in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas[body]["properties"]
+        for name, low, high in (("presence_penalty", -2, 2), ("frequency_penalty", -2, 2),
+                                ("min_p", 0, 1)):
+            number = next(s for s in props[name]["anyOf"] if s.get("type") == "number")
+            assert (number["minimum"], number["maximum"]) == (low, high), name
+        penalty = next(s for s in props["repetition_penalty"]["anyOf"] if s.get("type"))
+        assert (penalty["exclusiveMinimum"], penalty["maximum"]) == (0, 100)
+        bias = props["logit_bias"]
+        assert bias["propertyNames"] == {"pattern": "^[0-9]+$"}
+        values = next(s for s in bias["anyOf"] if s.get("type") == "object")
+        assert values["additionalProperties"]["maximum"] == 100
     assert "messages" in schemas["ChatCompletionRequest"]["required"]
     for path, body, response in (
         ("/tokenize", "TokenizeRequest", "TokenizeResponse"),

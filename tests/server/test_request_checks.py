@@ -27,7 +27,12 @@ def param_of(schema: type, body: dict) -> tuple[int, str | None]:
         ({"model": "m", "prompt": []}, "prompt"),
         ({"model": "m", "prompt": "x", "echo": True}, "echo"),
         ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
-        ({"model": "m", "prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+        ({"model": "m", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"model": "m", "prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+        ({"model": "m", "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+        ({"model": "m", "prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"model": "m", "prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"model": "m", "prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias.5"),
         ({"model": "m", "prompt": "x", "stop": ["", "a"]}, "stop"),
         ({"model": "m", "prompt": [True, False]}, "prompt"),  # not token ids 1 and 0
         ({"model": "m", "prompt": [1.0, 2.0]}, "prompt"),
@@ -86,6 +91,27 @@ def test_chat_sampling_errors_use_openai_names() -> None:
     with pytest.raises(OpenAIError) as info:
         request.sampling_params(max_tokens=4, logprobs=request.num_logprobs)
     assert info.value.info.param == "min_tokens"
+
+
+def test_sampling_controls_reach_sampling_params() -> None:
+    from inferflow.models.generation_config import GenerationDefaults
+
+    body = {"model": "m", "prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -0.25,
+            "repetition_penalty": 1.2, "min_p": 0.1, "logit_bias": {"7": -100, "12": 3.5}}
+    params = parse_body(CompletionRequest, body).sampling_params(max_tokens=4, logprobs=None)
+    assert (params.presence_penalty, params.frequency_penalty, params.repetition_penalty,
+            params.min_p, params.logit_bias) == (0.5, -0.25, 1.2, 0.1, {7: -100.0, 12: 3.5})
+    # unset: neutral, or the model's generation_config.json default (vLLM applies those two)
+    model = GenerationDefaults(applied={"repetition_penalty": 1.3, "min_p": 0.05})
+    plain = parse_body(CompletionRequest, {"model": "m", "prompt": "x"})
+    assert not plain.sampling_params(max_tokens=4, logprobs=None).processes_logits
+    tuned = plain.sampling_params(max_tokens=4, logprobs=None, defaults=model)
+    assert (tuned.repetition_penalty, tuned.min_p) == (1.3, 0.05)
+    for key in ("seven", "-1", "1.5", "٣"):  # (an Arabic-Indic digit is not a token id)
+        bad = parse_body(CompletionRequest, {"model": "m", "prompt": "x", "logit_bias": {key: 1}})
+        with pytest.raises(OpenAIError) as info:
+            bad.sampling_params(max_tokens=4, logprobs=None)
+        assert (info.value.info.status_code, info.value.info.param) == (400, "logit_bias"), key
 
 
 def test_single_prompt_forms() -> None:

@@ -2,16 +2,16 @@
 
 Parsing turns any schema problem into a 400 naming the field (``param``), the way OpenAI does.
 Nothing is silently ignored: an unknown request field is a 400 naming it, and parameters we
-cannot honour (``n > 1``, ``echo``, ``best_of``, penalties, ``logit_bias``, ``store``, ...) are
-accepted only at their neutral value. (Inside a chat message, extra keys such as ``refusal`` or
+cannot honour (``n > 1``, ``echo``, ``best_of``, ``store``, ...) are accepted only at their
+neutral value. (Inside a chat message, extra keys such as ``refusal`` or
 ``annotations`` of an echoed assistant message are dropped: they do not change the prompt.)
 vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
-``priority``.
+``priority``, ``repetition_penalty``, ``min_p``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, Field, StrictInt, ValidationError
 
@@ -32,7 +32,6 @@ class StreamOptions(ClosedModel):
 
 # OpenAI fields accepted only at their neutral value: (field, allowed values, why not others)
 NEUTRAL_ONLY: tuple[tuple[str, tuple[Any, ...], str], ...] = (
-    ("logit_bias", (None, {}), "logit_bias is not supported"),
     ("store", (None, False), "this server does not store completions (store must be false)"),
     ("metadata", (None, {}), "metadata is only kept with store, which this server does not do"),
     ("service_tier", (None, "auto", "default"), "service_tier must be auto or default"),
@@ -54,10 +53,13 @@ class _SamplingFields(GuidedFields, ClosedModel):
     stream_options: StreamOptions | None = None
     # accepted only at their neutral value (the OpenAPI document says so; anything else is a 400)
     n: int = Field(default=1, json_schema_extra={"enum": [1]})
-    presence_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
-    frequency_penalty: float = Field(default=0.0, json_schema_extra={"enum": [0]})
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    # token id (as a string, OpenAI's form) -> bias added to its logit
+    logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        default=None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}}
+    )
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
@@ -67,6 +69,8 @@ class _SamplingFields(GuidedFields, ClosedModel):
     min_tokens: int = 0
     stop_token_ids: list[int] | None = None
     priority: int = 0
+    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
 
     @property
     def include_usage(self) -> bool:
@@ -78,9 +82,6 @@ class _SamplingFields(GuidedFields, ClosedModel):
         for name, allowed, why in NEUTRAL_ONLY:
             if getattr(self, name) not in allowed:
                 raise bad_request(why, name)
-        if self.presence_penalty or self.frequency_penalty:
-            param = "presence_penalty" if self.presence_penalty else "frequency_penalty"
-            raise bad_request(f"{param} is not supported (must be 0)", param)
         if self.stream_options is not None and not self.stream:
             raise bad_request(
                 "stream_options is only allowed when stream is true", "stream_options"
@@ -111,12 +112,30 @@ class _SamplingFields(GuidedFields, ClosedModel):
                 logprobs=logprobs,
                 min_tokens=self.min_tokens,
                 guided=self.guided(),
+                presence_penalty=_first(self.presence_penalty, 0.0),
+                frequency_penalty=_first(self.frequency_penalty, 0.0),
+                repetition_penalty=_first(self.repetition_penalty,
+                                          model.get("repetition_penalty", 1.0)),
+                min_p=_first(self.min_p, model.get("min_p", 0.0)),
+                logit_bias=self.token_biases(),
             )
         except SamplingParamsError as exc:
             raise bad_request(str(exc), self._param_name(exc.field)) from None
 
     def _param_name(self, sampling_field: str) -> str:
         return sampling_field
+
+    def token_biases(self) -> dict[int, float] | None:
+        """``logit_bias`` with token-id keys; a key that is not a token id is a 400 naming it
+        (an id past the vocabulary is refused by the engine, which knows the vocabulary)."""
+        if not self.logit_bias:
+            return None
+        biases = {}
+        for key, bias in self.logit_bias.items():
+            if not key.isascii() or not key.isdigit():
+                raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+            biases[int(key)] = bias
+        return biases
 
     def guided(self) -> Any:
         """The request's output constraint (``GuidedConstraint``) or None."""
