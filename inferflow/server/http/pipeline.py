@@ -29,6 +29,8 @@ from inferflow.stages.base import (
     StageRequest,
 )
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
+from inferflow.stages.reasoning_parser import ReasoningParserStage
+from inferflow.stages.tool_parser import ToolParserStage
 
 if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
@@ -77,6 +79,8 @@ class RequestPipeline:
         wrap_stage: StageWrapper = _no_wrap,
         guided: GuidedDecodingStage | None = None,
         defaults: GenerationDefaults | None = None,
+        tool_parser: ToolParserStage | None = None,
+        reasoning_parser: ReasoningParserStage | None = None,
     ) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
@@ -86,6 +90,10 @@ class RequestPipeline:
         # checks a request's structured-output constraint before it is queued (400 if it
         # cannot compile); the engine compiles it again, cached, when the request arrives
         self.guided = guided if guided is not None else NoGuidedDecoding()
+        # the response parsers of chat answers (set up with the stages); a tool_choice "auto"
+        # request is constrained by the tool parser's grammar when the guided stage can
+        self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
 
     @classmethod
     def from_graph(cls, graph: ServingGraph, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
@@ -95,7 +103,7 @@ class RequestPipeline:
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults,
+            defaults, graph.tool_parser, graph.reasoning_parser,
         )
 
     async def prepare(
@@ -143,6 +151,10 @@ class RequestPipeline:
             params = body.sampling_params(
                 max_tokens or placeholder, body.num_logprobs, self.defaults
             )
+            if self.tool_parser is not None and not isinstance(self.guided, NoGuidedDecoding):
+                tool_grammar = body.auto_tool_constraint(self.tool_parser)
+                if tool_grammar is not None:
+                    params = replace(params, guided=tool_grammar)
             return StageRequest(
                 request_id="",
                 messages=body.message_dicts(),
