@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 _CALL_KEYS = frozenset(("name", *ARGUMENT_KEYS))
@@ -360,7 +361,7 @@ def partial_suffix(text: str, marker: str) -> int:
 
 def read_calls(
     fmt: CallFormat, names: set[str] | frozenset[str], text: str
-) -> tuple[str | None, list[dict[str, object]], bool]:
+) -> tuple[str | None, list[dict[str, Any]], bool]:
     """The whole output at once: (content or None, OpenAI ``tool_calls``, a call left
     incomplete)."""
     reader = CallReader(fmt, names)

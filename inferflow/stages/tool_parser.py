@@ -50,6 +50,7 @@ ToolSchema = tuple[str, dict[str, Any]]
 # llguidance's compact JSON (what clients parse; the guided slot's default)
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 _TEXT = r"/(.|\n)*/"  # any text
+_SP = r"/[ \t\r\n]+/"  # what may stand before a call that opens the answer
 
 
 def strict_schema(schema: dict[str, Any]) -> dict[str, Any]:
@@ -77,6 +78,18 @@ def _close_objects(node: Any) -> None:
         elif key in ("items", "prefixItems", "anyOf", "oneOf", "allOf", "not", "additionalProperties",
                      "if", "then", "else", "contains"):
             _close_objects(value)
+
+
+def after_reasoning(grammar: str, end: str) -> str:
+    """``grammar`` (its ``start`` rule) allowed after a reasoning block that ``end`` closes: the
+    reasoning is free text (opened in the prompt or in the output), the answer is constrained."""
+    answer = grammar.replace("\nstart: ", "\nanswer: ", 1)
+    assert answer != grammar, "the grammar has no start rule"
+    return (
+        f"{answer}start: answer | thought answer\n"
+        f"thought[lazy]: ANY {json.dumps(end)}\n"
+        f"ANY: {_TEXT}\n"
+    )
 
 
 def call_schema(name: str, parameters: dict[str, Any], arguments_key: str = "arguments") -> dict:
@@ -144,8 +157,9 @@ class JsonToolParser(ToolParserStage):
         calls = '"[" call (", " call)* "]"' if parallel else 'call'
         return (
             "%llguidance {}\n"
-            f"start: TEXT | {calls}\n"
+            f"start: TEXT | SP? {calls}\n"
             f"call: {call}\n"
+            f"SP: {_SP}\n"
             # text that does not open with { or [ (an answer that does is a call)
             r"TEXT: /\s*|\s*[^{\[\s](.|\n)*/" + "\n"
         )
@@ -189,9 +203,10 @@ class Llama3JsonToolParser(ToolParserStage):
         repeat = ' ("; " call)*' if parallel else ""
         return (
             "%llguidance {}\n"
-            f"start: TEXT | calls{tagged}\n"
+            f"start: TEXT | SP? calls{tagged}\n"
             f"calls: call{repeat}\n"
             f"call: {_calls_json(tools, self.arguments_key)}\n"
+            f"SP: {_SP}\n"
             r"TEXT: /\s*|\s*[^{\s](.|\n)*/" + "\n"  # an answer that opens with { is a call
         )
 

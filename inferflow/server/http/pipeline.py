@@ -29,7 +29,7 @@ from inferflow.stages.base import (
     StageRequest,
 )
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
-from inferflow.stages.reasoning_parser import ReasoningParserStage
+from inferflow.stages.reasoning_parser import ReasoningParserStage, ThinkReasoningParser
 from inferflow.stages.tool_parser import ToolParserStage
 
 if TYPE_CHECKING:
@@ -106,6 +106,11 @@ class RequestPipeline:
             defaults, graph.tool_parser, graph.reasoning_parser,
         )
 
+    def _reasoning_end(self) -> str | None:
+        """The marker that closes the model's reasoning (None: it does not reason)."""
+        chosen = self.reasoning_parser.resolved if self.reasoning_parser is not None else None
+        return chosen.end if isinstance(chosen, ThinkReasoningParser) else None
+
     async def prepare(
         self,
         body: CompletionRequest | ChatCompletionRequest,
@@ -152,7 +157,7 @@ class RequestPipeline:
                 max_tokens or placeholder, body.num_logprobs, self.defaults
             )
             if self.tool_parser is not None and not isinstance(self.guided, NoGuidedDecoding):
-                tool_grammar = body.auto_tool_constraint(self.tool_parser)
+                tool_grammar = body.auto_tool_constraint(self.tool_parser, self._reasoning_end())
                 if tool_grammar is not None:
                     params = replace(params, guided=tool_grammar)
             return StageRequest(

@@ -62,6 +62,7 @@ from inferflow.stages.tool_parser import (
     JsonToolParser,
     ToolParserStage,
     ToolSchema,
+    after_reasoning,
     call_schema,
     strict_schema,
 )
@@ -150,18 +151,25 @@ class ToolFields(BaseModel):
             calls["maxItems"] = 1
         return GuidedConstraint.json_schema(calls, "tool_choice")
 
-    def auto_tool_constraint(self, parser: ToolParserStage) -> GuidedConstraint | None:
+    def auto_tool_constraint(
+        self, parser: ToolParserStage, reasoning_end: str | None = None
+    ) -> GuidedConstraint | None:
         """``tool_choice: "auto"``: the parser's grammar (free text, then calls that follow the
-        tools' schemas), or None (no tools in auto mode, another constraint asked, or a parser
-        without one)."""
-        if self.tool_mode() != "auto" or self.guided_constraint() is not None:
+        tools' schemas; after a reasoning block closed by ``reasoning_end`` when the model
+        reasons), or None (no tools in auto mode, or a parser without one). The caller applies
+        it to a request that asks for no other constraint (``response_format`` wins)."""
+        if self.tool_mode() != "auto":
             return None
         tools: list[ToolSchema] = [
             (t.function.name, _parameters(t.function, bool(t.function.strict)))
             for t in self.tools or ()
         ]
         grammar = parser.auto_grammar(tools, parallel=self.parallel_tool_calls is not False)
-        return None if grammar is None else GuidedConstraint(GuidedKind.GRAMMAR, grammar, "tools")
+        if grammar is None:
+            return None
+        if reasoning_end is not None:
+            grammar = after_reasoning(grammar, reasoning_end)
+        return GuidedConstraint(GuidedKind.GRAMMAR, grammar, "tools")
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         """``tools`` as the chat template sees them (OpenAI's JSON shape)."""
@@ -246,22 +254,17 @@ class ToolCallFormatter(ChatFormatter):
 
     def delta_chunks(self, update: RequestUpdate) -> list[JSONObject]:
         final = update.finish_reason is not None
-        pieces = self._read(update.text, final)
-        chunks = [self._piece_chunk({key: value}) for key, value in pieces]
+        choices = [self._piece_choice({key: value}) for key, value in self._read(update.text, final)]
+        if (update.logprobs or final) and not choices:
+            choices.append(self._piece_choice({}))
         if update.logprobs:
-            if not chunks:
-                chunks.append(self._piece_chunk({}))
-            chunks[0]["choices"][0]["logprobs"] = self._logprobs(update.logprobs)
+            choices[0]["logprobs"] = self._logprobs(update.logprobs)
         if final:
-            if not chunks:
-                chunks.append(self._piece_chunk({}))
-            chunks[-1]["choices"][0]["finish_reason"] = self._finish_reason(update.finish_reason)
-        return chunks
+            choices[-1]["finish_reason"] = self._finish_reason(update.finish_reason)
+        return [self.chunk(choice) for choice in choices]
 
-    def _piece_chunk(self, delta: JSONObject) -> JSONObject:
-        return self.chunk(
-            {"index": self._choice_index, "delta": delta, "logprobs": None, "finish_reason": None}
-        )
+    def _piece_choice(self, delta: JSONObject) -> JSONObject:
+        return {"index": self._choice_index, "delta": delta, "logprobs": None, "finish_reason": None}
 
     def _finish_reason(self, reason: str | None) -> str | None:
         calls = self._calls
