@@ -13,7 +13,7 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from inferflow.config.schema import REQUEST_SLOTS
+from inferflow.config.schema import REQUEST_SLOTS, RESPONSE_SLOTS
 from inferflow.graph.build import ServingGraph, build_entry_graph
 from inferflow.graph.repository import llm_entries
 from inferflow.stages.base import RequestStage
@@ -116,6 +116,11 @@ def stage_lines(graph: ServingGraph) -> list[str]:
         lines.append(_line(graph, stage.name, stage, origin))
     lines += [_line(graph, name, stage) for name, stage in graph.engine_slots.items()]
     lines += [_line(graph, stage.name, stage) for stage in graph.response_stages]
+    for name in RESPONSE_SLOTS:  # the parsers (``auto``: which one the chat template chose)
+        parser = getattr(graph, name)
+        line = _line(graph, name, parser)
+        chosen = parser.resolved
+        lines.append(line if chosen is parser else f"{line} (chosen: {chosen.option})")
     return lines
 
 
@@ -129,7 +134,8 @@ def _line(graph: ServingGraph, name: str, stage: object, added_by: str | None = 
 
 def _target(graph: ServingGraph, name: str, stage: object) -> str:
     """The ``_target_`` the stage was built from (its class's path when another stage made it)."""
-    node = graph.config.get(name) if name in graph.engine_slots or name in REQUEST_SLOTS else None
+    slot = name in graph.engine_slots or name in REQUEST_SLOTS or name in RESPONSE_SLOTS
+    node = graph.config.get(name) if slot else None
     if node is None:
         node = (graph.config.get("stages") or {}).get(name)
     target = node.get("_target_") if node is not None else None

@@ -22,6 +22,7 @@ from inferflow.config.base import (
 from inferflow.config.schema import (
     ENGINE_SLOTS,
     REQUEST_SLOTS,
+    RESPONSE_SLOTS,
     SLOTS,
     InferflowConfig,
     LoadMode,
@@ -35,7 +36,7 @@ from inferflow.config.server import LogLevel, RayServerConfig, ServerConfig, Ser
 from inferflow.config.tracing import OtlpProtocol, TracingConfig, TracingExporter
 
 __all__ = [
-    "ENGINE_SLOTS", "REQUEST_SLOTS", "SLOTS", "ConfigEnum", "ConfigError", "InferflowConfig",
+    "ENGINE_SLOTS", "REQUEST_SLOTS", "RESPONSE_SLOTS", "SLOTS", "ConfigEnum", "ConfigError", "InferflowConfig",
     "LoadMode", "LogLevel", "ModelConfig", "ModelEntryConfig", "ModelTask", "OfflineConfig",
     "OtlpProtocol", "RayServerConfig", "ServerConfig", "ServerRuntime", "Task", "TracingConfig",
     "TracingExporter", "describe_omegaconf_error", "stage_schema", "typed_config",

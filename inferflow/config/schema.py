@@ -19,8 +19,9 @@ from inferflow.config.server import ServerConfig
 from inferflow.config.tracing import TracingConfig
 
 # The slots of the serving graph, in request order -> where each runs: a "request" slot per
-# request before the engine, an "engine" slot shapes the engine. Every other slot list
-# (REQUEST_SLOTS, ENGINE_SLOTS, the pipeline default, the slots a ``models:`` entry overrides)
+# request before the engine, an "engine" slot shapes the engine, a "response" slot reads the
+# engine's output in the API process. Every other slot list
+# (REQUEST_SLOTS, ENGINE_SLOTS, RESPONSE_SLOTS, the pipeline default, the slots a ``models:`` entry overrides)
 # is derived from this table; InferflowConfig and ModelEntryConfig have one field per slot.
 SLOTS: dict[str, str] = {
     "validator": "request",
@@ -31,9 +32,12 @@ SLOTS: dict[str, str] = {
     "guided": "engine",
     "executor": "engine",
     "detokenizer": "engine",
+    "reasoning_parser": "response",
+    "tool_parser": "response",
 }
 REQUEST_SLOTS = tuple(name for name, side in SLOTS.items() if side == "request")
 ENGINE_SLOTS = tuple(name for name, side in SLOTS.items() if side == "engine")
+RESPONSE_SLOTS = tuple(name for name, side in SLOTS.items() if side == "response")
 
 
 class ModelTask(ConfigEnum):
@@ -118,6 +122,8 @@ class ModelEntryConfig:
     detokenizer: Any = None
     guided: Any = None
     speculative: Any = None
+    reasoning_parser: Any = None
+    tool_parser: Any = None
 
 
 class Task(ConfigEnum):
@@ -156,6 +162,8 @@ class InferflowConfig:
     detokenizer: Any = None
     guided: Any = None
     speculative: Any = None
+    reasoning_parser: Any = None
+    tool_parser: Any = None
     pipeline: list[str] = field(default_factory=lambda: list(SLOTS))
     stages: dict[str, Any] = field(default_factory=dict)
     tracing: TracingConfig = field(default_factory=TracingConfig)

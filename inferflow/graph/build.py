@@ -39,8 +39,10 @@ from inferflow.stages.detokenizer import DetokenizerStage, StreamingDetokenizer
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
+from inferflow.stages.reasoning_parser import AutoReasoningParser, ReasoningParserStage
 from inferflow.stages.response import ResponseStage
 from inferflow.stages.speculative import NoSpeculation, SpeculativeStage
+from inferflow.stages.tool_parser import AutoToolParser, ToolParserStage
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
@@ -64,6 +66,11 @@ ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     contract.kind: contract
     for contract in (CacheStage, BatchingStage, ExecutorStage, DetokenizerStage,
                      GuidedDecodingStage, SpeculativeStage)
+}
+# Response-side slot -> its contract (read the engine's output in the API process; a removed
+# slot, ``~tool_parser``, holds the default: ``auto``).
+RESPONSE_SLOT_KINDS: dict[str, type] = {
+    contract.kind: contract for contract in (ReasoningParserStage, ToolParserStage)
 }
 
 
@@ -93,6 +100,8 @@ class ServingGraph:
     response_stages: list[ResponseStage] = field(default_factory=list)
     guided: GuidedDecodingStage = field(default_factory=NoGuidedDecoding)
     speculative: SpeculativeStage = field(default_factory=NoSpeculation)
+    reasoning_parser: ReasoningParserStage = field(default_factory=AutoReasoningParser)
+    tool_parser: ToolParserStage = field(default_factory=AutoToolParser)
     present_slots: tuple[str, ...] = ENGINE_SLOTS
     _context: StageContext | None = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -202,6 +211,8 @@ class ServingGraph:
                     stage.setup(ctx)
                 for response_stage in self.response_stages:
                     response_stage.setup(ctx)
+                self.reasoning_parser.setup(ctx)
+                self.tool_parser.setup(ctx)
                 self._context = ctx
             return self._context
 
@@ -345,13 +356,15 @@ def _build(cfg: DictConfig) -> ServingGraph:
     built: dict[str, Any] = {}
     for name in pipeline:
         if cfg.get(name) is not None:
-            kind = RequestStage if name in REQUEST_SLOTS else ENGINE_STAGE_KINDS[name]
+            kind = RequestStage if name in REQUEST_SLOTS else (
+                RESPONSE_SLOT_KINDS.get(name) or ENGINE_STAGE_KINDS[name]
+            )
             built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
-    if "speculative" not in pipeline and cfg.get("speculative") is not None:
-        # (a pipeline list written before the slot existed: the slot still applies)
-        built["speculative"] = instantiate_stage(
-            cfg.speculative, "speculative", SpeculativeStage, prefixes
-        )
+    late = {"speculative": SpeculativeStage, **RESPONSE_SLOT_KINDS}
+    for name, kind in late.items():
+        if name not in pipeline and cfg.get(name) is not None:
+            # (a pipeline list written before the slot existed: the slot still applies)
+            built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
     for name, node in extra.items():
         built[name] = instantiate_stage(
             node, f"stages.{name}", (RequestStage, ResponseStage), prefixes
@@ -373,6 +386,8 @@ def _build(cfg: DictConfig) -> ServingGraph:
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
         guided=engine_stage("guided", NoGuidedDecoding),
         speculative=engine_stage("speculative", NoSpeculation),
+        reasoning_parser=built.get("reasoning_parser") or AutoReasoningParser(),
+        tool_parser=built.get("tool_parser") or AutoToolParser(),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),
         server=typed_config(_server_schema(cfg.get("server")), cfg.get("server"), "server"),
         tracing=typed_config(TracingConfig, cfg.get("tracing"), "tracing"),

@@ -23,8 +23,14 @@ from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
+from inferflow.stages.reasoning_parser import (
+    AutoReasoningParser,
+    NoReasoningParser,
+    ThinkReasoningParser,
+)
 from inferflow.stages.speculative import NgramSpeculation, NoSpeculation
 from inferflow.stages.tokenizer import CheckpointTokenizer
+from inferflow.stages.tool_parser import TOOL_PARSERS, AutoToolParser
 from inferflow.stages.torch_executor import TorchExecutor
 from inferflow.stages.validator import RequestValidator
 
@@ -47,6 +53,12 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
     "detokenizer": {"default": StreamingDetokenizer},
     "guided": {"llguidance": LLGuidanceDecoding, "none": NoGuidedDecoding},
     "speculative": {"none": NoSpeculation, "ngram": NgramSpeculation},
+    "reasoning_parser": {
+        "auto": AutoReasoningParser,
+        "think": ThinkReasoningParser,
+        "none": NoReasoningParser,
+    },
+    "tool_parser": {"auto": AutoToolParser, **TOOL_PARSERS},
 }
 
 

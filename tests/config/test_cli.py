@@ -29,7 +29,10 @@ def test_default_config_is_the_embedded_tiny_model(cli_env: dict[str, str], work
         "guided",
         "executor",
         "detokenizer",
+        "reasoning_parser",
+        "tool_parser",
     ]
+    assert cfg["tool_parser"]["_target_"] == "inferflow.stages.tool_parser.AutoToolParser"
     assert cfg["speculative"]["_target_"] == "inferflow.stages.speculative.NoSpeculation"
     assert cfg["guided"]["_target_"] == "inferflow.stages.guided.LLGuidanceDecoding"
     assert cfg["batching"]["_target_"] == "inferflow.stages.batching.ContinuousBatching"

@@ -49,7 +49,7 @@ from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequ
 from inferflow.server.http.request_flow import RequestFlow
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.sse import SSEResponse
-from inferflow.server.http.tool_calls import ToolCallFormatter
+from inferflow.server.http.tool_calls import chat_formatter
 from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.shared_state import SharedState
@@ -256,11 +256,12 @@ class Frontend:
             _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_CLOSED)
             raise
         want_logprobs = prepared.params.logprobs is not None
-        mode = body.tool_mode() if isinstance(body, ChatCompletionRequest) else None
-        if mode is not None:
-            assert isinstance(body, ChatCompletionRequest)
-            formatter: ResponseFormatter = ToolCallFormatter(
-                deployment.name, body.include_usage, want_logprobs, mode, body.tool_names()
+        if isinstance(body, ChatCompletionRequest):
+            pipeline = deployment.pipeline
+            formatter: ResponseFormatter = chat_formatter(
+                deployment.name, body.include_usage, want_logprobs, body.tool_mode(),
+                body.tool_names(), pipeline.tool_parser, pipeline.reasoning_parser,
+                prepared.prompt_token_ids,
             )
         else:
             formatter = formatter_cls(deployment.name, body.include_usage, want_logprobs)

@@ -30,6 +30,8 @@ from inferflow.stages.base import (
     StageRequest,
 )
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
+from inferflow.stages.reasoning_parser import ReasoningParserStage, ThinkReasoningParser
+from inferflow.stages.tool_parser import ToolParserStage
 
 if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
@@ -81,6 +83,8 @@ class RequestPipeline:
         defaults: GenerationDefaults | None = None,
         honours_priority: bool = True,
         tokenizer: Tokenizer | None = None,
+        tool_parser: ToolParserStage | None = None,
+        reasoning_parser: ReasoningParserStage | None = None,
     ) -> None:
         self.model_name = model_name
         self._tokenizer = tokenizer  # the checkpoint's, for /tokenize and /detokenize
@@ -93,6 +97,10 @@ class RequestPipeline:
         # checks a request's structured-output constraint before it is queued (400 if it
         # cannot compile); the engine compiles it again, cached, when the request arrives
         self.guided = guided if guided is not None else NoGuidedDecoding()
+        # the response parsers of chat answers (set up with the stages); a tool_choice "auto"
+        # request is constrained by the tool parser's grammar when the guided stage can
+        self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
 
     @classmethod
     def from_graph(cls, graph: ServingGraph, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
@@ -102,7 +110,8 @@ class RequestPipeline:
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults, graph.batching.honours_priority, graph.tokenizer,
+            defaults, graph.batching.honours_priority, graph.tokenizer, graph.tool_parser,
+            graph.reasoning_parser,
         )
 
     @property
@@ -111,6 +120,11 @@ class RequestPipeline:
         if self._tokenizer is None:
             raise OpenAIError.of(500, "this model has no tokenizer", code="pipeline_error")
         return self._tokenizer
+
+    def _reasoning_end(self) -> str | None:
+        """The marker that closes the model's reasoning (None: it does not reason)."""
+        chosen = self.reasoning_parser.resolved if self.reasoning_parser is not None else None
+        return chosen.end if isinstance(chosen, ThinkReasoningParser) else None
 
     async def prepare(
         self,
@@ -159,6 +173,10 @@ class RequestPipeline:
             params = body.sampling_params(
                 max_tokens or placeholder, body.num_logprobs, self.defaults
             )
+            if self.tool_parser is not None and not isinstance(self.guided, NoGuidedDecoding):
+                tool_grammar = body.auto_tool_constraint(self.tool_parser, self._reasoning_end())
+                if tool_grammar is not None:
+                    params = replace(params, guided=tool_grammar)
             return StageRequest(
                 request_id="",
                 messages=body.message_dicts(),
