@@ -2,7 +2,8 @@
 
 The stages are set up once in the main process (the tokenizer is loaded there) and inherited by
 the forked API processes. ``prepare`` turns a parsed OpenAI body into a ``StageRequest``, runs it
-through every stage on a worker thread (stages may be called from several threads at once, per
+through every stage on a worker thread (one prompt at a time: a completion request with several
+prompts is prepared once per prompt) (stages may be called from several threads at once, per
 their contract) and returns what the engine needs. ``StageError`` becomes a 4xx naming the field.
 """
 
@@ -32,6 +33,7 @@ from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
 
 if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
+    from inferflow.models.tokenizer import Tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
@@ -77,8 +79,10 @@ class RequestPipeline:
         wrap_stage: StageWrapper = _no_wrap,
         guided: GuidedDecodingStage | None = None,
         defaults: GenerationDefaults | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> None:
         self.model_name = model_name
+        self.tokenizer = tokenizer  # decodes echoed token-id prompts (None: not available)
         self.max_model_len = max_model_len
         self.defaults = defaults or GenerationDefaults()
         self.stages = list(stages)
@@ -91,11 +95,11 @@ class RequestPipeline:
     def from_graph(cls, graph: ServingGraph, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
         """Set up the graph's stages (loads the tokenizer and the generation config) and wrap
         them."""
-        graph.setup_stages()
+        context = graph.setup_stages()
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults,
+            defaults, context.tokenizer,
         )
 
     async def prepare(
@@ -103,9 +107,11 @@ class RequestPipeline:
         body: CompletionRequest | ChatCompletionRequest,
         key_id: str,
         trace_context: Mapping[str, str],
+        prompt_index: int = 0,
     ) -> PreparedRequest:
-        """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
-        request, fill_context = self._stage_request(body, key_id)
+        """Run ``body`` (its prompt ``prompt_index`` for a completion) through the stages;
+        ``trace_context`` is the root span's W3C carrier."""
+        request, fill_context = self._stage_request(body, key_id, prompt_index)
         if trace_context:
             request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
         request = await asyncio.to_thread(self._run_stages, request)  # each stage: its own span
@@ -128,7 +134,7 @@ class RequestPipeline:
         )
 
     def _stage_request(
-        self, body: CompletionRequest | ChatCompletionRequest, key_id: str
+        self, body: CompletionRequest | ChatCompletionRequest, key_id: str, prompt_index: int = 0
     ) -> tuple[StageRequest, bool]:
         """The StageRequest for ``body``; True when max_tokens is set once the prompt length is
         known (the rest of the context window, capped by the model's default)."""
@@ -150,10 +156,11 @@ class RequestPipeline:
                 attributes=attributes,
                 tools=body.template_tools(),
             ), fill
-        prompt = body.single_prompt()
+        prompt = body.prompts()[prompt_index]
         fill = body.max_tokens is None and self.defaults.max_tokens is not None
         default = placeholder if fill else COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = body.sampling_params(body.max_tokens or default, body.logprobs, self.defaults)
+        max_tokens = default if body.max_tokens is None else body.max_tokens
+        params = body.sampling_params(max_tokens, body.logprobs, self.defaults)
         if isinstance(prompt, str):
             return StageRequest(
                 request_id="", prompt=prompt, sampling_params=params, attributes=attributes
