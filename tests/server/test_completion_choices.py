@@ -110,3 +110,33 @@ def test_a_failing_prompt_fails_the_request(server: ServerProcess) -> None:
     )
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "context_length_exceeded"
+
+
+def test_chat_n_choices_with_top_logprobs_streamed_and_not(server: ServerProcess) -> None:
+    client = server.client()
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 5,
+        "temperature": 1.0,
+        "seed": 5,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    out = client.chat.completions.create(**body, n=3)
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    for i, choice in enumerate(out.choices):
+        alone = client.chat.completions.create(**{**body, "seed": 5 + i}).choices[0]
+        assert choice.message.content == alone.message.content
+        assert [e.logprob for e in choice.logprobs.content] == pytest.approx(
+            [e.logprob for e in alone.logprobs.content], abs=1e-4
+        )
+        assert all(len(e.top_logprobs) == 2 for e in choice.logprobs.content)
+    texts: dict[int, str] = defaultdict(str)
+    roles = []
+    for chunk in client.chat.completions.create(**body, n=3, stream=True):
+        (choice,) = chunk.choices
+        roles += [choice.index] if choice.delta.role else []
+        texts[choice.index] += choice.delta.content or ""
+    assert sorted(roles) == [0, 1, 2]
+    assert dict(texts) == {c.index: c.message.content for c in out.choices}
