@@ -26,8 +26,11 @@ lm_eval = pytest.importorskip("lm_eval")
 from engine.hf_checkpoints import save_hf_checkpoint  # noqa: E402
 
 NAME = "tiny-hf"
-WORDS = ("the cat dog sat ran on a mat in big red blue house tree river sun moon one two three "
-         "four five and is was very small").split()
+WORDS = [
+    "the", "cat", "dog", "sat", "ran", "on", "a", "mat", "in", "big", "red", "blue", "house",
+    "tree", "river", "sun", "moon", "one", "two", "three", "four", "five", "and", "is", "was",
+    "very", "small",
+]
 
 
 def _sentence(rng: random.Random, n: int) -> str:
@@ -45,7 +48,7 @@ def tasks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gen = [{"question": _sentence(rng, 8), "answer": _sentence(rng, 2)} for _ in range(8)]
     for name, rows in (("mc", mc), ("gen", gen)):
         (root / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = (f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {{path}}\n"
+    common = ("dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {path}\n"
               "test_split: test\ndoc_to_text: \"{{{{question}}}}\"\n")
     (root / "mc.yaml").write_text(
         "task: inferflow_mc\n" + common.format(path=root / "mc.jsonl")
