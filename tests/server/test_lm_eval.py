@@ -129,24 +129,19 @@ def _served(server: ServerProcess, checkpoint: Path, tasks: Path, names: list[st
     return _outcome(_evaluate("local-completions", args, tasks, names, monkeypatch, batch_size))
 
 
-@pytest.mark.parametrize("batch_size", [1, 4])
-def test_loglikelihoods_equal_the_hf_backend(
-    server: ServerProcess, checkpoint: Path, tasks: Path, reference: Outcome, batch_size: int,
-    monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("batch_size", [1, 4])  # 4: several prompts per request
+@pytest.mark.parametrize("task", ["inferflow_mc", "inferflow_gen"])
+def test_local_completions_equals_the_hf_backend(
+    server: ServerProcess, checkpoint: Path, tasks: Path, reference: Outcome, task: str,
+    batch_size: int, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    lls, acc, _ = _served(server, checkpoint, tasks, ["inferflow_mc"], monkeypatch, batch_size)
-    ref_lls, ref_acc, _ = reference
-    assert len(lls) == 16 and all(len(item) == 4 for item in lls)
-    for got, want in zip(lls, ref_lls, strict=True):
-        assert got == pytest.approx(want, abs=1e-3)
-    assert acc == ref_acc
-
-
-@pytest.mark.parametrize("batch_size", [1, 4])
-def test_generations_equal_the_hf_backend(
-    server: ServerProcess, checkpoint: Path, tasks: Path, reference: Outcome, batch_size: int,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _, _, gens = _served(server, checkpoint, tasks, ["inferflow_gen"], monkeypatch, batch_size)
-    assert len(gens) == 8 and any(gens)
-    assert gens == reference[2]
+    lls, acc, gens = _served(server, checkpoint, tasks, [task], monkeypatch, batch_size)
+    ref_lls, ref_acc, ref_gens = reference
+    if task == "inferflow_mc":  # loglikelihoods: echo + logprobs over the prompt tokens
+        assert len(lls) == 16 and all(len(item) == 4 for item in lls)
+        for got, want in zip(lls, ref_lls, strict=True):
+            assert got == pytest.approx(want, abs=1e-3)
+        assert acc == ref_acc
+    else:  # greedy generations
+        assert len(gens) == 8 and any(gens)
+        assert gens == ref_gens
