@@ -197,3 +197,14 @@ def test_the_frontend_runs_with_the_environment_api_keys_added() -> None:
 def test_the_server_config_refuses_several_engine_workers() -> None:
     with pytest.raises(ConfigError, match=r"server\.workers: one engine worker"):
         typed_config(ServerConfig, {"workers": 2}, "server")
+
+
+def test_admission_counts_every_engine_request_of_a_fan_out() -> None:
+    from inferflow.server.shared_state import SharedState
+
+    shared = SharedState()
+    assert shared.try_admit(4, 3) and shared.in_flight == 3
+    assert not shared.try_admit(4, 2) and shared.in_flight == 3  # 5 would pass the limit
+    assert shared.try_admit(4) and shared.in_flight == 4
+    shared.release(3)
+    assert shared.in_flight == 1
