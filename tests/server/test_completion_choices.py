@@ -140,3 +140,42 @@ def test_chat_n_choices_with_top_logprobs_streamed_and_not(server: ServerProcess
         texts[choice.index] += choice.delta.content or ""
     assert sorted(roles) == [0, 1, 2]
     assert dict(texts) == {c.index: c.message.content for c in out.choices}
+
+
+def test_echo_logprobs_cover_the_prompt_and_prompt_logprobs_agree(server: ServerProcess) -> None:
+    body = {"prompt": PROMPTS[0], "temperature": 0, "logprobs": 2}
+    plain = complete(server, **body, max_tokens=3)["choices"][0]["logprobs"]
+    echoed = complete(server, **body, max_tokens=3, echo=True, n=2)
+    n_prompt = echoed["usage"]["prompt_tokens"]
+    first, second = (c["logprobs"] for c in echoed["choices"])
+    assert first == second  # the sibling renders its leader's prompt logprobs
+    assert len(first["tokens"]) == n_prompt + 3
+    assert first["token_logprobs"][0] is None and first["top_logprobs"][0] is None
+    assert first["tokens"][n_prompt:] == plain["tokens"]
+    assert first["token_logprobs"][n_prompt:] == pytest.approx(plain["token_logprobs"], abs=1e-4)
+    for token, lp, top in zip(first["tokens"][1:n_prompt], first["token_logprobs"][1:n_prompt],
+                              first["top_logprobs"][1:n_prompt], strict=True):
+        assert top[token] == lp and max(top.values()) >= lp and len(top) in (2, 3)
+    assert first["text_offset"][n_prompt] == len("".join(first["tokens"][:n_prompt]))
+    # max_tokens 0: the prompt alone, the same logprobs
+    alone = complete(server, **body, max_tokens=0, echo=True)
+    choice = alone["choices"][0]
+    assert choice["text"] == PROMPTS[0] and choice["finish_reason"] == "length"
+    assert alone["usage"]["completion_tokens"] == 0
+    assert choice["logprobs"]["tokens"] == first["tokens"][:n_prompt]
+    assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        first["token_logprobs"][1:n_prompt], abs=1e-4)
+    # vLLM's prompt_logprobs: the same numbers, keyed by token id
+    vllm = complete(server, prompt=PROMPTS[0], max_tokens=1, prompt_logprobs=1)["choices"][0]
+    steps = vllm["prompt_logprobs"]
+    assert steps[0] is None and len(steps) == n_prompt
+    for step, token, lp in zip(steps[1:], first["tokens"][1:n_prompt],
+                               first["token_logprobs"][1:n_prompt], strict=True):
+        entry = next(e for e in step.values() if e["decoded_token"] == token)
+        assert entry["logprob"] == pytest.approx(lp, abs=1e-4)
+        assert any(e["rank"] == 1 for e in step.values())
+    # streamed: the prompt and its logprobs in the first chunk
+    chunks = stream(server, **body, max_tokens=3, echo=True)
+    head = chunks[0]["choices"][0]
+    assert head["text"].startswith(PROMPTS[0])
+    assert head["logprobs"]["tokens"][:n_prompt] == first["tokens"][:n_prompt]
