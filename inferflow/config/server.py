@@ -60,6 +60,8 @@ class ServerConfig:
     max_payload_bytes: int | None = 1_048_576
     request_timeout_s: float | None = 600.0  # arrival -> last token; 504 after it
     max_waiting_requests: int | None = 256  # admitted beyond the engine's slots; 429 after it
+    # /v1/completions prompts x n (or best_of): engine requests one HTTP request may fan out into
+    max_choices_per_request: int = 64
     rate_limit_requests_per_minute: int | None = None
     rate_limit_tokens_per_minute: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests may finish for this long
@@ -87,7 +89,7 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port: must be in [0, 65535], got {self.port}")
-        for name in ("num_api_servers", "workers"):
+        for name in ("num_api_servers", "workers", "max_choices_per_request"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
         for f in dataclasses.fields(self):  # every limit, timeout and size: >= 0 (or null: off)

@@ -199,17 +199,18 @@ class SharedState:
         return float("inf") if last <= 0 else max(0.0, time.time() - last)
 
     # admission ------------------------------------------------------------------------------
-    def try_admit(self, limit: int | None) -> bool:
-        """Count one more request in flight unless ``limit`` are already (atomic across processes)."""
+    def try_admit(self, limit: int | None, count: int = 1) -> bool:
+        """Count ``count`` more requests in flight (an HTTP request fanned out into several
+        engine requests) unless that would pass ``limit`` (atomic across processes)."""
         with self._in_flight.get_lock():
-            if limit is not None and self._in_flight.value >= limit:
+            if limit is not None and self._in_flight.value + count > limit:
                 return False
-            self._in_flight.value += 1
+            self._in_flight.value += count
             return True
 
-    def release(self) -> None:
+    def release(self, count: int = 1) -> None:
         with self._in_flight.get_lock():
-            self._in_flight.value -= 1
+            self._in_flight.value -= count
 
     @property
     def in_flight(self) -> int:

@@ -96,7 +96,7 @@ def test_settings_not_applied_are_logged_once_at_load(
     ({"temperature": "hot"}, "temperature: must be a number"),
     ({"top_k": 2.5}, "top_k: must be an integer"),
     ({"top_p": 0.0}, "top_p: must be in"),
-    ({"max_new_tokens": 0}, "max_new_tokens: must be an integer >= 1"),
+    ({"max_new_tokens": -1}, "max_new_tokens: must be an integer >= 0"),
     ({"eos_token_id": "</s>"}, "eos_token_id: must be a token id"),
     ({"eos_token_id": [2, True]}, "eos_token_id: must be a token id"),
 ])

@@ -39,9 +39,11 @@ def completion(server: ServerProcess, key: str | None = None, **body: object) ->
     [
         ({"temperature": 5}, "temperature", None),
         ({"top_p": 0}, "top_p", None),
-        ({"max_tokens": 0}, "max_tokens", None),
+        ({"max_tokens": -1}, "max_tokens", None),
         ({"max_tokens": 100000}, "max_tokens", None),
-        ({"n": 2}, "n", None),
+        ({"n": 17}, "n", None),
+        ({"n": 2, "best_of": 1}, "best_of", None),
+        ({"n": 5, "prompt": ["Hi"] * 13}, "n", None),  # 65 choices > max_choices_per_request
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop", None),
         ({"logprobs": 50}, "logprobs", None),
         ({"prompt": "word " * 3000, "max_tokens": 8}, "prompt", "context_length_exceeded"),

@@ -23,16 +23,22 @@ def param_of(schema: type, body: dict) -> tuple[int, str | None]:
         ({"prompt": "x"}, "model"),
         ({"model": "m"}, "prompt"),
         ({"model": "m", "prompt": "x", "temperature": "hot"}, "temperature"),
-        ({"model": "m", "prompt": ["a", "b"]}, "prompt"),
+        ({"model": "m", "prompt": [[1], []]}, "prompt.1"),
         ({"model": "m", "prompt": []}, "prompt"),
-        ({"model": "m", "prompt": "x", "echo": True}, "echo"),
-        ({"model": "m", "prompt": "x", "best_of": 3}, "best_of"),
         ({"model": "m", "prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
         ({"model": "m", "prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
         ({"model": "m", "prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
         ({"model": "m", "prompt": "x", "min_p": 1.5}, "min_p"),
         ({"model": "m", "prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
         ({"model": "m", "prompt": "x", "logit_bias": {"5": "up"}}, "logit_bias.5"),
+        ({"model": "m", "prompt": "x", "echo": "maybe"}, "echo"),
+        ({"model": "m", "prompt": "x", "n": 3, "best_of": 2}, "best_of"),
+        ({"model": "m", "prompt": "x", "best_of": 3, "stream": True}, "best_of"),
+        ({"model": "m", "prompt": "x", "best_of": 17}, "best_of"),
+        ({"model": "m", "prompt": "x", "n": 0}, "n"),
+        ({"model": "m", "prompt": "x", "max_tokens": -1}, "max_tokens"),
+        ({"model": "m", "prompt": "x", "prompt_logprobs": 21}, "prompt_logprobs"),
+        ({"model": "m", "prompt": "x", "prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
         ({"model": "m", "prompt": "x", "stop": ["", "a"]}, "stop"),
         ({"model": "m", "prompt": [True, False]}, "prompt"),  # not token ids 1 and 0
         ({"model": "m", "prompt": [1.0, 2.0]}, "prompt"),
@@ -50,8 +56,11 @@ def test_chat_body_errors_name_the_field() -> None:
         "top_logprobs",
     )
     assert param_of(
-        ChatCompletionRequest, {"model": "m", "messages": [{"role": "user"}], "n": 3}
+        ChatCompletionRequest, {"model": "m", "messages": [{"role": "user"}], "n": 17}
     ) == (400, "n")
+    assert param_of(
+        ChatCompletionRequest, {"model": "m", "messages": msgs, "max_tokens": 0}
+    ) == (400, "max_tokens")
     image = parse_body(
         ChatCompletionRequest,
         {
@@ -123,6 +132,28 @@ def test_single_prompt_forms() -> None:
     assert parse_body(CompletionRequest, {"model": "m", "prompt": [3, 4]}).single_prompt() == [3, 4]
 
 
+def test_prompt_batches_and_choice_counts() -> None:
+    from inferflow.server.http.choices import count_choices
+
+    body = parse_body(CompletionRequest, {"model": "m", "prompt": [[1], [2, 3]], "n": 2})
+    assert body.prompts() == [[1], [2, 3]]
+    assert parse_body(CompletionRequest, {"model": "m", "prompt": ["a", "b"]}).prompts() == [
+        "a", "b"
+    ]
+    assert count_choices(body, 4) == 4
+    with pytest.raises(OpenAIError) as info:
+        count_choices(body, 3)
+    assert info.value.info.param == "n"
+    many = parse_body(CompletionRequest, {"model": "m", "prompt": ["a"] * 5})
+    with pytest.raises(OpenAIError) as info:
+        count_choices(many, 4)
+    assert info.value.info.param == "prompt"
+    best = parse_body(CompletionRequest, {"model": "m", "prompt": "a", "best_of": 5})
+    with pytest.raises(OpenAIError) as info:
+        count_choices(best, 4)
+    assert info.value.info.param == "best_of"
+
+
 def test_api_keys_bearer_or_header_and_key_ids() -> None:
     auth = ApiKeyAuth(("alpha", "beta"))
     assert auth.authenticate({"authorization": "Bearer beta"}) == "key-1"
@@ -192,3 +223,14 @@ def test_the_frontend_runs_with_the_environment_api_keys_added() -> None:
 def test_the_server_config_refuses_several_engine_workers() -> None:
     with pytest.raises(ConfigError, match=r"server\.workers: one engine worker"):
         typed_config(ServerConfig, {"workers": 2}, "server")
+
+
+def test_admission_counts_every_engine_request_of_a_fan_out() -> None:
+    from inferflow.server.shared_state import SharedState
+
+    shared = SharedState()
+    assert shared.try_admit(4, 3) and shared.in_flight == 3
+    assert not shared.try_admit(4, 2) and shared.in_flight == 3  # 5 would pass the limit
+    assert shared.try_admit(4) and shared.in_flight == 4
+    shared.release(3)
+    assert shared.in_flight == 1

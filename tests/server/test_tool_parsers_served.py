@@ -15,6 +15,7 @@ grammar: once the call's marker is written, the call is held to the tool's schem
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from collections.abc import Iterator
@@ -70,7 +71,7 @@ def scripted_checkpoint(folder: Path, template: str, script: str) -> Path:
     tok = Tokenizer(folder)
     ids = [tok.encode_chat(CHAT)[-1], *tok.encode(script, add_special_tokens=False)]
     successor: dict[int, int] = {}
-    for token, following in zip(ids, ids[1:], strict=False):
+    for token, following in itertools.pairwise(ids):
         assert successor.setdefault(token, following) == following, "a token with two successors"
     weights = load_file(folder / "model.safetensors")
     for key in weights:

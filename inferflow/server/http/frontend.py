@@ -3,7 +3,8 @@
 Checks run cheapest first, each failing with OpenAI's error shape::
 
     413 body too large (middleware) -> 401 API key -> 503 not ready / draining
-    -> 400 JSON and schema -> 404 unknown model (naming the served ones)
+    -> 400 JSON and schema (and prompts x n over ``max_choices_per_request``)
+    -> 404 unknown model (naming the served ones)
     -> 503 model failed to load / restarting -> 429 waiting queue full -> 429 requests/min
     -> request stages (validator, tokenizer, plugins; 400 naming the field) -> 429 tokens/min
     -> wait for an on-demand model to load (``model_load`` span; 503 past the load timeout)
@@ -12,12 +13,15 @@ Checks run cheapest first, each failing with OpenAI's error shape::
 The model is a ``Deployment`` (``deployments.py``): one LLM version with its own request
 stages, engine worker queue and shared state; ``DeploymentRouter`` picks it from ``model``.
 
+A completion request of k prompts x ``n`` choices is k*n engine requests (``choices.py``): it takes
+k*n admission slots and request tokens, and the tokens of all of them.
+
 A request refused with a 429 is charged nothing: the queue check comes before the rate
 buckets, and a tokens-per-minute refusal gives its request token back.
 
 A submitted request is a ``RequestFlow``; whatever ends it (last token, error, client hang-up,
-timeout, shutdown) goes through ``finish``, which releases its admission slot, ends its span and,
-unless the worker already finished it, sends the worker a ``CancelRequest`` that frees its slot.
+timeout, shutdown) goes through ``finish``, which releases its admission slots, ends its span and,
+for each engine request the worker has not finished, sends a ``CancelRequest`` that frees it.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from fastapi import Request
@@ -33,6 +38,7 @@ from fastapi.responses import JSONResponse, Response
 from inferflow.config import LoadMode
 from inferflow.config.server import ServerConfig
 from inferflow.server.http.channels import ChannelRegistry
+from inferflow.server.http.choices import count_choices, plan_choices, prompt_info, set_prompt
 from inferflow.server.http.deployments import (
     Deployment,
     DeploymentRouter,
@@ -46,7 +52,7 @@ from inferflow.server.http.json_body import read_json_body
 from inferflow.server.http.limits import ApiKeyAuth, RateLimiter
 from inferflow.server.http.pipeline import PreparedRequest
 from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from inferflow.server.http.request_flow import RequestFlow
+from inferflow.server.http.request_flow import ChoiceFlow, RequestFlow
 from inferflow.server.http.responses import ChatFormatter, CompletionFormatter, ResponseFormatter
 from inferflow.server.http.sse import SSEResponse
 from inferflow.server.http.tool_calls import chat_formatter
@@ -205,13 +211,14 @@ class Frontend:
         finally:
             self.telemetry.model_load(span, deployment.model_id, started, time.time(), outcome)
 
-    def _admit(self, deployment: Deployment) -> None:
-        """Count the request in flight unless the model's slots and waiting queue are full."""
+    def _admit(self, deployment: Deployment, count: int) -> None:
+        """Count the request's ``count`` engine requests in flight unless the model's slots and
+        waiting queue would overflow."""
         shared = deployment.shared
         waiting = self.settings.max_waiting_requests
         slots = int(shared.stats()["total_slots"]) or deployment.slots_hint  # (before its load)
         limit = None if waiting is None else slots + waiting
-        if not shared.try_admit(limit):
+        if not shared.try_admit(limit, count):
             raise OpenAIError.of(
                 429,
                 "The server is at capacity: its waiting queue is full. Retry later.",
@@ -240,33 +247,39 @@ class Frontend:
         key_id = self.auth.authenticate(request.headers)
         self.check_accepting()
         body = parse_body(schema, await read_json_body(request))
+        count = count_choices(body, self.settings.max_choices_per_request)
         deployment = self.route(body.model, request, body.user)
         self.check_accepting(deployment)
-        self._admit(deployment)  # the waiting-queue bound first: a burst's 429 costs no stage work
+        # the waiting-queue bound first: a burst's 429 costs no stage work
+        self._admit(deployment, count)
         deployment.shared.touch()
         try:
-            prepared, span = await self._prepare(body, key_id, operation, request, deployment)
+            prepared, span = await self._prepare(
+                body, key_id, operation, request, deployment, count
+            )
         except BaseException:  # a refusal, a stage error or a client that left
-            deployment.shared.release()
+            deployment.shared.release(count)
             raise
         try:
             await self._wait_loaded(deployment, span)
         except BaseException as exc:  # failed to load, timed out, or the client left
-            deployment.shared.release()
+            deployment.shared.release(count)
             _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_CLOSED)
             raise
-        want_logprobs = prepared.params.logprobs is not None
-        if isinstance(body, ChatCompletionRequest):
-            pipeline = deployment.pipeline
-            formatter: ResponseFormatter = chat_formatter(
-                deployment.name, body.include_usage, want_logprobs, body.tool_mode(),
-                body.tool_names(), pipeline.tool_parser, pipeline.reasoning_parser,
-                prepared.prompt_token_ids,
-            )
-        else:
-            formatter = formatter_cls(deployment.name, body.include_usage, want_logprobs)
+        want_logprobs = prepared[0].params.logprobs is not None
+
+        def formatter() -> ResponseFormatter:
+            if isinstance(body, ChatCompletionRequest):
+                pipeline = deployment.pipeline
+                return chat_formatter(
+                    deployment.name, body.include_usage, want_logprobs, body.tool_mode(),
+                    body.tool_names(), pipeline.tool_parser, pipeline.reasoning_parser,
+                    prepared[0].prompt_token_ids,
+                )
+            return formatter_cls(deployment.name, body.include_usage, want_logprobs)
+
         flow = self._submit(
-            prepared, formatter, operation, request.url.path, started, span, deployment
+            body, prepared, formatter, operation, request.url.path, started, span, deployment
         )
         headers = {VERSION_HEADER: deployment.version}
         if body.stream:
@@ -288,24 +301,29 @@ class Frontend:
         operation: str,
         request: Request,
         deployment: Deployment,
-    ) -> tuple[PreparedRequest, RequestSpan | None]:
-        """Rate limits and the model's request stages; a request refused with a 429 is charged
-        nothing (its request-per-minute token is given back when the token limit refuses it)."""
-        self.limiter.check_request(key_id)
+        count: int,
+    ) -> tuple[list[PreparedRequest], RequestSpan | None]:
+        """Rate limits (``count`` engine requests) and the model's request stages, once per
+        prompt; a request refused with a 429 is charged nothing (its request-per-minute tokens
+        are given back when the token limit refuses it)."""
+        self.limiter.check_request(key_id, count)
         span = self.telemetry.start_request(operation, body.model, request.headers, body)
         if span is not None:
             span.set_attributes({
                 "inferflow.model.id": deployment.model_id,
                 "inferflow.model.version": deployment.version,
             })
+        prompts = len(body.prompts()) if isinstance(body, CompletionRequest) else 1
+        trace = span.trace_context if span is not None else {}
         try:
-            prepared = await deployment.pipeline.prepare(
-                body, key_id, span.trace_context if span is not None else {}
-            )
-            self.limiter.check_tokens(key_id, prepared.reserved_tokens)
+            prepared = [
+                await deployment.pipeline.prepare(body, key_id, trace, i) for i in range(prompts)
+            ]
+            sequences = body.num_sequences
+            self.limiter.check_tokens(key_id, sum(p.reserved_tokens for p in prepared) * sequences)
         except OpenAIError as exc:
             if exc.info.status_code == 429:
-                self.limiter.refund_request(key_id)
+                self.limiter.refund_request(key_id, count)
             _end_failed_span(span, exc.info)
             raise
         except Exception:
@@ -315,49 +333,74 @@ class Frontend:
 
     def _submit(
         self,
-        prepared: PreparedRequest,
-        formatter: ResponseFormatter,
+        body: CompletionRequest | ChatCompletionRequest,
+        prepared: list[PreparedRequest],
+        formatter: Callable[[], ResponseFormatter],
         operation: str,
         route: str,
         started: float,
         span: RequestSpan | None,
         deployment: Deployment,
     ) -> RequestFlow:
+        """One engine request per choice (``choices.py``), each with its own channel."""
         timeout = self.settings.request_timeout_s
-        deadline = prepared.arrival_time + timeout if timeout else None
-        request_id = f"req-{uuid.uuid4().hex}"
-        channel = self.registry.open(request_id, deployment.key)
-        flow = RequestFlow(request_id, channel, formatter, deadline, route, started, span)
+        tokenizer = deployment.pipeline.tokenizer
+        prompts = [prompt_info(body, i, p.prompt_token_ids, tokenizer)
+                   for i, p in enumerate(prepared)]
+        flow = RequestFlow([], route, started, span, n=body.n)
         flow.deployment = deployment
-        flow.responses = deployment.responses.open(prepared.request)
-        message = SubmitRequest(
-            request_id=request_id,
-            consumer_id=self.consumer_id,
-            prompt_token_ids=prepared.prompt_token_ids,
-            params=prepared.params,
-            arrival_time=prepared.arrival_time,
-            deadline=deadline,
-            priority=prepared.priority,
-            trace_context=prepared.trace_context,
-            operation=operation,
-        )
-        try:
-            deployment.request_queue.put(message)
-        except Exception as exc:
-            self.registry.close(request_id)
-            deployment.shared.release()
-            info = ErrorInfo(503, "The engine worker is unavailable.", code="not_ready")
-            _end_failed_span(span, info)
-            logger.error("cannot reach the engine worker's queue: %s", exc)
-            raise OpenAIError(info) from None
+        first: ResponseFormatter | None = None
+        leader_id = ""
+        plan = plan_choices(body, prepared)
+        for index, choice in enumerate(plan):
+            prep = prepared[choice.prompt_index]
+            deadline = prep.arrival_time + timeout if timeout else None
+            request_id = f"req-{uuid.uuid4().hex}"
+            leader_id = request_id if choice.leader else leader_id
+            fmt = set_prompt(formatter(), body, prompts[choice.prompt_index])
+            first = first or fmt
+            flow.choices.append(ChoiceFlow(
+                request_id,
+                self.registry.open(request_id, deployment.key),
+                fmt.sibling(first, index),
+                deadline,
+                choice.prompt_index,
+                choice.leader,
+                responses=deployment.responses.open(prep.request),
+            ))
+            message = SubmitRequest(
+                request_id=request_id,
+                consumer_id=self.consumer_id,
+                prompt_token_ids=choice.prompt_token_ids,
+                params=choice.params,
+                arrival_time=prep.arrival_time,
+                deadline=deadline,
+                priority=prep.priority,
+                trace_context=prep.trace_context,
+                operation=operation,
+                prompt_leader=None if choice.leader else leader_id,
+            )
+            try:
+                deployment.request_queue.put(message)
+            except Exception as exc:
+                flow.choices[-1].channel.worker_done = True  # (never reached the worker)
+                self._cancel(flow, "abandoned")
+                for c in flow.choices:
+                    self.registry.close(c.request_id)
+                deployment.shared.release(len(plan))
+                info = ErrorInfo(503, "The engine worker is unavailable.", code="not_ready")
+                _end_failed_span(span, info)
+                logger.error("cannot reach the engine worker's queue: %s", exc)
+                raise OpenAIError(info) from None
         return flow
 
     async def finish(self, flow: RequestFlow, client_gone: bool) -> None:
         """Release the request; cancel it in the worker unless the worker already ended it."""
         deployment = flow.deployment
         assert deployment is not None
-        self.registry.close(flow.request_id)
-        deployment.shared.release()
+        for choice in flow.choices:
+            self.registry.close(choice.request_id)
+        deployment.shared.release(len(flow.choices))
         deployment.shared.touch()
         if client_gone and flow.error is None:
             flow.error = CLIENT_CLOSED
@@ -365,13 +408,19 @@ class Frontend:
         flow.end_span(status)
         if flow.stream:
             self.telemetry.on_response(flow.route, status, time.time() - flow.started)
-        if flow.channel.worker_done:
-            return
-        reason = "client_disconnected" if client_gone else "abandoned"
-        try:
-            deployment.request_queue.put(CancelRequest(flow.request_id, reason))
-        except Exception as exc:  # the worker/Manager is gone; nothing left to free
-            logger.debug("cancel of %s not delivered: %s", flow.request_id, exc)
+        self._cancel(flow, "client_disconnected" if client_gone else "abandoned")
+
+    def _cancel(self, flow: RequestFlow, reason: str) -> None:
+        """Cancel, in the worker, each of ``flow``'s engine requests it has not finished."""
+        assert flow.deployment is not None
+        for choice in flow.choices:
+            if choice.channel.worker_done:
+                continue
+            try:
+                flow.deployment.request_queue.put(CancelRequest(choice.request_id, reason))
+            except Exception as exc:  # the worker/Manager is gone; nothing left to free
+                logger.debug("cancel of %s not delivered: %s", choice.request_id, exc)
+                return
 
     # --- worker loss and shutdown -------------------------------------------------------------
     def _worker_lost(self, notice: WorkerLost) -> None:

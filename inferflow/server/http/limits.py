@@ -161,10 +161,11 @@ class RateLimiter:
         self._requests = None if self.rpm is None else SharedBuckets(self.rpm, ids)
         self._tokens = None if self.tpm is None else SharedBuckets(self.tpm, ids)
 
-    def check_request(self, key_id: str) -> None:
+    def check_request(self, key_id: str, count: int = 1) -> None:
+        """Charge ``count`` requests (each engine request of a fanned-out one counts)."""
         if self._requests is None:
             return
-        wait = self._requests.take(key_id, 1)
+        wait = self._requests.take(key_id, count)
         if wait:
             raise OpenAIError.of(
                 429,
@@ -175,10 +176,10 @@ class RateLimiter:
                 retry_after_s=wait,
             )
 
-    def refund_request(self, key_id: str) -> None:
-        """Give back the request token of a request refused later (a 429 costs nothing)."""
+    def refund_request(self, key_id: str, count: int = 1) -> None:
+        """Give back the request tokens of a request refused later (a 429 costs nothing)."""
         if self._requests is not None:
-            self._requests.give_back(key_id, 1)
+            self._requests.give_back(key_id, count)
 
     def check_tokens(self, key_id: str, tokens: int) -> None:
         if self._tokens is None:

@@ -56,11 +56,17 @@ class Usage(BaseModel):
     prompt_tokens_details: dict[str, int] | None = None
 
 
+# vLLM's ``prompt_logprobs``: None for the first prompt token, then per token
+# ``{token_id: {"logprob", "rank", "decoded_token"}}`` (the token and its top alternatives)
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
 class CompletionChoice(BaseModel):
-    index: int
+    index: int  # prompt_index * n + i
     text: str
     logprobs: dict[str, Any] | None
     finish_reason: FinishReason | None
+    prompt_logprobs: PromptLogprobs | None = None  # only when the request asks for them
 
 
 class CompletionResponse(BaseModel):
@@ -106,6 +112,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage | None = None
     system_fingerprint: str | None = None
+    prompt_logprobs: PromptLogprobs | None = None  # only when the request asks for them
 
 
 class ModelVersionCard(BaseModel):

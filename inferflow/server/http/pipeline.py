@@ -2,7 +2,8 @@
 
 The stages are set up once in the main process (the tokenizer is loaded there) and inherited by
 the forked API processes. ``prepare`` turns a parsed OpenAI body into a ``StageRequest``, runs it
-through every stage on a worker thread (stages may be called from several threads at once, per
+through every stage on a worker thread (one prompt at a time: a completion request with several
+prompts is prepared once per prompt) (stages may be called from several threads at once, per
 their contract) and returns what the engine needs. ``StageError`` becomes a 4xx naming the field.
 """
 
@@ -87,7 +88,8 @@ class RequestPipeline:
         reasoning_parser: ReasoningParserStage | None = None,
     ) -> None:
         self.model_name = model_name
-        self._tokenizer = tokenizer  # the checkpoint's, for /tokenize and /detokenize
+        # the checkpoint's (/tokenize, /detokenize, echoed token-id prompts; None: not available)
+        self.tokenizer = tokenizer
         # False under batching.policy=fcfs: a request's non-default priority is a 400
         self.honours_priority = honours_priority
         self.max_model_len = max_model_len
@@ -106,20 +108,19 @@ class RequestPipeline:
     def from_graph(cls, graph: ServingGraph, wrap_stage: StageWrapper = _no_wrap) -> RequestPipeline:
         """Set up the graph's stages (loads the tokenizer and the generation config) and wrap
         them."""
-        graph.setup_stages()
+        context = graph.setup_stages()
         defaults = load_generation_defaults(graph.model_path, graph.model.generation_config)
         return cls(
             graph.model_name, graph.max_model_len, graph.request_stages, wrap_stage, graph.guided,
-            defaults, graph.batching.honours_priority, graph.tokenizer, graph.tool_parser,
+            defaults, graph.batching.honours_priority, context.tokenizer, graph.tool_parser,
             graph.reasoning_parser,
         )
 
-    @property
-    def tokenizer(self) -> Tokenizer:
+    def checkpoint_tokenizer(self) -> Tokenizer:
         """The checkpoint's tokenizer (the one the tokenizer stage encodes with)."""
-        if self._tokenizer is None:
+        if self.tokenizer is None:
             raise OpenAIError.of(500, "this model has no tokenizer", code="pipeline_error")
-        return self._tokenizer
+        return self.tokenizer
 
     def _reasoning_end(self) -> str | None:
         """The marker that closes the model's reasoning (None: it does not reason)."""
@@ -131,11 +132,13 @@ class RequestPipeline:
         body: CompletionRequest | ChatCompletionRequest,
         key_id: str,
         trace_context: Mapping[str, str],
+        prompt_index: int = 0,
     ) -> PreparedRequest:
-        """Run ``body`` through the stages; ``trace_context`` is the root span's W3C carrier."""
+        """Run ``body`` (its prompt ``prompt_index`` for a completion) through the stages;
+        ``trace_context`` is the root span's W3C carrier."""
         if body.priority != 0 and not self.honours_priority:
             raise bad_request(PRIORITY_IGNORED, "priority")
-        request, fill_context = self._stage_request(body, key_id)
+        request, fill_context = self._stage_request(body, key_id, prompt_index)
         if trace_context:
             request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
         request = await asyncio.to_thread(self._run_stages, request)  # each stage: its own span
@@ -158,7 +161,7 @@ class RequestPipeline:
         )
 
     def _stage_request(
-        self, body: CompletionRequest | ChatCompletionRequest, key_id: str
+        self, body: CompletionRequest | ChatCompletionRequest, key_id: str, prompt_index: int = 0
     ) -> tuple[StageRequest, bool]:
         """The StageRequest for ``body``; True when max_tokens is set once the prompt length is
         known (the rest of the context window, capped by the model's default)."""
@@ -184,10 +187,11 @@ class RequestPipeline:
                 attributes=attributes,
                 tools=body.template_tools(),
             ), fill
-        prompt = body.single_prompt()
+        prompt = body.prompts()[prompt_index]
         fill = body.max_tokens is None and self.defaults.max_tokens is not None
         default = placeholder if fill else COMPLETIONS_DEFAULT_MAX_TOKENS
-        params = body.sampling_params(body.max_tokens or default, body.logprobs, self.defaults)
+        max_tokens = default if body.max_tokens is None else body.max_tokens
+        params = body.sampling_params(max_tokens, body.logprobs, self.defaults)
         if isinstance(prompt, str):
             return StageRequest(
                 request_id="", prompt=prompt, sampling_params=params, attributes=attributes

@@ -2,11 +2,12 @@
 
 Parsing turns any schema problem into a 400 naming the field (``param``), the way OpenAI does.
 Nothing is silently ignored: an unknown request field is a 400 naming it, and parameters we
-cannot honour (``n > 1``, ``echo``, ``best_of``, ``store``, ...) are accepted only at their
-neutral value. (Inside a chat message, extra keys such as ``refusal`` or
-``annotations`` of an echoed assistant message are dropped: they do not change the prompt.)
-vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
-``priority``, ``repetition_penalty``, ``min_p``.
+cannot honour (``store``, ``suffix``, ...) are accepted only at their neutral value. ``n``,
+``best_of`` (completions, not streamed), ``echo`` and several prompts per completion request are
+served by fanning the request out (``choices.py``). (Inside a chat message, extra keys such as
+``refusal`` or ``annotations`` of an echoed assistant message are dropped: they do not change the
+prompt.) vLLM extensions honoured: ``top_k``, ``ignore_eos``, ``min_tokens``, ``stop_token_ids``,
+``priority``, ``repetition_penalty``, ``min_p``, ``prompt_logprobs``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field, StrictInt, ValidationError
 
 from inferflow.json_types import JSONValue
 from inferflow.models.generation_config import GenerationDefaults
-from inferflow.sampling_params import SamplingParams, SamplingParamsError
+from inferflow.sampling_params import MAX_N, SamplingParams, SamplingParamsError
 from inferflow.server.http.errors import OpenAIError, bad_request, field_path
 from inferflow.server.http.guided_fields import ClosedModel, GuidedFields
 from inferflow.server.http.tool_calls import ToolCall, ToolFields
@@ -51,8 +52,7 @@ class _SamplingFields(GuidedFields, ClosedModel):
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # accepted only at their neutral value (the OpenAPI document says so; anything else is a 400)
-    n: int = Field(default=1, json_schema_extra={"enum": [1]})
+    n: int = Field(default=1, ge=1, le=MAX_N)  # choices per prompt
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     user: str | None = None
@@ -60,6 +60,7 @@ class _SamplingFields(GuidedFields, ClosedModel):
     logit_bias: dict[str, Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
         default=None, json_schema_extra={"propertyNames": {"pattern": "^[0-9]+$"}}
     )
+    # accepted only at their neutral value (the OpenAPI document says so; anything else is a 400)
     store: bool | None = None
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
@@ -71,14 +72,17 @@ class _SamplingFields(GuidedFields, ClosedModel):
     priority: int = 0
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    # vLLM: each prompt token's logprob and this many top alternatives (not streamed)
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def check_supported(self) -> None:
-        if self.n != 1:
-            raise bad_request("only n=1 is supported", "n")
+        if self.prompt_logprobs is not None and self.stream:
+            raise bad_request("prompt_logprobs is not available when stream is true",
+                              "prompt_logprobs")
         for name, allowed, why in NEUTRAL_ONLY:
             if getattr(self, name) not in allowed:
                 raise bad_request(why, name)
@@ -118,6 +122,7 @@ class _SamplingFields(GuidedFields, ClosedModel):
                                           model.get("repetition_penalty", 1.0)),
                 min_p=_first(self.min_p, model.get("min_p", 0.0)),
                 logit_bias=self.token_biases(),
+                prompt_logprobs=self.engine_prompt_logprobs,
             )
         except SamplingParamsError as exc:
             raise bad_request(str(exc), self._param_name(exc.field)) from None
@@ -137,41 +142,74 @@ class _SamplingFields(GuidedFields, ClosedModel):
             biases[int(key)] = bias
         return biases
 
+    @property
+    def num_sequences(self) -> int:
+        """Engine requests per prompt: ``best_of`` when set, else ``n``."""
+        return self.n
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """The prompt logprobs the engine computes (top alternatives per prompt token)."""
+        return self.prompt_logprobs
+
     def guided(self) -> Any:
         """The request's output constraint (``GuidedConstraint``) or None."""
         return self.guided_constraint()
 
 
 class CompletionRequest(_SamplingFields):
-    """``POST /v1/completions``: one prompt (text or token ids)."""
+    """``POST /v1/completions``: one prompt or several (text or token ids), each answered by
+    ``n`` choices (the best ``n`` of ``best_of`` when set), in order: choice
+    ``prompt_index * n + i``."""
 
     # strict ints: JSON true/false or 1.0 are not token ids (pydantic's lax mode would take them)
     prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: the prompt only (with echo)
     logprobs: int | None = Field(default=None, ge=0, le=20)
-    echo: bool = Field(default=False, json_schema_extra={"enum": [False]})
+    echo: bool = False  # the choice's text (and logprobs) start with the prompt's
     suffix: str | None = Field(default=None, json_schema_extra={"maxLength": 0})
-    best_of: int | None = Field(default=None, json_schema_extra={"enum": [1, None]})
+    best_of: int | None = Field(default=None, ge=1, le=MAX_N)
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
-            raise bad_request("echo is not supported", "echo")
         if self.suffix:
             raise bad_request("suffix is not supported", "suffix")
-        if self.best_of not in (None, 1):
-            raise bad_request("only best_of=1 is supported", "best_of")
-        self.single_prompt()
+        if self.best_of is not None and self.best_of < self.n:
+            raise bad_request(f"best_of must be >= n ({self.n}), got {self.best_of}", "best_of")
+        if self.best_of is not None and self.best_of > self.n and self.stream:
+            raise bad_request("best_of cannot be combined with stream", "best_of")
+        self.prompts()
+
+    @property
+    def num_sequences(self) -> int:
+        return self.best_of or self.n
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """With ``echo`` and ``logprobs``, the prompt tokens' logprobs join the ``logprobs``
+        object; ``prompt_logprobs`` asks for them on their own (the larger count wins)."""
+        counts = [c for c in (self.prompt_logprobs, self.logprobs if self.echo else None)
+                  if c is not None]
+        return max(counts) if counts else None
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts, each text or token ids (a bare string or id list is one prompt); an
+        empty prompt list or token-id prompt is a 400."""
+        p = self.prompt
+        batch = p if isinstance(p, list) and p and isinstance(p[0], (str, list)) else [p]
+        if isinstance(p, list) and not p:
+            raise bad_request("prompt must not be empty", "prompt")
+        for i, item in enumerate(batch):
+            if isinstance(item, list) and not item:
+                raise bad_request("a token-id prompt must not be empty", f"prompt.{i}")
+        return batch  # type: ignore[return-value]
 
     def single_prompt(self) -> str | list[int]:
         """The prompt as text or token ids; a batch of several prompts is a 400."""
-        p = self.prompt
-        if isinstance(p, list) and p and isinstance(p[0], (str, list)):
-            if len(p) != 1:
-                raise bad_request("only one prompt per request is supported", "prompt")
-            p = p[0]
-        if isinstance(p, list) and not p:
-            raise bad_request("prompt must not be empty", "prompt")
-        return p  # type: ignore[return-value]
+        prompts = self.prompts()
+        if len(prompts) != 1:
+            raise bad_request("one prompt is expected here", "prompt")
+        return prompts[0]
 
 
 class ChatMessage(BaseModel):  # extra keys (an echoed ``refusal``...) are ignored

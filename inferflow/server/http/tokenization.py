@@ -143,7 +143,7 @@ def _route(frontend: Frontend, model: str | None, request: Request) -> Deploymen
 
 
 def _tokenizer(deployment: Deployment) -> Tokenizer:
-    return deployment.pipeline.tokenizer
+    return deployment.pipeline.checkpoint_tokenizer()
 
 
 def _render_chat(tokenizer: Tokenizer, body: TokenizeChatRequest) -> str:
