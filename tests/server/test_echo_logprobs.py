@@ -123,7 +123,8 @@ def test_tool_call_formatter_keeps_its_choice_index() -> None:
     tools = ToolCallFormatter("m", False, False, "auto", {"f"}).sibling(first, 2)
     call = '{"name": "f", "arguments": {"x": 1}}'
     chunks = tools.delta_chunks(RequestUpdate("r", text=call, finish_reason="stop"))
-    assert len(chunks) == 3 and all(c["choices"][0]["index"] == 2 for c in chunks)
+    assert chunks and all(c["choices"][0]["index"] == 2 for c in chunks)
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["function"]["name"] == "f"
     acc = Accumulated(text=call, finish_reason="stop")
     choice = tools.full_choice(acc)
     assert choice["index"] == 2 and choice["finish_reason"] == "tool_calls"
