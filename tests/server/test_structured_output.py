@@ -334,7 +334,6 @@ UNSUPPORTED_CHAT = {
 }
 UNSUPPORTED_COMPLETIONS = {
     "store": True,
-    "prompt_logprobs": 1,
     "guided_whitespace_pattern": " ",
 }
 
