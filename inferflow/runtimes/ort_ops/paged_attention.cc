@@ -1,0 +1,497 @@
+// inferflow.PagedAttention: one decoder layer's attention over a paged KV cache, as an ONNX
+// Runtime custom op for the CPU provider (lite custom op API; no link against libonnxruntime:
+// the runtime's API table comes through RegisterCustomOps). The interface (inputs, outputs,
+// attributes, semantics) is documented in inferflow/runtimes/ort_ops/__init__.py.
+//
+// One call: (1) the caches are copied to the outputs unless the runner bound them to the same
+// memory (then the op works in place); (2) every token's k is rotated and its k and v written to
+// its slot; (3) every query token attends over keys 0 .. p of its row (window-limited) through
+// the row's block table. (2) and (3) each run on ONNX Runtime's intra-op pool (ParallelFor):
+// (2) over token batches, (3) over work items (row, KV head, query tile), longest first.
+//
+// Kernels: paged_attention_simd.cc, compiled three times below (AVX-512, AVX2+FMA+F16C,
+// portable) and chosen at run time from the CPU ($INFERFLOW_ORT_OP_ISA = avx512 | avx2 |
+// portable forces a lower one, for tests).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#define ORT_API_MANUAL_INIT
+#include "onnxruntime_cxx_api.h"
+#undef ORT_API_MANUAL_INIT
+#include "onnxruntime_lite_custom_op.h"
+
+namespace inferflow {
+namespace {
+
+// ---- fp16 <-> fp32, round to nearest even (F. Giesen's conversions) -------------------------
+
+inline float f16_to_f32(uint16_t h) {
+  uint32_t u = static_cast<uint32_t>(h & 0x7fff) << 13;
+  const uint32_t exp = u & (0x7c00u << 13);
+  u += (127 - 15) << 23;
+  float f;
+  if (exp == (0x7c00u << 13)) {  // inf / nan
+    u += (128 - 16) << 23;
+    std::memcpy(&f, &u, 4);
+  } else if (exp == 0) {  // zero / subnormal
+    u += 1 << 23;
+    std::memcpy(&f, &u, 4);
+    f -= 6.103515625e-05f;  // 2^-14
+  } else {
+    std::memcpy(&f, &u, 4);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= static_cast<uint32_t>(h & 0x8000) << 16;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+inline uint16_t f32_to_f16(float value) {
+  uint32_t x;
+  std::memcpy(&x, &value, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  x &= 0x7fffffff;
+  uint32_t o;
+  if (x >= 0x47800000) {  // >= 65536 (after rounding: inf), inf or nan
+    o = x > 0x7f800000 ? 0x7e00 : 0x7c00;
+  } else if (x < 0x38800000) {  // below 2^-14: subnormal or zero, rounded by a float add
+    float f;
+    std::memcpy(&f, &x, 4);
+    f += 0.5f;
+    std::memcpy(&o, &f, 4);
+    o -= 0x3f000000;
+  } else {
+    const uint32_t odd = (x >> 13) & 1;
+    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfff;
+    x += odd;
+    o = x >> 13;
+  }
+  return static_cast<uint16_t>(o | sign);
+}
+
+// ---- one call's work --------------------------------------------------------------------------
+
+// Queries q0 .. q1 - 1 (indices within row b's tokens) of KV head h, with their G query heads.
+struct Item {
+  int32_t b, h, q0, q1;
+  int64_t cost;  // ~ rows x keys, for longest-first order
+};
+
+struct Job {
+  int64_t N, B, Hq, Hkv, D, NB, block_size, table_width, rot, window;
+  int G;
+  float scale, softcap;
+  int64_t qkv_stride;  // (Hq + 2 Hkv) D
+  const void* qkv;     // T (N, qkv_stride)
+  void* key_out;       // TKV (NB, Hkv, bs, D): the caches written and read (outputs 1 and 2)
+  void* value_out;
+  void* out;  // T (N, Hq D)
+  const int64_t* positions;
+  const int64_t* slot_mapping;
+  const int32_t* block_tables;  // (B, table_width)
+  const int32_t* query_start;   // (B + 1,)
+  const float* cos;             // (P, rot / 2)
+  const float* sin;
+  std::vector<int64_t> row_start;  // (B,) position of row b's first query: seq_len - q_len
+  std::vector<Item> items;
+  int64_t write_batches = 1;
+};
+
+// What one instruction set offers: the two ParallelFor callbacks and its tiling.
+struct Kernels {
+  void (*write)(void*, size_t);   // write_batch: token batch i
+  void (*attend)(void*, size_t);  // attend: items[i]
+  int lanes, small_rows, score_panel;
+};
+
+}  // namespace
+}  // namespace inferflow
+
+// ---- the kernels, once per instruction set ----------------------------------------------------
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,f16c")
+#endif
+namespace inferflow {
+namespace {
+namespace isa_avx512 {
+#define IF_ISA 2
+#define IF_W 16
+#include "paged_attention_simd.cc"
+#undef IF_ISA
+#undef IF_W
+}  // namespace isa_avx512
+}  // namespace
+}  // namespace inferflow
+#if defined(__clang__)
+#pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#endif
+namespace inferflow {
+namespace {
+namespace isa_avx2 {
+#define IF_ISA 1
+#define IF_W 8
+#include "paged_attention_simd.cc"
+#undef IF_ISA
+#undef IF_W
+}  // namespace isa_avx2
+}  // namespace
+}  // namespace inferflow
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#define IF_HAVE_X86_PATHS 1
+#endif
+
+namespace inferflow {
+namespace {
+namespace isa_portable {
+#define IF_ISA 0
+#define IF_W 4
+#include "paged_attention_simd.cc"
+#undef IF_ISA
+#undef IF_W
+}  // namespace isa_portable
+
+enum class Isa { portable = 0, avx2 = 1, avx512 = 2 };
+
+const char* isa_name(Isa isa) {
+  return isa == Isa::avx512 ? "avx512" : isa == Isa::avx2 ? "avx2" : "portable";
+}
+
+// The best set this CPU runs, lowered by $INFERFLOW_ORT_OP_ISA.
+Isa best_isa() {
+  Isa isa = Isa::portable;
+#ifdef IF_HAVE_X86_PATHS
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) isa = Isa::avx2;
+  if (isa == Isa::avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
+    isa = Isa::avx512;
+#endif
+  if (const char* env = std::getenv("INFERFLOW_ORT_OP_ISA")) {
+    const std::string want(env);
+    if (want == "portable") isa = Isa::portable;
+    if (want == "avx2" && isa == Isa::avx512) isa = Isa::avx2;
+  }
+  return isa;
+}
+
+// The kernels for this call: the best set whose vector width divides D.
+Kernels select_kernels(Isa isa, int64_t D, bool t_half, bool kv_half) {
+#ifdef IF_HAVE_X86_PATHS
+  if (isa == Isa::avx512 && D % 16 == 0) return isa_avx512::kernels(t_half, kv_half);
+  if (isa >= Isa::avx2 && D % 8 == 0) return isa_avx2::kernels(t_half, kv_half);
+#else
+  (void)isa;
+#endif
+  return isa_portable::kernels(t_half, kv_half);
+}
+
+// ---- the op -----------------------------------------------------------------------------------
+
+struct Attributes {
+  int64_t num_heads = 0, kv_num_heads = 0, window = 0, rotary_dim = 0;
+  float scale = 0.f, softcap = 0.f;
+};
+
+int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name, int64_t fallback,
+                 bool required) {
+  int64_t value = fallback;
+  OrtStatus* status = api->KernelInfoGetAttribute_int64(info, name, &value);
+  if (status != nullptr) {
+    api->ReleaseStatus(status);
+    if (required) throw std::invalid_argument(std::string("PagedAttention: attribute ") + name + " is required");
+    return fallback;
+  }
+  return value;
+}
+
+float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name) {
+  float value = 0.f;
+  OrtStatus* status = api->KernelInfoGetAttribute_float(info, name, &value);
+  if (status != nullptr) {
+    api->ReleaseStatus(status);
+    return 0.f;
+  }
+  return value;
+}
+
+void check(bool ok, const std::string& what) {
+  if (!ok) throw std::invalid_argument("PagedAttention: " + what);
+}
+
+std::string shape_str(const std::vector<int64_t>& shape) {
+  std::string s = "(";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + ")";
+}
+
+// ParallelFor over `total` indices (or inline when there is one).
+void parallel(OrtKernelContext* ctx, void (*fn)(void*, size_t), size_t total, size_t batches, void* job) {
+  if (total == 1) {
+    fn(job, 0);
+    return;
+  }
+  Ort::KernelContext(ctx).ParallelFor(fn, total, batches, job);
+}
+
+struct CopyJob {
+  const char* src;
+  char* dst;
+  size_t bytes, per;
+};
+
+void copy_part(void* job, size_t i) {
+  const CopyJob& c = *static_cast<const CopyJob*>(job);
+  const size_t at = i * c.per;
+  if (at < c.bytes) std::memcpy(c.dst + at, c.src + at, std::min(c.per, c.bytes - at));
+}
+
+void copy_cache(OrtKernelContext* ctx, const void* src, void* dst, size_t bytes) {
+  if (src == dst || bytes == 0) return;
+  CopyJob job{static_cast<const char*>(src), static_cast<char*>(dst), bytes, size_t{1} << 22};
+  parallel(ctx, &copy_part, (bytes + job.per - 1) / job.per, 0, &job);
+}
+
+template <class T, class TKV>
+struct PagedAttention {
+  Attributes attrs;
+  Isa isa;
+  std::string error;  // a bad attribute, reported by Compute (throwing here would cross the C API)
+
+  PagedAttention(const OrtApi* api, const OrtKernelInfo* info) : isa(best_isa()) {
+    try {
+      attrs.num_heads = attr_int(api, info, "num_heads", 0, true);
+      attrs.kv_num_heads = attr_int(api, info, "kv_num_heads", 0, true);
+      attrs.window = attr_int(api, info, "window", 0, false);
+      attrs.rotary_dim = attr_int(api, info, "rotary_dim", 0, false);
+      attrs.scale = attr_float(api, info, "scale");
+      attrs.softcap = attr_float(api, info, "softcap");
+      check(attrs.num_heads > 0 && attrs.kv_num_heads > 0 && attrs.num_heads % attrs.kv_num_heads == 0,
+            "num_heads must be a positive multiple of kv_num_heads");
+      check(attrs.window >= 0 && attrs.rotary_dim >= 0 && attrs.rotary_dim % 2 == 0 && attrs.softcap >= 0.f,
+            "window >= 0, softcap >= 0 and an even rotary_dim >= 0 expected");
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  }
+
+  Ort::Status Compute(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& qkv,
+                      const Ort::Custom::Tensor<TKV>& key_cache, const Ort::Custom::Tensor<TKV>& value_cache,
+                      const Ort::Custom::Tensor<int64_t>& positions,
+                      const Ort::Custom::Tensor<int64_t>& slot_mapping,
+                      const Ort::Custom::Tensor<int32_t>& block_tables,
+                      const Ort::Custom::Tensor<int32_t>& seq_lens,
+                      const Ort::Custom::Tensor<int32_t>& query_start,
+                      const Ort::Custom::Tensor<float>& cos_cache, const Ort::Custom::Tensor<float>& sin_cache,
+                      Ort::Custom::Tensor<T>& out, Ort::Custom::Tensor<TKV>& key_out,
+                      Ort::Custom::Tensor<TKV>& value_out) {
+    if (!error.empty()) return Ort::Status(error.c_str(), ORT_INVALID_ARGUMENT);
+    try {
+      run(ctx, qkv, key_cache, value_cache, positions, slot_mapping, block_tables, seq_lens,
+          query_start, cos_cache, sin_cache, out, key_out, value_out);
+    } catch (const std::exception& e) {
+      return Ort::Status(e.what(), ORT_INVALID_ARGUMENT);
+    }
+    return Ort::Status(nullptr);
+  }
+
+  void run(OrtKernelContext* ctx, const Ort::Custom::Tensor<T>& qkv,
+           const Ort::Custom::Tensor<TKV>& key_cache, const Ort::Custom::Tensor<TKV>& value_cache,
+           const Ort::Custom::Tensor<int64_t>& positions, const Ort::Custom::Tensor<int64_t>& slot_mapping,
+           const Ort::Custom::Tensor<int32_t>& block_tables, const Ort::Custom::Tensor<int32_t>& seq_lens,
+           const Ort::Custom::Tensor<int32_t>& query_start, const Ort::Custom::Tensor<float>& cos_cache,
+           const Ort::Custom::Tensor<float>& sin_cache, Ort::Custom::Tensor<T>& out,
+           Ort::Custom::Tensor<TKV>& key_out, Ort::Custom::Tensor<TKV>& value_out) {
+    Job J{};
+    const auto& cache_shape = key_cache.Shape();
+    check(cache_shape.size() == 4 && value_cache.Shape() == cache_shape,
+          "key_cache and value_cache must both be (num_blocks, kv_heads, block_size, head_dim), got " +
+              shape_str(cache_shape) + " and " + shape_str(value_cache.Shape()));
+    J.Hq = attrs.num_heads;
+    J.Hkv = attrs.kv_num_heads;
+    J.G = static_cast<int>(J.Hq / J.Hkv);
+    J.NB = cache_shape[0];
+    J.block_size = cache_shape[2];
+    J.D = cache_shape[3];
+    check(cache_shape[1] == J.Hkv, "the caches hold " + std::to_string(cache_shape[1]) +
+                                       " KV heads, kv_num_heads is " + std::to_string(J.Hkv));
+    check(J.D > 0 && J.D % 8 == 0, "head_dim must be a multiple of 8, got " + std::to_string(J.D));
+    check(J.block_size > 0 && J.NB > 0, "empty caches");
+    J.qkv_stride = (J.Hq + 2 * J.Hkv) * J.D;
+    const auto& qkv_shape = qkv.Shape();
+    check(qkv_shape.size() == 2 && qkv_shape[1] == J.qkv_stride,
+          "qkv must be (tokens, " + std::to_string(J.qkv_stride) + "), got " + shape_str(qkv_shape));
+    J.N = qkv_shape[0];
+    check(positions.Shape() == std::vector<int64_t>{J.N} && slot_mapping.Shape() == std::vector<int64_t>{J.N},
+          "positions and slot_mapping must be (tokens,)");
+    const auto& table_shape = block_tables.Shape();
+    check(table_shape.size() == 2, "block_tables must be (rows, width)");
+    J.B = table_shape[0];
+    J.table_width = table_shape[1];
+    check(seq_lens.Shape() == std::vector<int64_t>{J.B} && query_start.Shape() == std::vector<int64_t>{J.B + 1},
+          "seq_lens must be (rows,) and query_start (rows + 1,)");
+    J.rot = attrs.rotary_dim;
+    J.window = attrs.window;
+    J.softcap = attrs.softcap;
+    J.scale = attrs.scale != 0.f ? attrs.scale : 1.f / std::sqrt(static_cast<float>(J.D));
+    check(J.rot <= J.D, "rotary_dim exceeds head_dim");
+    int64_t table_len = 0;
+    if (J.rot > 0) {
+      const auto& cs = cos_cache.Shape();
+      check(cs.size() == 2 && cs[1] == J.rot / 2 && sin_cache.Shape() == cs,
+            "cos_cache and sin_cache must be (positions, rotary_dim / 2), got " + shape_str(cs));
+      table_len = cs[0];
+      J.cos = cos_cache.Data();
+      J.sin = sin_cache.Data();
+    }
+
+    J.qkv = qkv.Data();
+    J.positions = positions.Data();
+    J.slot_mapping = slot_mapping.Data();
+    J.block_tables = block_tables.Data();
+    J.query_start = query_start.Data();
+    validate_rows(J, seq_lens.Data(), table_len);
+
+    J.out = out.Allocate({J.N, J.Hq * J.D});
+    J.key_out = key_out.Allocate(cache_shape);
+    J.value_out = value_out.Allocate(cache_shape);
+    const size_t cache_bytes = static_cast<size_t>(key_cache.NumberOfElement()) * sizeof(TKV);
+    copy_cache(ctx, key_cache.Data(), J.key_out, cache_bytes);  // functional when not aliased
+    copy_cache(ctx, value_cache.Data(), J.value_out, cache_bytes);
+    if (J.N == 0) return;
+
+    constexpr bool t_half = !std::is_same<T, float>::value, kv_half = !std::is_same<TKV, float>::value;
+    const Kernels k = select_kernels(isa, J.D, t_half, kv_half);
+    J.write_batches = std::min<int64_t>(J.N, 64);
+    parallel(ctx, k.write, static_cast<size_t>(J.write_batches), 0, &J);
+    make_items(J, k);
+    parallel(ctx, k.attend, J.items.size(), 0, &J);
+  }
+
+  // Inputs that would make the kernels read or write out of bounds are refused.
+  static void validate_rows(Job& J, const int32_t* seq_lens, int64_t table_len) {
+    const int64_t slots = J.NB * J.block_size;
+    for (int64_t n = 0; n < J.N; ++n) {
+      check(J.slot_mapping[n] >= 0 && J.slot_mapping[n] < slots,
+            "slot_mapping[" + std::to_string(n) + "] = " + std::to_string(J.slot_mapping[n]) + " is outside the cache");
+      check(J.rot == 0 || (J.positions[n] >= 0 && J.positions[n] < table_len),
+            "positions[" + std::to_string(n) + "] is outside the rotary tables");
+    }
+    check(J.query_start[0] == 0 && J.query_start[J.B] == J.N, "query_start must run from 0 to the token count");
+    J.row_start.resize(static_cast<size_t>(J.B));
+    for (int64_t b = 0; b < J.B; ++b) {
+      const int64_t q_len = J.query_start[b + 1] - J.query_start[b];
+      check(q_len >= 0, "query_start must not decrease");
+      check(seq_lens[b] >= q_len, "row " + std::to_string(b) + ": seq_len below its query count");
+      J.row_start[b] = seq_lens[b] - q_len;
+      if (q_len == 0) continue;
+      const int64_t last = seq_lens[b] - 1;
+      const int64_t lo = J.window > 0 ? std::max<int64_t>(0, J.row_start[b] - J.window + 1) : 0;
+      check(last / J.block_size < J.table_width,
+            "row " + std::to_string(b) + ": the block table is too narrow for " + std::to_string(seq_lens[b]) + " positions");
+      const int32_t* table = J.block_tables + b * J.table_width;
+      for (int64_t i = lo / J.block_size; i <= last / J.block_size; ++i)
+        check(table[i] >= 0 && table[i] < J.NB,
+              "row " + std::to_string(b) + ": block id " + std::to_string(table[i]) + " is outside the cache");
+    }
+  }
+
+  // Work items: per row and KV head, its queries whole (few rows: the small path) or in tiles
+  // of about score_panel vectors of rows; longest first, so the pool's dynamic hand-out ends even.
+  static void make_items(Job& J, const Kernels& k) {
+    J.items.clear();
+    const int tile = std::max(1, k.score_panel * k.lanes / J.G);
+    for (int64_t b = 0; b < J.B; ++b) {
+      const int q_len = J.query_start[b + 1] - J.query_start[b];
+      if (q_len == 0) continue;
+      const int step = q_len * J.G <= k.small_rows ? q_len : tile;
+      for (int q0 = 0; q0 < q_len; q0 += step) {
+        const int q1 = std::min(q_len, q0 + step);
+        const int64_t first = J.row_start[b] + q0, last = J.row_start[b] + q1 - 1;
+        const int64_t lo = J.window > 0 ? std::max<int64_t>(0, first - J.window + 1) : 0;
+        const int64_t cost = static_cast<int64_t>(q1 - q0) * J.G * (last - lo + 1) + 64;
+        for (int32_t h = 0; h < J.Hkv; ++h)
+          J.items.push_back(Item{static_cast<int32_t>(b), h, q0, q1, cost});
+      }
+    }
+    std::stable_sort(J.items.begin(), J.items.end(),
+                     [](const Item& a, const Item& b) { return a.cost > b.cost; });
+  }
+};
+
+using Op32 = PagedAttention<float, float>;
+using Op16 = PagedAttention<Ort::Float16_t, Ort::Float16_t>;
+using Op32Kv16 = PagedAttention<float, Ort::Float16_t>;
+
+std::mutex registry_mutex;
+std::vector<std::unique_ptr<Ort::Custom::OrtLiteCustomOp>>& ops() {
+  static std::vector<std::unique_ptr<Ort::Custom::OrtLiteCustomOp>> all;
+  return all;
+}
+std::vector<Ort::CustomOpDomain>& domains() {
+  static std::vector<Ort::CustomOpDomain> all;
+  return all;
+}
+
+}  // namespace
+}  // namespace inferflow
+
+// The float16 tensors arrive as Ort::Float16_t; the kernels read their raw uint16_t bits.
+static_assert(sizeof(Ort::Float16_t) == sizeof(uint16_t), "Float16_t is 16 bits");
+
+extern "C" {
+
+// Which kernel set this CPU gets (for `python -m inferflow.runtimes.ort_ops`).
+__attribute__((visibility("default"))) const char* InferflowPagedAttentionIsa() {
+  return inferflow::isa_name(inferflow::best_isa());
+}
+
+__attribute__((visibility("default"))) OrtStatus* ORT_API_CALL RegisterCustomOps(OrtSessionOptions* options,
+                                                                                   const OrtApiBase* api_base) {
+  const OrtApi* api = api_base->GetApi(ORT_API_VERSION);
+  if (api == nullptr) return nullptr;  // cannot even report it: the runtime is older than API 21
+  Ort::InitApi(api);
+  try {
+    std::lock_guard<std::mutex> lock(inferflow::registry_mutex);
+    auto& ops = inferflow::ops();
+    if (ops.empty()) {
+      ops.emplace_back(Ort::Custom::CreateLiteCustomOp<inferflow::Op32>("PagedAttention", "CPUExecutionProvider"));
+      ops.emplace_back(Ort::Custom::CreateLiteCustomOp<inferflow::Op16>("PagedAttention", "CPUExecutionProvider"));
+      ops.emplace_back(Ort::Custom::CreateLiteCustomOp<inferflow::Op32Kv16>("PagedAttention", "CPUExecutionProvider"));
+    }
+    Ort::CustomOpDomain domain{"inferflow"};
+    for (auto& op : ops) domain.Add(op.get());
+    Ort::UnownedSessionOptions(options).Add(domain);
+    inferflow::domains().push_back(std::move(domain));  // must outlive the sessions
+  } catch (const std::exception& e) {
+    return Ort::Status(e.what(), ORT_RUNTIME_EXCEPTION).release();
+  }
+  return nullptr;
+}
+
+}  // extern "C"
