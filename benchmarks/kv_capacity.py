@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """KV bytes per running sequence and the most sequences running at once, at one KV budget, for
-the torch executor (paged blocks) and ONNX Runtime (slots).
+ONNX Runtime on its paged pool (``graph_form=paged``, the default where the op builds), the torch
+executor (paged blocks) and ONNX Runtime on slots (``graph_form=gqa``).
 
     python benchmarks/kv_capacity.py                       # 32 MiB of KV, the tiny model
     python benchmarks/kv_capacity.py --budget 64MiB --requests 256
@@ -34,7 +35,11 @@ from inferflow.scheduling.kv_budget import kv_bytes_per_token, parse_memory  # n
 
 
 def graph(executor: str, budget: str, max_model_len: int, seqs: int) -> ServingGraph:
+    """``executor``: ``torch``, ``paged`` (ONNX Runtime's paged form) or ``onnxruntime`` (slots)."""
     extra = ["executor.compile=eager"] if executor == "torch" else []  # capacity, not speed
+    if executor in ("paged", "onnxruntime"):
+        extra = [f"executor.graph_form={'paged' if executor == 'paged' else 'gqa'}"]
+        executor = "onnxruntime"
     return build_graph(compose_config([
         f"executor={executor}", f"executor.kv_cache_memory={budget}",
         f"model.max_model_len={max_model_len}", f"batching.max_num_seqs={seqs}",
@@ -82,7 +87,8 @@ def measure(g: ServingGraph, args: argparse.Namespace) -> dict:
     busiest = max(running)
     steady = statistics.median(saturated or running)
     return {
-        "executor": g.executor.backend,
+        "executor": g.executor.backend + ("" if g.executor.backend == "torch" else
+                                          f" ({'paged' if layout.paged else 'slots'})"),
         "paged": layout.paged,
         "layout": {"max_slots": layout.max_slots, "max_model_len": layout.max_model_len,
                    "block_size": layout.block_size, "num_blocks": layout.num_blocks},
@@ -109,7 +115,8 @@ def main() -> int:
     args = p.parse_args()
     budget_bytes = parse_memory(args.budget)
     slots = most_slots(args.budget, args.max_model_len)
-    rows = [measure(graph("torch", args.budget, args.max_model_len, args.max_num_seqs), args)]
+    rows = [measure(graph(name, args.budget, args.max_model_len, args.max_num_seqs), args)
+            for name in ("paged", "torch")]
     if slots:
         rows.append(measure(graph("onnxruntime", args.budget, args.max_model_len, slots), args))
     result = {"budget": args.budget, "budget_bytes": budget_bytes,
@@ -119,14 +126,17 @@ def main() -> int:
               "ideal_concurrency": (budget_bytes or 0) // (rows[0]["kv_bytes_per_token"]
                                                            * (args.prompt_len + args.output_len)),
               "executors": rows}
+    for r in rows:  # the share of the ideal number of sequences each runs
+        r["share_of_ideal"] = round(r["median_running_while_requests_wait"]
+                                    / max(1, result["ideal_concurrency"]), 3)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"budget {args.budget}, sequences of {args.prompt_len}+{args.output_len} tokens, "
           f"max_model_len {args.max_model_len}: ideal {result['ideal_concurrency']} at once")
     for r in rows:
-        print(f"  {r['executor']:<12} paged={r['paged']!s:<5} busiest {r['busiest_running']:>4} "
+        print(f"  {r['executor']:<22} paged={r['paged']!s:<5} busiest {r['busiest_running']:>4} "
               f"median while requests wait {r['median_running_while_requests_wait']:>6} KV/seq {r['kv_bytes_per_running_sequence'] / 2**20:.2f} MiB "
-              f"preemptions {r['preemptions']}")
+              f"preemptions {r['preemptions']} ({r['share_of_ideal']:.0%} of ideal)")
     return 0
 
 

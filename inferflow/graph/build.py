@@ -181,8 +181,13 @@ class ServingGraph:
         return self.served_context.note()
 
     def to_container(self) -> dict[str, Any]:
-        """The resolved config as plain picklable data (enums as strings)."""
-        return plain_dict(self.config)
+        """The resolved config as plain picklable data (enums as strings), with what the
+        executor decided on this machine pinned (``ExecutorStage.decided``: e.g. ``graph_form``
+        ``auto`` -> ``paged``), so every process of a server builds the same engine layout."""
+        plain = plain_dict(self.config)
+        if isinstance(plain.get("executor"), dict):
+            plain["executor"].update(self.executor.decided())
+        return plain
 
     # ------------------------------------------------------------------ request path
 

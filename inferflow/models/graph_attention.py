@@ -15,11 +15,17 @@ pair per distinct rotary, one causal mask per distinct window (canonical form).
   kernel's pairs are the model's, the padding pairs turning by 0 (cos 1, sin 0). q·k is the same
   under one permutation of both, and v is not permuted: the output does not change; only the
   K cache holds k in that layout.
+- ``paged``: ``inferflow::PagedAttention`` (``runtimes/ort_ops/``), one node per layer on the
+  packed tokens, no padding: rotary (pairs (n, n + r/2) over the first r dims, so partial rotary
+  needs no head layout), the write of each token's K/V into its block (``slot_mapping``) and
+  attention over each row's block table; windows, scale and soft-cap are its attributes. The
+  caches are the engine's block pool (``KVLayout.paged``): ``key_cache_{i}`` in,
+  ``present_key_{i}`` out, bound to the same memory (the op writes in place).
 - ``canonical``: RotaryEmbedding (``rotary_embedding_dim`` for partial rotary), TensorScatter,
   Attention (``scale``, ``softcap``) under a bool mask (B, 1, S, C): key j is visible to the query
   at position p iff j <= p, and p - W < j on a layer with window W.
 
-KV layout and windows: the slot buffers hold the whole context in both forms, windowed layers
+KV layout and windows (``gqa``, ``canonical``): the slot buffers hold the whole context in both forms, windowed layers
 included (every position stays where it was written; a window only hides keys from the
 softmax), so prefill, chunked prefill and decode need no layout of their own and the prefix cache
 copies blocks as for any layer. A window as long as the rotary tables (``max_model_len``) hides
@@ -34,6 +40,7 @@ import numpy as np
 from onnx import helper
 
 from inferflow.models.config import ModelArch
+from inferflow.models.onnx_graph import PAGED_OP_DOMAIN
 from inferflow.models.rope import RotarySettings, cos_sin_cache
 
 if TYPE_CHECKING:
@@ -118,6 +125,8 @@ class Attention:
     def __call__(self, i: int, qkv: str) -> str:
         """Packed (N, (Hq + 2*Hkv) * D) -> attention output (N, Hq * D)."""
         cfg, g = self.cfg, self.g
+        if g.spec.form == "paged":  # packed in, packed out
+            return self._paged(i, qkv)
         qw, kw = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
         padded = _pad(g, qkv, qw + 2 * kw, "pad_index")  # (B, S, (Hq + 2*Hkv) * D)
         if g.spec.form == "gqa":
@@ -145,6 +154,22 @@ class Attention:
             "GroupQueryAttention", inputs, [f"attn_{i}", f"present_key_{i}", f"present_value_{i}"],
             name=f"GroupQueryAttention_{i}", domain="com.microsoft", num_heads=cfg.num_heads,
             kv_num_heads=cfg.num_kv_heads, do_rotary=1, rotary_interleaved=0, **extra))
+        return f"attn_{i}"
+
+    def _paged(self, i: int, qkv: str) -> str:
+        """PagedAttention on packed QKV (N, (Hq + 2*Hkv) * D) -> (N, Hq * D), rotary inside,
+        the step's K/V written into the layer's block pool."""
+        cfg, g = self.cfg, self.g
+        cos, sin = self._rotary(cfg.layer_rope(i))
+        b = cfg.block
+        inputs = [qkv, f"key_cache_{i}", f"value_cache_{i}", "positions", "slot_mapping",
+                  "block_tables", "seq_lens", "query_start", cos, sin]
+        g.nodes.append(helper.make_node(
+            "PagedAttention", inputs, [f"attn_{i}", f"present_key_{i}", f"present_value_{i}"],
+            name=f"PagedAttention_{i}", domain=PAGED_OP_DOMAIN, num_heads=cfg.num_heads,
+            kv_num_heads=cfg.num_kv_heads, scale=float(b.attn_scale or 0.0),
+            softcap=float(b.attn_softcap or 0.0), window=self.window(i) or 0,
+            rotary_dim=cfg.rotary_dim))
         return f"attn_{i}"
 
     def _heads(self, x: str, n: int) -> str:

@@ -14,7 +14,11 @@ soft-cap (here) and the attention's scale, soft-cap, windows and (partial, per-l
   the new K/V into the slot buffers in place (past_key and present_key bound to one buffer);
   int8/int4 weights use ``com.microsoft::MatMulNBits``.
 
-Both forms take the same *packed* step (a prefill chunk or decode token per row) and only pad
+- ``paged``: the CPU form over a paged KV pool: one ``inferflow::PagedAttention`` per layer
+  (``graph_attention``; the custom op of ``runtimes/ort_ops/``) reads and writes the block pool
+  through the step's block tables; no padding anywhere (its inputs are below).
+
+The slot forms take the same *packed* step (a prefill chunk or decode token per row) and only pad
 for attention. Shapes: N packed tokens, B rows (slots), S padded chunk length, R sampled rows,
 C slot capacity, H hidden, Hq/Hkv heads, D head dim, V vocab.
 
@@ -28,6 +32,13 @@ GQA form: seqlens_k int32 (B,) = tokens in the slot after the step - 1; total_se
   = C; query_seqlens int32 (B,) valid tokens per row (0 = idle slot).
 Canonical form: position_ids int64 (B, S); write_indices int64 (B,) = tokens before the step.
 Outputs: logits float32 (R, V); present_key_{i}, present_value_{i} (B, Hkv, C, D).
+
+Paged form (B rows, W block-table width, NB blocks of BS positions):
+  input_ids int64 (N,), positions int64 (N,), slot_mapping int64 (N,) = block * BS + offset of
+  each token's K/V, block_tables int32 (B, W), seq_lens int32 (B,) = tokens after the step,
+  query_start int32 (B + 1,) = cumulative tokens per row, logits_index int64 (R,),
+  key_cache_{i}, value_cache_{i} (NB, Hkv, BS, D); outputs logits and present_key_{i},
+  present_value_{i} (NB, Hkv, BS, D), the caches after the write (bound to the inputs' memory).
 The slot buffers hold the whole context on every layer, windowed ones included
 (``graph_attention``).
 """
@@ -46,7 +57,7 @@ from inferflow.models.family import Block
 from inferflow.models.graph_attention import Attention
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.moe_graph import moe_mlp
-from inferflow.models.onnx_graph import GraphSpec, _Graph
+from inferflow.models.onnx_graph import PAGED_OP_DOMAIN, GraphSpec, _Graph
 
 # 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
 # windows, per-layer and partial rotary
@@ -65,7 +76,7 @@ def _ffn_padding(spec: GraphSpec, inter: int) -> int:
     buffer, so only float precisions are padded, and only the CPU form.
     """
     itemsize = np.dtype(spec.act_dtype).itemsize
-    if spec.form != "gqa" or spec.precision not in ("fp32", "fp16") or (inter * itemsize) % 4096:
+    if not spec.cpu or spec.precision not in ("fp32", "fp16") or (inter * itemsize) % 4096:
         return 0
     return 32
 
@@ -178,6 +189,8 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
     act = helper.np_dtype_to_tensor_dtype(spec.act_dtype)
     i64, i32 = TensorProto.INT64, TensorProto.INT32
     v = helper.make_tensor_value_info
+    if spec.form == "paged":
+        return _paged_io(cfg, act)
     inputs = [v("input_ids", i64, ["N"]), v("pad_index", i64, ["B", "S"]),
               v("unpad_index", i64, ["N"]), v("logits_index", i64, ["R"])]
     if spec.form == "gqa":
@@ -190,6 +203,23 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
         for kind in ("key", "value"):
             inputs.append(v(f"past_{kind}_{i}", act, kv_shape))
             outputs.append(v(f"present_{kind}_{i}", act, kv_shape))
+    return inputs, outputs
+
+
+def _paged_io(cfg: ModelArch, act: int) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    """The paged form's inputs and outputs (module docstring); the pool's sizes are symbolic, so
+    one engine serves any ``KVLayout``."""
+    i64, i32 = TensorProto.INT64, TensorProto.INT32
+    v = helper.make_tensor_value_info
+    inputs = [v("input_ids", i64, ["N"]), v("positions", i64, ["N"]), v("slot_mapping", i64, ["N"]),
+              v("block_tables", i32, ["B", "W"]), v("seq_lens", i32, ["B"]),
+              v("query_start", i32, ["B1"]), v("logits_index", i64, ["R"])]
+    outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
+    pool: list[str | int | None] = ["NB", cfg.num_kv_heads, "BS", cfg.head_dim]
+    for i in range(cfg.num_layers):
+        for kind in ("key", "value"):
+            inputs.append(v(f"{kind}_cache_{i}", act, pool))
+            outputs.append(v(f"present_{kind}_{i}", act, pool))
     return inputs, outputs
 
 
@@ -234,8 +264,10 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
     inputs, outputs = _io(cfg, spec)
     graph = helper.make_graph(g.nodes, f"inferflow_{cfg.architecture}_{spec.form}", inputs, outputs, g.inits)
     opsets = [helper.make_opsetid("", 24 if spec.form == "canonical" else 21)]
-    if spec.form == "gqa":
+    if spec.cpu:
         opsets.append(helper.make_opsetid("com.microsoft", 1))
+    if spec.form == "paged":
+        opsets.append(helper.make_opsetid(PAGED_OP_DOMAIN, 1))
     return helper.make_model(graph, opset_imports=opsets, ir_version=11, producer_name="inferflow",
                              producer_version=GRAPH_BUILDER_VERSION)
 

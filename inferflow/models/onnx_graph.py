@@ -14,7 +14,9 @@ from onnx import TensorProto, helper
 from inferflow.models.initializers import InitializerStore
 from inferflow.models.quantize import quantize_blocked
 
-GraphForm = Literal["gqa", "canonical"]
+GraphForm = Literal["gqa", "paged", "canonical"]
+
+PAGED_OP_DOMAIN = "inferflow"  # the paged-attention custom op (runtimes/ort_ops/)
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,11 @@ class GraphSpec:
     # activations (faster on CPU, ~1e-1 logit error). ORT's DequantizeLinear->MatMul fusion in the
     # canonical form takes it from the session, so the engine sets both to the same value.
     quant_accuracy_level: int = 4
+
+    @property
+    def cpu(self) -> bool:
+        """The CPU forms (``gqa``, ``paged``): ONNX Runtime's contrib ops where they are faster."""
+        return self.form != "canonical"
 
     @property
     def act_dtype(self) -> np.dtype:
@@ -68,7 +75,7 @@ class _Graph:
         p = self.spec.precision
         if p in ("int8", "int4"):
             qw = quantize_blocked(w, 8 if p == "int8" else 4, self.spec.quant_block_size)
-            if self.spec.form == "gqa":
+            if self.spec.cpu:
                 y = self.op1("MatMulNBits", [x, self.const(base + "_q", qw.matmulnbits_b()),
                                              self.const(base + "_scales", qw.matmulnbits_scales())],
                              domain="com.microsoft", K=qw.k, N=qw.n, bits=qw.bits, block_size=qw.block_size,

@@ -21,8 +21,13 @@ class Precision(ConfigEnum):
 
 
 class GraphForm(ConfigEnum):
-    """``gqa``: ONNX Runtime's GroupQueryAttention graph (CPU); ``canonical``: standard ops."""
+    """``paged``: the CPU graph over a paged KV pool (``inferflow::PagedAttention``, a custom op
+    built on this machine: ``runtimes/ort_ops``); ``gqa``: ONNX Runtime's GroupQueryAttention
+    over slot buffers (CPU); ``canonical``: standard ops over slot buffers (TensorRT, the
+    reference); ``auto``: ``paged`` where the op builds, else ``gqa``."""
 
+    auto = "auto"
+    paged = "paged"
     gqa = "gqa"
     canonical = "canonical"
 

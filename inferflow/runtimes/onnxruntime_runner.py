@@ -1,4 +1,5 @@
-"""ONNX Runtime engine: the compiled graph plus slot KV buffers, updated in place.
+"""ONNX Runtime engine: the compiled graph plus slot KV buffers, updated in place (the slot
+layout, ``graph_form=gqa|canonical``; the paged pool is ``onnxruntime_paged``).
 
 Memory, per layer: K and V slot buffers (max_slots, Hkv, C, D) where C = max_model_len, and a
 block pool (num_blocks, Hkv, block_size, D) backing the prefix cache, all made resident when the
@@ -46,8 +47,11 @@ log = logging.getLogger(__name__)
 MAX_BINDINGS = 64  # slot windows whose IOBinding is kept (binding one is ~50 calls into ORT)
 
 
-class OnnxRuntimeRunner:
-    """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
+class OrtEngine:
+    """What every ONNX Runtime engine shares: the checkpoint checked against the served context,
+    the compiled graph (built once, cached in ``compiled_engines/``) and the session with its
+    options. The KV memory and ``forward`` are the layout's (slots here, the paged pool in
+    ``onnxruntime_paged``)."""
 
     def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
         cfg = checkpoint.config
@@ -66,17 +70,6 @@ class OnnxRuntimeRunner:
             lambda folder: build_llama_engine(checkpoint, self.spec, folder))
         self.session = ort.InferenceSession(str(self.cache_entry.model_path), self.session_options(),
                                             providers=["CPUExecutionProvider"])
-        dtype = self.spec.act_dtype
-        shape = (layout.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
-        pool = (layout.num_blocks, cfg.num_kv_heads, layout.block_size, cfg.head_dim)
-        # kv[layer][0] is K, kv[layer][1] is V; checked against the machine's memory now, made
-        # resident by a background thread, slot buffers first (kv_memory.py)
-        check_fits(2 * cfg.num_layers * (int(np.prod(shape)) + int(np.prod(pool))) * dtype.itemsize)
-        self.kv = [(kv_buffer(shape, dtype), kv_buffer(shape, dtype)) for _ in range(cfg.num_layers)]
-        self.pool = [(kv_buffer(pool, dtype), kv_buffer(pool, dtype)) for _ in range(cfg.num_layers)]
-        self._kv_populating = make_resident([buf for layer in (*self.kv, *self.pool) for buf in layer])
-        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
-        self._total_seq_len = np.array(self.capacity, np.int32)
 
     def cache_fields(self, checkpoint: Checkpoint) -> dict[str, object]:
         return {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
@@ -87,7 +80,8 @@ class OnnxRuntimeRunner:
                 "architecture": self.model_config.architecture}
 
     def session_options(self) -> ort.SessionOptions:
-        """The options every session of this engine runs with (threads, spinning, quantization)."""
+        """The options every session of this engine runs with (threads, spinning, quantization,
+        the paged form's custom op)."""
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         so.intra_op_num_threads = self.settings.intra_op_threads
@@ -101,8 +95,43 @@ class OnnxRuntimeRunner:
         so.add_session_config_entry("session.inter_op.allow_spinning", spin)
         so.add_session_config_entry("session.force_spinning_stop", "1")
         so.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", str(self.spec.quant_accuracy_level))
+        if self.spec.form == "paged":
+            from inferflow.runtimes.ort_ops.build import paged_attention_library
+
+            so.register_custom_ops_library(str(paged_attention_library()))
         so.log_severity_level = 3
         return so
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of weights in the compiled engine (its external-data file)."""
+        files = self.cache_entry.manifest["files"]
+        return int(sum(meta["size"] for name, meta in files.items() if name.endswith(".data")))
+
+    def forward(self, rows: Sequence[EngineRow]) -> np.ndarray:
+        """(R, V) float32 logits: each row's ``logits_count`` rows, in row order."""
+        raise NotImplementedError
+
+
+class OnnxRuntimeRunner(OrtEngine):
+    """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
+
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
+        if settings.graph_form == "paged":
+            raise ValueError("graph_form=paged runs on the paged pool: PagedOnnxRuntimeRunner")
+        super().__init__(checkpoint, settings, layout)
+        cfg = self.model_config
+        dtype = self.spec.act_dtype
+        shape = (layout.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
+        pool = (layout.num_blocks, cfg.num_kv_heads, layout.block_size, cfg.head_dim)
+        # kv[layer][0] is K, kv[layer][1] is V; checked against the machine's memory now, made
+        # resident by a background thread, slot buffers first (kv_memory.py)
+        check_fits(2 * cfg.num_layers * (int(np.prod(shape)) + int(np.prod(pool))) * dtype.itemsize)
+        self.kv = [(kv_buffer(shape, dtype), kv_buffer(shape, dtype)) for _ in range(cfg.num_layers)]
+        self.pool = [(kv_buffer(pool, dtype), kv_buffer(pool, dtype)) for _ in range(cfg.num_layers)]
+        self._kv_populating = make_resident([buf for layer in (*self.kv, *self.pool) for buf in layer])
+        self._bindings: dict[tuple[int, int], ort.IOBinding] = {}  # (first slot, batch) -> binding
+        self._total_seq_len = np.array(self.capacity, np.int32)
 
     @property
     def kv_resident(self) -> bool:
@@ -112,12 +141,6 @@ class OnnxRuntimeRunner:
     @property
     def num_slots(self) -> int:
         return self.layout.max_slots
-
-    @property
-    def weight_bytes(self) -> int:
-        """Bytes of weights in the compiled engine (its external-data file)."""
-        files = self.cache_entry.manifest["files"]
-        return int(sum(meta["size"] for name, meta in files.items() if name.endswith(".data")))
 
     # --- prefix-cache block copies -------------------------------------------------------------
     # A step's copies move in one indexing operation per layer and kind, not one per block, layer

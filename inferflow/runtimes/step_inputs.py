@@ -157,3 +157,66 @@ def merge_call_logits(rows: Sequence[EngineRow], calls: Sequence[Sequence[int]],
             out[starts[i]:starts[i] + n] = logits[at:at + n]
             at += n
     return out
+
+
+@dataclass
+class PagedArrays:
+    """Inputs of one step over a paged KV pool (the ``paged`` graph form, the torch engine):
+    N packed tokens of B rows, the last ``padding`` of them single tokens in the scratch block."""
+
+    input_ids: np.ndarray  # int64 (N,)
+    positions: np.ndarray  # int64 (N,)
+    slot_mapping: np.ndarray  # int64 (N,) block_id * block_size + offset of each token's K/V
+    block_tables: np.ndarray  # int32 (B, W)
+    seq_lens: np.ndarray  # int32 (B,) tokens of the row after the step
+    query_start: np.ndarray  # int32 (B + 1,) cumulative tokens per row
+    logits_index: np.ndarray  # int64 (R,) packed index of each row's logits tokens, padding last
+    num_logits: int  # the first num_logits entries of logits_index are the rows' (the rest padding)
+
+
+def build_paged_arrays(rows: Sequence[EngineRow], block_size: int, scratch_block: int,
+                       padding: int = 0, table_width: int = 0) -> PagedArrays:
+    """Pack ``rows`` plus ``padding`` rows (one token each, written to ``scratch_block`` and
+    sampled; their logits are to be dropped) into a paged step; block tables are ``table_width``
+    wide, or as wide as the widest row's (at least 1). A row's table must hold its positions."""
+    count = len(rows)
+    lengths = np.fromiter((len(r.token_ids) for r in rows), np.int64, count)
+    starts_pos = np.fromiter((r.start_pos for r in rows), np.int64, count)
+    ends = starts_pos + lengths
+    widths = np.fromiter((len(r.block_table) for r in rows), np.int64, count)
+    short = np.flatnonzero(widths * block_size < ends)
+    if len(short):
+        b = int(short[0])
+        raise ValueError(f"row {b}: block table of {widths[b]} blocks cannot hold "
+                         f"{ends[b]} positions")
+    width = max(table_width, 1, int(widths.max()) if count else 0)
+    tables = np.full((count + padding, width), scratch_block, dtype=np.int32)
+    for b, r in enumerate(rows):
+        tables[b, :len(r.block_table)] = r.block_table
+    n = int(lengths.sum())
+    query_start = np.zeros(count + padding + 1, dtype=np.int32)
+    np.cumsum(np.concatenate([lengths, np.ones(padding, np.int64)]), out=query_start[1:])
+    row_of = np.repeat(np.arange(count), lengths)  # (n,) the row of each packed token
+    positions = np.empty(n + padding, dtype=np.int64)
+    positions[:n] = np.arange(n) - np.repeat(query_start[:count], lengths) + starts_pos[row_of]
+    positions[n:] = 0
+    slot_mapping = np.empty(n + padding, dtype=np.int64)
+    slot_mapping[:n] = tables[row_of, positions[:n] // block_size] * np.int64(block_size) \
+        + positions[:n] % block_size
+    slot_mapping[n:] = scratch_block * block_size
+    input_ids = np.zeros(n + padding, dtype=np.int64)
+    input_ids[:n] = np.fromiter(itertools.chain.from_iterable(r.token_ids for r in rows), np.int64, n)
+    seq_lens = np.ones(count + padding, dtype=np.int32)
+    seq_lens[:count] = ends
+    # each row's last logits_count tokens (drafts + 1 when it samples, all with prompt_logits)
+    counts = np.fromiter((r.logits_count for r in rows), np.int64, count)
+    over = np.flatnonzero(counts > lengths)
+    if len(over):
+        b = int(over[0])
+        raise ValueError(f"row {b}: {counts[b]} logits from {lengths[b]} tokens")
+    firsts = query_start[1:count + 1] - counts
+    index = np.repeat(firsts, counts) + np.arange(int(counts.sum())) \
+        - np.repeat(np.cumsum(counts) - counts, counts)
+    logits_index = np.concatenate([index, query_start[count:count + padding]]).astype(np.int64)
+    return PagedArrays(input_ids, positions, slot_mapping, tables, seq_lens, query_start,
+                       logits_index, len(index))

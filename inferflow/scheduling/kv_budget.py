@@ -14,7 +14,7 @@ is capped to what the budget holds:
 and admission, which already counts every running token against the pool's blocks, keeps what
 is committed inside the same budget.
 
-A paged executor (torch) keeps KV only in the pool, so the budget is the pool:
+A paged executor (ONNX Runtime's ``paged`` form, torch) keeps KV only in the pool, so the budget is the pool:
 ``num_blocks = budget // (block_size x bytes per token)``, and the served ``max_model_len`` is
 capped only by what one sequence can hold (the whole pool); how many sequences run at once is
 decided by admission, block by block (``paged_context``). The default budget (``kv_cache_memory: auto``) is half of
@@ -23,6 +23,11 @@ engine when a model repository serves N LLMs, is an N-th of what one engine alon
 ``auto``: of that half, or, when the half is more than the engine's layout reserves (the
 slots at full length and their pool; a paged pool of twice what the slots need), of what the
 layout reserves (``KVBudget.shared``). So N engines together hold what one would.
+
+ONNX Runtime's paged pool is made resident before the engine reports ready, so its ``auto`` is
+sized from the model, not the machine: twice the weights, at least 64 MiB (still at most the
+half above and what the layout can use). The default tiny model gets 64 MiB (16,384 tokens);
+the ~100M f32 model ~0.8 GB (~33,000 tokens). A larger pool is ``executor.kv_cache_memory=4GiB``.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from inferflow.models.config import ModelArch
 from inferflow.scheduling.layout import KVLayout
 
 MIN_AUTO_BYTES = 256 * 1024**2
+# ``auto`` for a paged pool that is made resident at load: twice the weights, at least this
+MIN_PAGED_AUTO_BYTES = 64 * 1024**2
 
 
 def physical_memory_bytes() -> int:
@@ -66,21 +73,27 @@ class KVBudget:
         return self.bytes // self.bytes_per_token
 
     @classmethod
-    def resolve(cls, setting: str | int | None, bytes_per_token: int, model_bytes: int) -> KVBudget:
+    def resolve(cls, setting: str | int | None, bytes_per_token: int, model_bytes: int,
+                paged: bool = False) -> KVBudget:
+        """An explicit size, or ``auto[/N]``: half of the physical memory after the weights
+        (an N-th of that); for a ``paged`` pool that the engine makes resident at load, at
+        most twice the weights (at least ``MIN_PAGED_AUTO_BYTES``), so a small model gets a
+        small pool and its memory follows the model, not the machine."""
         explicit = parse_memory(setting)
         if explicit is not None:
             return cls(explicit, bytes_per_token, f"executor.kv_cache_memory={setting}")
         share = auto_share(setting) or 1
-        auto = max(MIN_AUTO_BYTES, (physical_memory_bytes() - model_bytes) // 2 // share)
+        half = (physical_memory_bytes() - model_bytes) // 2 // share
         what = "half" if share == 1 else f"1/{2 * share}"
-        return cls(
-            auto,
-            bytes_per_token,
-            f"executor.kv_cache_memory={setting or AUTO} ({what} of the physical memory after "
-            "the weights)",
-            auto=True,
-            share=share,
-        )
+        source = f"({what} of the physical memory after the weights)"
+        auto = max(MIN_AUTO_BYTES, half)
+        if paged:
+            pool = max(MIN_PAGED_AUTO_BYTES, 2 * model_bytes // share)
+            if pool < auto:
+                auto, source = pool, f"(twice the weights, at least {human(MIN_PAGED_AUTO_BYTES)}" \
+                    + (f", 1/{share}" if share > 1 else "") + ")"
+        return cls(auto, bytes_per_token, f"executor.kv_cache_memory={setting or AUTO} {source}",
+                   auto=True, share=share)
 
     def shared(self, alone_tokens: int) -> KVBudget:
         """``auto/N`` against a layout that reserves ``alone_tokens`` when nothing binds it:

@@ -10,6 +10,7 @@ a plugin adds its own with ``executor=NAME`` (a YAML whose ``_target_`` is an
 from __future__ import annotations
 
 import dataclasses
+import logging
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -94,6 +95,11 @@ class ExecutorStage(EngineStage):
     def check(self, layout: KVLayout) -> None:
         """Raise ``ValueError`` ("field: message") for settings ``load`` would refuse, without
         loading anything (``task=check`` and server start call it in the main process)."""
+
+    def decided(self) -> dict[str, Any]:
+        """Settings whose ``auto`` this executor decided from the machine, as config values
+        (``ServingGraph.to_container`` pins them for the server's other processes)."""
+        return {}
 
     def limit_steps(self, max_num_batched_tokens: int) -> None:
         """The scheduler's token budget per step (``batching.max_num_batched_tokens``)."""
@@ -184,6 +190,22 @@ class ExecutorStage(EngineStage):
         return {}
 
 
+_warned: set[str] = set()
+
+
+def _warn_no_paged_op(reason: str) -> None:
+    """One warning per process: the CPU engine falls back to slot KV buffers."""
+    if reason in _warned:
+        return
+    _warned.add(reason)
+    logging.getLogger(__name__).warning(
+        "paged KV off: the paged-attention op for ONNX Runtime is not available (%s); serving "
+        "on slot KV buffers (max_num_seqs x max_model_len reserved, prefix hits copied, no "
+        "shared blocks). To get it: a C++ compiler and ONNX Runtime's C headers (Debian's "
+        "libonnxruntime-dev, or `python -m inferflow.runtimes.ort_ops fetch-headers`); "
+        "executor.graph_form=gqa says this choice explicitly", reason)
+
+
 # host bytes of the weights per byte of fp32 ones (int8/int4 keep scales and fp32 embeddings)
 _PRECISION_SCALE = {Precision.fp32: 1.0, Precision.fp16: 0.5, Precision.int8: 0.3,
                     Precision.int4: 0.2}
@@ -200,7 +222,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
     returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the graph returns any rows' logits
     precision: Precision = Precision.fp32
-    graph_form: GraphForm = GraphForm.gqa
+    graph_form: GraphForm = GraphForm.auto  # paged where the op builds, else gqa (slots)
     intra_op_threads: int = 0
     inter_op_threads: int = 1
     allow_spinning: bool = True  # within a call only: the spin stops when it returns
@@ -228,14 +250,47 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
         itemsize = 2 if Precision(self.precision) is Precision.fp16 else 4  # activations' dtype
         return KVBudget.resolve(
-            self.kv_cache_memory, kv_bytes_per_token(arch, itemsize), model_bytes
+            self.kv_cache_memory, kv_bytes_per_token(arch, itemsize), model_bytes,
+            paged=self.pages_kv,
         )
+
+    def decided(self) -> dict[str, Any]:
+        return {"graph_form": self.resolved_graph_form().value}
+
+    @property
+    def pages_kv(self) -> bool:  # type: ignore[override]
+        return self.resolved_graph_form() is GraphForm.paged
+
+    def resolved_graph_form(self) -> GraphForm:
+        """``graph_form``, with ``auto`` decided: ``paged`` where the paged-attention op builds
+        on this machine (once per process; ``runtimes/ort_ops``), else ``gqa`` and one warning
+        that says what is lost and how to get it."""
+        form = GraphForm(self.graph_form)
+        if form is not GraphForm.auto:
+            return form
+        from inferflow.runtimes.ort_ops.build import op_status
+
+        available, reason = op_status()
+        if available:
+            return GraphForm.paged
+        _warn_no_paged_op(reason)
+        return GraphForm.gqa
+
+    def check(self, layout: KVLayout) -> None:
+        super().check(layout)
+        if GraphForm(self.graph_form) is GraphForm.paged:
+            from inferflow.runtimes.ort_ops.build import op_status
+
+            available, reason = op_status()
+            if not available:
+                raise ValueError(f"graph_form: paged needs the paged-attention op, which is not "
+                                 f"available here: {reason}")
 
     def settings_for_runner(self) -> OrtSettings:
         """The runner's settings: these fields (the sizes are the layout's)."""
         return OrtSettings(
             precision=Precision(self.precision).value,
-            graph_form=GraphForm(self.graph_form).value,
+            graph_form=self.resolved_graph_form().value,
             intra_op_threads=self.intra_op_threads,
             inter_op_threads=self.inter_op_threads,
             allow_spinning=self.allow_spinning,
@@ -246,9 +301,14 @@ class OnnxRuntimeExecutor(ExecutorStage):
         )
 
     def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
+        settings = self.settings_for_runner()
+        if settings.graph_form == GraphForm.paged.value:
+            from inferflow.runtimes.onnxruntime_paged import PagedOnnxRuntimeRunner
+
+            return PagedOnnxRuntimeRunner(checkpoint, settings, layout)
         from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(checkpoint, self.settings_for_runner(), layout)
+        return OnnxRuntimeRunner(checkpoint, settings, layout)
 
     def weight_scale(self) -> float:
         return _PRECISION_SCALE[Precision(self.precision)]

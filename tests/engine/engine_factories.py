@@ -6,13 +6,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from inferflow import LLM
 from inferflow.engine.llm_engine import LLMEngine
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.tiny import TinySpec, make_checkpoint
 from inferflow.runtimes.config import OrtSettings
-from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
+from inferflow.runtimes.onnxruntime_paged import PagedOnnxRuntimeRunner
+from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner, OrtEngine
+from inferflow.runtimes.ort_ops.build import op_status as paged_op_status
 from inferflow.runtimes.step_inputs import EngineRow
 
 PROMPTS = ["Hello, world! The moon", "def add(a, b):", "Once upon a time there was a robot",
@@ -60,23 +63,45 @@ def transformers_reference(path: Path, prompt: list[int], n_new: int,
     return full[len(prompt):], logits
 
 
+# the graph forms an ONNX Runtime engine test runs on: the paged pool where the op builds here
+# (skipped with the reason elsewhere), and the slot forms
+ORT_FORMS = [pytest.param("paged", marks=pytest.mark.skipif(
+    not paged_op_status()[0], reason=f"paged-attention op: {paged_op_status()[1]}")), "gqa"]
+
+
 def make_engine(path: Path, *, max_slots: int = 4, max_model_len: int = 256, block_size: int = 16,
-                num_blocks: int = 0, **settings: object) -> OnnxRuntimeRunner:
+                num_blocks: int = 0, **settings: object) -> OrtEngine:
     """A runner over ``KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)``;
-    ``settings``: ``OrtSettings`` fields."""
+    ``settings``: ``OrtSettings`` fields (``graph_form="paged"``: the paged pool, ``slot_tables``
+    giving each slot's rows their blocks, scattered over the pool)."""
     from inferflow.scheduling.layout import KVLayout
 
-    layout = KVLayout.plan(max_slots, max_model_len, block_size, num_blocks)
-    return OnnxRuntimeRunner(load_checkpoint(path), OrtSettings(**settings), layout)  # type: ignore[arg-type]
+    paged = settings.get("graph_form") == "paged"
+    layout = KVLayout.plan(max_slots, max_model_len, block_size, num_blocks, paged=paged)
+    runner_class = PagedOnnxRuntimeRunner if paged else OnnxRuntimeRunner
+    return runner_class(load_checkpoint(path), OrtSettings(**settings), layout)  # type: ignore[arg-type]
 
 
-def greedy(engine: OnnxRuntimeRunner, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
+def slot_table(engine: object, slot: int) -> tuple[int, ...]:
+    """Slot ``slot``'s block table on a paged engine (every slot its own blocks, in a seeded
+    random order over the pool, so neighbouring positions live in scattered blocks); () on
+    slots."""
+    if not isinstance(engine, PagedOnnxRuntimeRunner):
+        return ()
+    layout = engine.layout
+    per_slot = -(-layout.max_model_len // layout.block_size)
+    order = np.random.default_rng(7).permutation(layout.num_blocks)
+    return tuple(int(b) for b in order[slot * per_slot:(slot + 1) * per_slot])
+
+
+def greedy(engine: OrtEngine, prompt: list[int], n: int, slot: int = 0) -> tuple[list[int], list]:
     """Greedy decode with one prefill call then one decode call per token; returns tokens, logits."""
-    logits = engine.forward([EngineRow(slot, tuple(prompt), 0, True)])[0]
+    table = slot_table(engine, slot)
+    logits = engine.forward([EngineRow(slot, tuple(prompt), 0, True, table)])[0]
     tokens, all_logits, pos = [], [logits], len(prompt)
     for _ in range(n):
         tokens.append(int(logits.argmax()))
-        logits = engine.forward([EngineRow(slot, (tokens[-1],), pos, True)])[0]
+        logits = engine.forward([EngineRow(slot, (tokens[-1],), pos, True, table)])[0]
         all_logits.append(logits)
         pos += 1
     return tokens, all_logits
@@ -147,9 +172,11 @@ def run_greedy(engine: LLMEngine, prompts: list[list[int]], max_tokens: int, tog
 
 def llm_on(path: Path, executor: str, max_slots: int = 4, num_blocks: int = 64,
            **kw: object) -> LLM:
-    """An offline ``LLM`` on ``executor``: ``"torch"`` (paged KV, eager, ``num_blocks``) or ONNX
-    Runtime's slots in graph form ``"gqa"`` or ``"canonical"`` (``max_slots``); ``kw``: ``LLM``
-    keywords."""
+    """An offline ``LLM`` on ``executor``: ``"torch"`` (paged KV, eager, ``num_blocks``), ONNX
+    Runtime's paged pool (``"paged"``, ``num_blocks``) or its slots in graph form ``"gqa"`` or
+    ``"canonical"`` (``max_slots``); ``kw``: ``LLM`` keywords."""
+    if executor == "paged":
+        return LLM(path, max_slots=max_slots, graph_form="paged", num_blocks=num_blocks, **kw)
     if executor == "torch":
         return LLM(path, backend="torch", compile="eager", num_blocks=num_blocks, **kw)
     return LLM(path, max_slots=max_slots, graph_form=executor, **kw)

@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_factories import greedy, make_engine, torch_greedy, transformers_reference
+from engine_factories import ORT_FORMS, greedy, make_engine, slot_table, torch_greedy, transformers_reference
 from hf_checkpoints import long_prompt, save_hf_checkpoint
 
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.runtimes.step_inputs import EngineRow
-from inferflow.scheduling.layout import KVLayout
+from inferflow.scheduling.layout import KVLayout, kv_window
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -68,7 +68,7 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
                                                  "shared_expert_intermediate_size": 96}),
 }
 WINDOWED = [name for name, (_, cfg) in CASES.items() if cfg.get("sliding_window")]
-EXECUTORS = ["gqa", "canonical", "torch"]
+EXECUTORS = [*ORT_FORMS, "canonical", "torch"]
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +146,35 @@ def test_chunked_prefill_across_the_window(
     prompt, _, ref_logits = reference(ckpt_root, name)
     if executor == "torch":
         logits = _chunked_logits(torch_runner(path, tmp_path).forward, prompt, 48, TABLE)
+    elif executor == "paged":
+        logits = _paged_chunks_freeing_the_window(path, tmp_path, prompt, 48)
     else:
         engine = make_engine(path, graph_form=executor, max_slots=1, max_model_len=CONTEXT,
                              cache_dir=str(tmp_path))
         logits = _chunked_logits(engine.forward, prompt, 48)
     np.testing.assert_allclose(logits, ref_logits[len(prompt) - 1], atol=ATOL, rtol=0)
+
+
+def _paged_chunks_freeing_the_window(path: Path, tmp_path: Path, prompt: list[int], chunk: int) -> Any:
+    """``_chunked_logits`` on ONNX Runtime's paged pool, freeing blocks as the scheduler does
+    under a window every layer has: after each chunk, a block no later query can see becomes the
+    null block in the table and its memory is filled with NaN (the op must never read it)."""
+    engine = make_engine(path, graph_form="paged", max_slots=1, max_model_len=CONTEXT,
+                         cache_dir=str(tmp_path))
+    window = kv_window(engine.model_config.layer_windows)
+    bs = engine.layout.block_size
+    table = list(slot_table(engine, 0))
+    logits = None
+    for start in range(0, len(prompt), chunk):
+        piece = tuple(prompt[start:start + chunk])
+        logits = engine.forward([EngineRow(0, piece, start, True, tuple(table))])[0]
+        next_query = start + len(piece)
+        for i, block in enumerate(table):
+            if window is not None and block != engine.null_block and (i + 1) * bs - 1 <= next_query - window:
+                for k, v in engine.pool:
+                    k[block], v[block] = np.nan, np.nan
+                table[i] = engine.null_block
+    return logits
 
 
 # top-1 agreement with transformers' fp32 argmax over the teacher-forced positions; bounds are

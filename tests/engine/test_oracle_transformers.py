@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from engine_factories import (
+    ORT_FORMS,
     PROMPTS,
     greedy,
     make_engine,
@@ -41,7 +42,7 @@ def reference() -> object:
     return get
 
 
-@pytest.mark.parametrize("form", ["gqa", "canonical"])
+@pytest.mark.parametrize("form", [*ORT_FORMS, "canonical"])
 @pytest.mark.parametrize("name", ["gqa8x2", "tied", "bf16", "fp16_sharded", "plain_rope", "qwen2_bias", "mistral",
                                   "ffn1024"])
 def test_greedy_tokens_and_logits_match_transformers(ckpt_root: Path, reference, name: str, form: str) -> None:

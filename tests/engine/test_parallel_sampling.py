@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from engine_factories import llm_on, make_named_checkpoint
+from engine_factories import ORT_FORMS, llm_on, make_named_checkpoint
 
 from inferflow import LLM, SamplingParams
 from inferflow.engine.choices import cumulative_logprob
@@ -22,7 +22,7 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_named_checkpoint(tmp_path_factory.mktemp("parallel"), "gqa8x2")
 
 
-@pytest.fixture(scope="module", params=["gqa", "torch"])
+@pytest.fixture(scope="module", params=[*ORT_FORMS, "torch"])
 def llm(request: pytest.FixtureRequest, path: Path) -> LLM:
     return llm_on(path, request.param, max_num_seqs=4, max_num_batched_tokens=64,
                   block_size=BLOCK, enable_prefix_caching=True, max_model_len=128)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from engine_factories import llm_on, make_named_checkpoint
+from engine_factories import ORT_FORMS, llm_on, make_named_checkpoint
 
 from inferflow import LLM, SamplingParams
 from inferflow.engine.llm_engine import RequestRejected
@@ -28,7 +28,7 @@ def path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_named_checkpoint(tmp_path_factory.mktemp("prompt_logprobs"), "gqa8x2")
 
 
-@pytest.fixture(scope="module", params=["gqa", "canonical", "torch"])
+@pytest.fixture(scope="module", params=[*ORT_FORMS, "canonical", "torch"])
 def llm(request: pytest.FixtureRequest, path: Path) -> LLM:
     """Chunks of 8 tokens a step (chunked prefill), blocks of 8, the prefix cache on."""
     return llm_on(path, request.param, max_num_seqs=4, max_num_batched_tokens=8,

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_factories import greedy, make_engine, torch_greedy, transformers_reference
+from engine_factories import ORT_FORMS, greedy, make_engine, torch_greedy, transformers_reference
 from hf_checkpoints import long_prompt, save_hf_checkpoint
 
 from inferflow.models.checkpoint import load_checkpoint
@@ -105,7 +105,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["gqa", "canonical", "torch", pytest.param("torch_cuda", marks=CUDA)])
+@pytest.mark.parametrize("executor", [*ORT_FORMS, "canonical", "torch", pytest.param("torch_cuda", marks=CUDA)])
 @pytest.mark.parametrize("config_format", FORMATS)
 @pytest.mark.parametrize("name", list(CASES))
 def test_greedy_tokens_and_logits_match_transformers(

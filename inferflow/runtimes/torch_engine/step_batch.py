@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from inferflow.runtimes.step_inputs import EngineRow
+from inferflow.runtimes.step_inputs import EngineRow, build_paged_arrays
 
 
 @dataclass
@@ -44,47 +43,18 @@ class StepBatch:
 def build_step_batch(rows: Sequence[EngineRow], block_size: int, scratch_block: int,
                      pad_rows: int = 0, table_width: int = 0) -> StepBatch:
     """Pack ``rows`` plus padding rows (at least two; ``pad_rows`` rows in all when that is more)
-    whose tokens write to ``scratch_block``; ``table_width`` pads block tables (0 = the widest row's)."""
-    padding = max(2, pad_rows - len(rows))
-    lengths = [len(r.token_ids) for r in rows] + [1] * padding
-    width = max([table_width, 2, *(len(r.block_table) for r in rows)])
-    tables = np.full((len(lengths), width), scratch_block, dtype=np.int32)
-    input_ids = np.zeros(sum(lengths), dtype=np.int64)
-    positions = np.zeros_like(input_ids)
-    slot_mapping = np.full_like(input_ids, scratch_block * block_size)
-    seq_lens = np.ones(len(lengths), dtype=np.int32)
-    starts = np.zeros(len(lengths) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=starts[1:])
-    sampled: list[int] = []
-    for b, row in enumerate(rows):
-        start, length = int(starts[b]), lengths[b]
-        table = np.asarray(row.block_table, dtype=np.int64)
-        end_pos = row.start_pos + length
-        if len(table) * block_size < end_pos:
-            raise ValueError(f"row {b}: block table of {len(table)} blocks cannot hold "
-                             f"{end_pos} positions")
-        pos = np.arange(row.start_pos, end_pos)
-        input_ids[start:start + length] = row.token_ids
-        positions[start:start + length] = pos
-        slot_mapping[start:start + length] = table[pos // block_size] * block_size + pos % block_size
-        tables[b, :len(table)] = table
-        seq_lens[b] = end_pos
-        # the row's last logits_count tokens: drafts + 1 when it samples, all with prompt_logits
-        count = row.logits_count
-        if count:
-            if count > length:
-                raise ValueError(f"row {b}: {count} logits from {length} tokens")
-            sampled.extend(range(start + length - count, start + length))
-    num_sampled = len(sampled)
-    sampled += [int(starts[b]) for b in range(len(rows), len(lengths))]  # padding rows' tokens
+    whose tokens write to ``scratch_block``; ``table_width`` pads block tables (0 = the widest row's,
+    at least two)."""
+    a = build_paged_arrays(rows, block_size, scratch_block, max(2, pad_rows - len(rows)),
+                           max(2, table_width))
     return StepBatch(
-        input_ids=torch.from_numpy(input_ids),
-        positions=torch.from_numpy(positions),
-        slot_mapping=torch.from_numpy(slot_mapping),
-        block_tables=torch.from_numpy(tables),
-        seq_lens=torch.from_numpy(seq_lens),
-        query_start=torch.from_numpy(starts),
-        sample_index=torch.tensor(sampled, dtype=torch.int64),
-        decode_only=all(n == 1 for n in lengths),
-        num_sampled=num_sampled,
+        input_ids=torch.from_numpy(a.input_ids),
+        positions=torch.from_numpy(a.positions),
+        slot_mapping=torch.from_numpy(a.slot_mapping),
+        block_tables=torch.from_numpy(a.block_tables),
+        seq_lens=torch.from_numpy(a.seq_lens),
+        query_start=torch.from_numpy(a.query_start),
+        sample_index=torch.from_numpy(a.logits_index),
+        decode_only=all(len(r.token_ids) == 1 for r in rows),
+        num_sampled=a.num_logits,
     )
