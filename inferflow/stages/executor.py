@@ -302,6 +302,9 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
     def create_runner(self, checkpoint: Checkpoint, layout: KVLayout) -> Runner:
         settings = self.settings_for_runner()
+        if GraphForm(self.graph_form) is GraphForm.auto and not layout.paged:
+            # a caller that planned slots (an offline engine built by hand) gets slots
+            settings = dataclasses.replace(settings, graph_form=GraphForm.gqa.value)
         if settings.graph_form == GraphForm.paged.value:
             from inferflow.runtimes.onnxruntime_paged import PagedOnnxRuntimeRunner
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pickle
 import sys
 import textwrap
@@ -42,9 +44,8 @@ def test_both_model_spellings_compose_the_same() -> None:
 
 
 def test_engine_settings_follow_the_stages() -> None:
-    graph = graph_for(
-        "batching=static", "batching.max_num_seqs=4", "cache=none", "model.max_model_len=256"
-    )
+    graph = graph_for("batching=static", "batching.max_num_seqs=4", "cache=none",
+                      "model.max_model_len=256", "executor.graph_form=gqa")
     layout = graph.kv_layout()
     assert layout == KVLayout(max_slots=4, max_model_len=256, block_size=16, num_blocks=64)
     assert graph.batching.mode == "static" and graph.batching.max_num_seqs == 4
@@ -78,7 +79,11 @@ def test_worker_rebuilds_an_equivalent_graph_from_the_plain_dict() -> None:
     assert again.model_path == graph.model_path and again.model_name == graph.model_name
     assert [type(s) for s in again.request_stages] == [type(s) for s in graph.request_stages]
     assert isinstance(again.engine_slots["batching"], StaticBatching)
-    assert again.engine_slots == graph.engine_slots and again.kv_layout() == graph.kv_layout()
+    assert again.kv_layout() == graph.kv_layout()
+    # the same stages; graph_form's auto is decided once and pinned in the plain dict
+    assert again.executor.graph_form == graph.executor.resolved_graph_form()
+    pinned = dataclasses.replace(graph.executor, graph_form=again.executor.graph_form)
+    assert {**again.engine_slots, "executor": pinned} == {**graph.engine_slots, "executor": again.executor}
 
 
 def test_request_path_tokenizes_and_checks_limits() -> None:

@@ -118,7 +118,7 @@ def test_a_small_memory_lowers_the_default_context(
 
     monkeypatch.setattr(kv_budget, "physical_memory_bytes", lambda: 0)  # the 256 MiB floor
     path = make_named_checkpoint(tmp_path_factory.mktemp("small"), "gqa8x2")
-    engine = LLM(path, max_num_seqs=256).engine
+    engine = LLM(path, max_num_seqs=256, graph_form="gqa").engine  # the slot layout
     arch = engine.model_config
     per_token = kv_budget.kv_bytes_per_token(arch, 4)
     fit = kv_budget.MIN_AUTO_BYTES // per_token // (2 * 256) // 16 * 16  # slots + an equal pool
@@ -135,10 +135,11 @@ def test_kv_cache_memory_sizes_the_offline_engine_as_the_servers_key_does(
     from inferflow.scheduling import kv_budget
 
     path = make_named_checkpoint(tmp_path_factory.mktemp("budget"), "gqa8x2")
-    small = LLM(path, max_num_seqs=4, max_model_len=2048, kv_cache_memory="1MiB").engine
+    small = LLM(path, max_num_seqs=4, max_model_len=2048, kv_cache_memory="1MiB",
+                graph_form="gqa").engine
     per_token = kv_budget.kv_bytes_per_token(small.model_config, 4)
     assert small.max_model_len == 1024**2 // per_token // (2 * 4) // 16 * 16 < 2048
     assert "max_model_len 2048 does not fit the KV budget" in caplog.text
     assert "kv_cache_memory=1MiB" in caplog.text
     with pytest.raises(ValueError, match=r"^kv_cache_memory: .*max_num_seqs"):
-        LLM(path, max_num_seqs=64, kv_cache_memory="64KiB")
+        LLM(path, max_num_seqs=64, kv_cache_memory="64KiB", graph_form="gqa")
