@@ -559,6 +559,46 @@ def run_load(started_: Started, served: str, hf_dir: Path, dataset: Path, label:
     return result
 
 
+def command_line(server: Server) -> str:
+    """The server's exact command, its extra environment first."""
+    env = " ".join(f"{k}={v}" for k, v in server.env.items())
+    return f"{env} {shlex.join(server.argv)}".strip()
+
+
+def measure(server: Server, label: str, hf_dir: Path, c: int, n: int, rnd: int,
+            datasets: dict[str, Path], args: argparse.Namespace) -> list[str]:
+    """Start ``server`` on a quiet machine, send each phase's load (the first the moment it is
+    ready), stop it; each run's result in ``<label>-c<N>-<phase>-r<round>.json``. Returns notes."""
+    results, notes = args.results_dir, []
+    busy = cpu_busy()
+    if busy is not None and busy > args.busy_limit:
+        notes.append(f"{label} c{c} round {rnd}: the machine was {busy:.0%} busy before the "
+                     "server started (other work): its figures are not comparable")
+    log = results / "logs" / f"{label}-c{c}-r{rnd}.log"
+    files = {phase: results / f"{label}-c{c}-{phase}-r{rnd}.json" for phase in datasets}
+    for f in files.values():
+        f.unlink(missing_ok=True)  # a failed run leaves no stale figures behind
+    try:
+        with started(server, log, args.start_timeout) as up:
+            for i, (phase, dataset) in enumerate(datasets.items()):
+                if i:
+                    time.sleep(args.later_wait)
+                try:
+                    r = run_load(up, hf_dir.name, hf_dir, dataset, label, n, c, args, results,
+                                 files[phase].name)
+                except RuntimeError as exc:
+                    notes.append(f"{label} c{c} {phase} round {rnd}: {exc}")
+                    continue
+                r.update(server=server.name, phase=phase, round=rnd,
+                         precision=server.precision, server_command=command_line(server),
+                         server_config=server.config, cpu_busy_before_start=busy,
+                         start_to_ready_s=up.ready - up.spawned)
+                files[phase].write_text(json.dumps(r, indent=1))
+    except ServerStartError as exc:
+        notes.append(f"{label} c{c} round {rnd}: {exc}")
+    return notes
+
+
 # --- results ---------------------------------------------------------------------------------
 
 
@@ -733,55 +773,36 @@ def main() -> int:
     seen: set[str] = set()
     for model in models:
         hf_dir = checkpoint(model, args.models_dir)
+        if "llama-server" in names:
+            gguf(hf_dir, args.peers_dir)  # converted before any server runs
+        if "llama-server-q8_0" in names:
+            q8_gguf(hf_dir, args.peers_dir)
         for c in levels:
             n = args.c1_prompts if c == 1 else args.num_prompts
             for rnd in range(1, args.rounds + 1):
                 order = names if rnd % 2 else list(reversed(names))
-                datasets = {phase: prompts_file(
-                    hf_dir, results / "prompts" / f"{model}-c{c}-{phase}-r{rnd}.jsonl", n,
-                    args.input_len, zlib.crc32(f"{args.seed}-{model}-c{c}-{phase}-r{rnd}".encode()), seen)
-                    for phase in phases}
+                datasets = {}
+                for phase in phases:
+                    key = f"{model}-c{c}-{phase}-r{rnd}"
+                    datasets[phase] = prompts_file(
+                        hf_dir, results / "prompts" / f"{key}.jsonl", n, args.input_len,
+                        zlib.crc32(f"{args.seed}-{key}".encode()), seen)
                 for name in order:
                     server = make_server(name, hf_dir, args.peers_dir, c, ctx, cores,
                                          shlex.split(args.inferflow_args))
                     precisions[name] = server.precision
-                    command = " ".join(f"{k}={v}" for k, v in server.env.items())
-                    command = f"{command} {shlex.join(server.argv)}".strip()
-                    commands[f"{model}-{name}-c{c}"] = command
-                    label = f"{model}-{name}"
-                    log = results / "logs" / f"{label}-c{c}-r{rnd}.log"
-                    busy = cpu_busy()
-                    if busy is not None and busy > args.busy_limit:
-                        notes.append(f"{label} c{c} round {rnd}: the machine was {busy:.0%} busy "
-                                     "before the server started (other work): its figures "
-                                     "are not comparable")
-                    try:
-                        with started(server, log, args.start_timeout) as up:
-                            for i, phase in enumerate(phases):
-                                if i:
-                                    time.sleep(args.later_wait)
-                                filename = f"{label}-c{c}-{phase}-r{rnd}.json"
-                                try:
-                                    r = run_load(up, hf_dir.name, hf_dir, datasets[phase],
-                                                 label, n, c, args, results, filename)
-                                except RuntimeError as exc:
-                                    notes.append(f"{label} c{c} {phase} round {rnd}: {exc}")
-                                    continue
-                                r.update(server=name, phase=phase, round=rnd,
-                                         precision=server.precision, server_command=command,
-                                         server_config=server.config,
-                                         cpu_busy_before_start=busy,
-                                         start_to_ready_s=up.ready - up.spawned)
-                                (results / filename).write_text(json.dumps(r, indent=1))
-                    except ServerStartError as exc:
-                        notes.append(f"{label} c{c} round {rnd}: {exc}")
+                    commands[f"{model}-{name}-c{c}"] = command_line(server)
+                    notes += measure(server, f"{model}-{name}", hf_dir, c, n, rnd, datasets,
+                                     args)
             for name in names:
                 for phase in phases:
                     runs = [r for k in range(1, args.rounds + 1)
                             if (r := point(results, model, name, c, phase, k)) is not None]
+                    mean = results / f"{model}-{name}-c{c}-{phase}.json"
                     if runs:
-                        (results / f"{model}-{name}-c{c}-{phase}.json").write_text(
-                            json.dumps(mean_of_rounds(runs), indent=1))
+                        mean.write_text(json.dumps(mean_of_rounds(runs), indent=1))
+                    else:
+                        mean.unlink(missing_ok=True)
     run["commands"] = commands
     run["points"] = [
         {"model": model, "server": name, "concurrency": c, "phase": phase,
