@@ -36,7 +36,10 @@ tokens, exactly, by the checkpoint's tokenizer, -> ``--output-len`` (128) tokens
 ``ignore_eos``, all released at once under the concurrency cap. Every prompt of a run is distinct
 (llama.cpp and inferflow cache prompts); within a round every server gets the same prompts. The
 servers take turns in ``--rounds`` rounds whose order alternates (A B C, then C B A), so that the
-VM's drift falls on every server alike; only one server runs at a time.
+VM's drift falls on every server alike; only one server runs at a time, and before the measured
+starts each is started and stopped once per model, unmeasured (``--no-prepare`` skips it). The
+machine's busy share is measured for 1 s before each start; above ``--busy-limit`` a note says
+the point is not comparable (run it on an otherwise idle machine).
 
 Writes to ``--results-dir`` (default ``benchmarks/results/peers``): one file per run,
 ``<model>-<server>-c<N>-<phase>-r<round>.json`` (the client's figures, vLLM ``bench serve``
