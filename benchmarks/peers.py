@@ -346,7 +346,11 @@ def check_llama_server(peers_dir: Path, machine: dict, setup: str, notes: list[s
             llama_mismatch(llama_build_info(peers_dir), machine))
         if why:
             notes.append(f"llama-server (re)built here: {'; '.join(why)}")
-            build_llama_server(peers_dir, machine)
+            try:
+                build_llama_server(peers_dir, machine)
+            except subprocess.CalledProcessError as exc:
+                notes.append(f"llama-server build failed (exit {exc.returncode}): run "
+                             f"`bash {PEERS_TOOL} llama-server` to see why")
     if not binary.exists():
         return {"binary": str(binary), "missing": True}
     info = llama_build_info(peers_dir)
