@@ -104,16 +104,29 @@ inline float hmax(V v) {
   return m;
 }
 
+// Prefetch a cache row (D elements) into L1: pages of the pool are scattered, so the hardware
+// prefetcher cannot run ahead across blocks.
+template <class TKV>
+inline void prefetch_row(const TKV* row, int D) {
+  const char* p = reinterpret_cast<const char*>(row);
+  for (int at = 0; at < D * static_cast<int>(sizeof(TKV)); at += 64) __builtin_prefetch(p + at, 0, 3);
+}
+constexpr int kPrefetchKeys = 4 * W;  // how far ahead the small path's streams prefetch
+
 // exp on the whole float range that matters here (inputs <= 0 in softmax): Cephes' expf
 // polynomial (about 1 ulp); x < -87.3 (and -inf) gives exactly 0.
 inline V vexp(V x) {
   const VI under = x < vsplat(-87.33654f);
   x = vmax(x, vsplat(-87.33654f));
   x = vselect(x > vsplat(88.f), vsplat(88.f), x);
+#if IF_ISA == 2
+  const V fn = (V)_mm512_roundscale_ps((__m512)(x * vsplat(1.44269504088896341f)),
+                                       _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
   const V magic = vsplat(12582912.f);  // 1.5 * 2^23: adding it rounds to an integer
   const V t = vfma(x, vsplat(1.44269504088896341f), magic);
-  const VI n = (VI)t - (VI)magic;
   const V fn = t - magic;
+#endif
   V r = vfma(fn, vsplat(-0.693359375f), x);
   r = vfma(fn, vsplat(2.12194440e-4f), r);
   V p = vsplat(1.9875691500E-4f);
@@ -122,8 +135,12 @@ inline V vexp(V x) {
   p = vfma(p, r, vsplat(4.1665795894E-2f));
   p = vfma(p, r, vsplat(1.6666665459E-1f));
   p = vfma(p, r, vsplat(5.0000001201E-1f));
-  p = vfma(p, r * r, r) + 1.f;
-  const V y = p * (V)((n + 127) << 23);
+  p = vfma(p, r * r, r) + vsplat(1.f);
+#if IF_ISA == 2
+  const V y = (V)_mm512_scalef_ps((__m512)p, (__m512)fn);
+#else
+  const V y = p * (V)(((VI)t - (VI)magic + 127) << 23);
+#endif
   return (V)((VI)y & ~under);
 }
 
@@ -291,6 +308,7 @@ void small_scores(const float* Q, int M, int D, const TKV* const* kp, int T, flo
   int t = 0;
   for (; t + W <= T; t += W) {
     const TKV* const* k = kp + t;
+    for (int i = t + kPrefetchKeys; i < std::min(T, t + kPrefetchKeys + W); ++i) prefetch_row(kp[i], D);
     for (int r = 0; r < M; ++r) {
       const float* q = Q + r * D;
       V acc[W];
@@ -346,6 +364,7 @@ void small_values_block(const float* S, int ss, int r0, const TKV* const* vp, in
   for (int r = 0; r < MR; ++r)
     for (int c = 0; c < DP; ++c) acc[r][c] = V{};
   for (int t = 0; t < T; ++t) {
+    if (r0 == 0 && d0 == 0 && t + kPrefetchKeys < T) prefetch_row(vp[t + kPrefetchKeys], D);
     V v[DP];
     for (int c = 0; c < DP; ++c) v[c] = vload(vp[t] + d0 + c * W);
     for (int r = 0; r < MR; ++r) {
@@ -402,9 +421,13 @@ void small_item(const Job& J, const Item& it) {
   float* l = Scratch::get(tls.l, static_cast<size_t>(M));
   const TKV** kp = reinterpret_cast<const TKV**>(Scratch::get(tls.kp, static_cast<size_t>(nk)));
   const TKV** vp = reinterpret_cast<const TKV**>(Scratch::get(tls.vp, static_cast<size_t>(nk)));
-  for (int r = 0; r < M; ++r) load_query<T>(J, it, r, Q + r * D);
   gather_rows(J, it, static_cast<const TKV*>(J.key_out), lo, nk, kp);
   gather_rows(J, it, static_cast<const TKV*>(J.value_out), lo, nk, vp);
+  for (int t = 0; t < std::min(nk, kPrefetchKeys); ++t) {  // the streams' heads, while q loads
+    prefetch_row(kp[t], D);
+    prefetch_row(vp[t], D);
+  }
+  for (int r = 0; r < M; ++r) load_query<T>(J, it, r, Q + r * D);
   small_scores(Q, M, D, kp, nk, S, ss);
   for (int r = 0; r < M; ++r) {  // row r sees keys (p - window, p] of [lo, last]
     const int64_t p = first + r / G;
@@ -441,7 +464,18 @@ void tile_scores_panel(const float* const* kp, int nk, const float* Qt, int Mp, 
   int k = 0;
   for (; k + kScoreKeys <= nk; k += kScoreKeys)
     tile_scores_block<kScoreKeys, MV>(kp + k, Qt, Mp, D, St + k * Mp);
-  for (; k < nk; ++k) tile_scores_block<1, MV>(kp + k, Qt, Mp, D, St + k * Mp);
+  for (int left = nk - k; left > 0; left = nk - k) {  // the rest in one or two smaller blocks
+    if (left >= 4) {
+      tile_scores_block<4, MV>(kp + k, Qt, Mp, D, St + k * Mp);
+      k += 4;
+    } else if (left >= 2) {
+      tile_scores_block<2, MV>(kp + k, Qt, Mp, D, St + k * Mp);
+      k += 2;
+    } else {
+      tile_scores_block<1, MV>(kp + k, Qt, Mp, D, St + k * Mp);
+      k += 1;
+    }
+  }
 }
 
 void tile_scores(const float* const* kp, int nk, const float* Qt, int Mp, int D, float* St) {
@@ -487,7 +521,18 @@ void tile_values_panel(const float* Pt, int Mp, int M, const float* const* vp, i
   int r = 0;
   for (; r + kValueRows <= M; r += kValueRows)
     tile_values_block<kValueRows, DP>(Pt, Mp, r, vp, nk, d0, alpha, O, D);
-  for (; r < M; ++r) tile_values_block<1, DP>(Pt, Mp, r, vp, nk, d0, alpha, O, D);
+  for (int left = M - r; left > 0; left = M - r) {
+    if (left >= 4 && kValueRows > 4) {
+      tile_values_block<4, DP>(Pt, Mp, r, vp, nk, d0, alpha, O, D);
+      r += 4;
+    } else if (left >= 2) {
+      tile_values_block<2, DP>(Pt, Mp, r, vp, nk, d0, alpha, O, D);
+      r += 2;
+    } else {
+      tile_values_block<1, DP>(Pt, Mp, r, vp, nk, d0, alpha, O, D);
+      r += 1;
+    }
+  }
 }
 
 void tile_values(const float* Pt, int Mp, int M, const float* const* vp, int nk,
@@ -561,32 +606,35 @@ void tile_item(const Job& J, const Item& it) {
     // window's (keys at or before the last query's p - window)
     const bool masked = c + nk - 1 > first || (J.window > 0 && c <= last - J.window);
     for (int v = 0; v < vectors; ++v) {
-      VI pos;
-      __builtin_memcpy(&pos, rowpos + v * W, sizeof pos);
-      V mx = vsplat(-INFINITY);
-      for (int k = 0; k < nk; ++k) {
-        float* s = St + k * Mp + v * W;
-        V x = vload(s);
-        if (J.softcap > 0.f) x = vsoftcap(x, J.softcap);
-        if (masked) {
-          const VI key = VI{} + static_cast<int32_t>(c + k);
-          x = vselect((key <= pos) & (key > pos - window), x, vsplat(-INFINITY));
+      float* col = St + v * W;  // this vector of rows, key k at col + k * Mp
+      V mx[4] = {vsplat(-INFINITY), vsplat(-INFINITY), vsplat(-INFINITY), vsplat(-INFINITY)};
+      if (J.softcap > 0.f || masked) {
+        VI pos;
+        __builtin_memcpy(&pos, rowpos + v * W, sizeof pos);
+        for (int k = 0; k < nk; ++k) {
+          V x = vload(col + k * Mp);
+          if (J.softcap > 0.f) x = vsoftcap(x, J.softcap);
+          if (masked) {
+            const VI key = VI{} + static_cast<int32_t>(c + k);
+            x = vselect((key <= pos) & (key > pos - window), x, vsplat(-INFINITY));
+          }
+          vstore(col + k * Mp, x);
+          mx[k & 3] = vmax(mx[k & 3], x);
         }
-        vstore(s, x);
-        mx = vmax(mx, x);
+      } else {
+        for (int k = 0; k < nk; ++k) mx[k & 3] = vmax(mx[k & 3], vload(col + k * Mp));
       }
-      const V m_old = vload(m + v * W), m_new = vmax(m_old, mx);
+      const V m_old = vload(m + v * W), m_new = vmax(m_old, vmax(vmax(mx[0], mx[1]), vmax(mx[2], mx[3])));
       const V m_use = vselect(m_new == vsplat(-INFINITY), V{}, m_new);  // all masked so far
       const V a = vexp(m_old - m_use);
-      V sum = {};
+      V sum[2] = {V{}, V{}};
       for (int k = 0; k < nk; ++k) {
-        float* s = St + k * Mp + v * W;
-        const V p = vexp(vload(s) - m_use);
-        vstore(s, p);
-        sum += p;
+        const V p = vexp(vload(col + k * Mp) - m_use);
+        vstore(col + k * Mp, p);
+        sum[k & 1] += p;
       }
       vstore(m + v * W, m_new);
-      vstore(l + v * W, vload(l + v * W) * a + sum);
+      vstore(l + v * W, vload(l + v * W) * a + (sum[0] + sum[1]));
       vstore(alpha + v * W, a);
     }
     tile_values(St, Mp, M, vf, nk, alpha, O, D);
