@@ -256,9 +256,15 @@ CASES = {
     "fp16": Case(rows=((37, 1), (0, 23), (48, 40)), t=np.float16, tkv=np.float16),
     "fp32_with_fp16_kv": Case(rows=((37, 1), (0, 23), (48, 40)), tkv=np.float16),
     "fp16_kv_window_softcap": Case(rows=((80, 1), (20, 45)), tkv=np.float16, window=30, softcap=20.0),
+    # one long decode row of one KV head: fewer items than threads, so its keys are split
+    # between items and merged (on every machine: 2 CPUs or more)
+    "split_decode": Case(rows=((700, 1),), num_heads=8, kv_num_heads=1),
+    "split_decode_window_softcap": Case(rows=((1000, 1),), num_heads=2, kv_num_heads=1, window=600,
+                                        softcap=8.0),
+    "split_decode_fp16": Case(rows=((900, 1),), num_heads=8, kv_num_heads=1, t=np.float16, tkv=np.float16),
 }
 ISA_CASES = ("decode_and_prefill_mixed", "window", "gqa_group_8", "head_dim_80", "fp16",
-             "fp32_with_fp16_kv", "softcap_and_scale")
+             "fp32_with_fp16_kv", "softcap_and_scale", "split_decode_window_softcap")
 
 
 @pytest.mark.slow  # compiles the op once per session

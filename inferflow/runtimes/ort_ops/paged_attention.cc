@@ -24,7 +24,12 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_cxx_api.h"
@@ -83,10 +88,18 @@ inline uint16_t f32_to_f16(float value) {
 
 // ---- one call's work --------------------------------------------------------------------------
 
-// Queries q0 .. q1 - 1 (indices within row b's tokens) of KV head h, with their G query heads.
+// Queries q0 .. q1 - 1 (indices within row b's tokens) of KV head h, with their G query heads;
+// a split (decode, few items) covers keys k0 .. k1 - 1 of their range and writes partial `part`.
 struct Item {
   int32_t b, h, q0, q1;
   int64_t cost;  // ~ rows x keys, for longest-first order
+  int32_t k0 = 0, k1 = -1, part = -1;
+};
+
+// The parts first .. first + count - 1 of one split item, merged into its output.
+struct Split {
+  Item item;
+  int32_t first, count;
 };
 
 struct Job {
@@ -106,6 +119,9 @@ struct Job {
   const float* sin;
   std::vector<int64_t> row_start;  // (B,) position of row b's first query: seq_len - q_len
   std::vector<Item> items;
+  std::vector<Split> splits;
+  float* partial = nullptr;  // (parts, part_stride): split items' O, row maxima, row sums
+  size_t part_stride = 0;
   int64_t write_batches = 1;
 };
 
@@ -113,6 +129,7 @@ struct Job {
 struct Kernels {
   void (*write)(void*, size_t);   // write_batch: token batch i
   void (*attend)(void*, size_t);  // attend: items[i]
+  void (*merge)(void*, size_t);   // merge_split: splits[i]
   int lanes, small_rows, score_panel;
 };
 
@@ -390,7 +407,10 @@ struct PagedAttention {
     J.write_batches = std::min<int64_t>(J.N, 64);
     parallel(ctx, k.write, static_cast<size_t>(J.write_batches), 0, &J);
     make_items(J, k);
+    std::vector<float> partial;
+    split_items(J, k, partial);
     parallel(ctx, k.attend, J.items.size(), 0, &J);
+    if (!J.splits.empty()) parallel(ctx, k.merge, J.splits.size(), 0, &J);
   }
 
   // Inputs that would make the kernels read or write out of bounds are refused.
@@ -421,6 +441,8 @@ struct PagedAttention {
     }
   }
 
+  static void split_items(Job& J, const Kernels& k, std::vector<float>& partial);
+
   // Work items: per row and KV head, its queries whole (few rows: the small path) or in tiles
   // of about score_panel vectors of rows; longest first, so the pool's dynamic hand-out ends even.
   static void make_items(Job& J, const Kernels& k) {
@@ -443,6 +465,55 @@ struct PagedAttention {
                      [](const Item& a, const Item& b) { return a.cost > b.cost; });
   }
 };
+
+// CPUs this process may run on (the intra-op pool is at most that large; the C API does not say
+// how large it is).
+int64_t usable_cpus() {
+#ifdef __linux__
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+#endif
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Fewer small (decode) items than twice the CPUs, e.g. one row on a big machine: split each
+// one's keys so that every thread has work (flash-decoding), parts of >= kSplitKeys keys.
+constexpr int64_t kSplitKeys = 256;
+
+template <class T, class TKV>
+void PagedAttention<T, TKV>::split_items(Job& J, const Kernels& k, std::vector<float>& partial) {
+  J.splits.clear();
+  static const int64_t kWantItems = 2 * usable_cpus();
+  const int64_t n = static_cast<int64_t>(J.items.size());
+  if (n >= kWantItems) return;
+  std::vector<Item> out;
+  int32_t parts = 0;
+  for (const Item& it : J.items) {
+    const int64_t keys = it.cost - 64;  // (q1 - q0) G x keys + 64, below
+    const int64_t range = keys / ((it.q1 - it.q0) * J.G);
+    const int64_t want = std::min((kWantItems + n - 1) / n, range / kSplitKeys);
+    if ((it.q1 - it.q0) * J.G > k.small_rows || want < 2) {
+      out.push_back(it);
+      continue;
+    }
+    J.splits.push_back(Split{it, parts, static_cast<int32_t>(want)});
+    for (int64_t i = 0; i < want; ++i) {
+      Item part = it;
+      part.k0 = static_cast<int32_t>(range * i / want);
+      part.k1 = static_cast<int32_t>(range * (i + 1) / want);
+      part.part = parts++;
+      part.cost = it.cost / want;
+      out.push_back(part);
+    }
+  }
+  if (J.splits.empty()) return;
+  J.part_stride = static_cast<size_t>(k.small_rows) * (J.D + 2);
+  partial.resize(static_cast<size_t>(parts) * J.part_stride);
+  J.partial = partial.data();
+  J.items = std::move(out);
+  std::stable_sort(J.items.begin(), J.items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+}
 
 using Op32 = PagedAttention<float, float>;
 using Op16 = PagedAttention<Ort::Float16_t, Ort::Float16_t>;

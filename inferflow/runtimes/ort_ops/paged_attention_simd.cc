@@ -328,10 +328,13 @@ void small_scores(const float* Q, int M, int D, const TKV* const* kp, int T, flo
     }
 }
 
-// softmax numerators of s[a .. e] in place (softcap first), zero outside; returns their sum
-float small_softmax(float* s, int a, int e, int T, float softcap) {
-  for (int t = 0; t < a; ++t) s[t] = 0.f;
-  for (int t = e + 1; t < T; ++t) s[t] = 0.f;
+// softmax numerators exp(s - max) of s[a .. e] in place (softcap first), zero outside; returns
+// their sum and sets *max (-inf and 0 for an empty range)
+float small_softmax(float* s, int a, int e, int T, float softcap, float* max) {
+  for (int t = 0; t < std::min(a, T); ++t) s[t] = 0.f;
+  for (int t = std::max(e + 1, 0); t < T; ++t) s[t] = 0.f;
+  *max = -INFINITY;
+  if (a > e) return 0.f;
   int t = a;
   if (softcap > 0.f) {
     for (; t + W <= e + 1; t += W) vstore(s + t, vsoftcap(vload(s + t), softcap));
@@ -353,6 +356,7 @@ float small_softmax(float* s, int a, int e, int T, float softcap) {
     s[t] = std::exp(s[t] - m);
     sum += s[t];
   }
+  *max = m;
   return sum;
 }
 
@@ -407,18 +411,24 @@ void small_values(const float* S, int ss, int M, const TKV* const* vp, int T, fl
   }
 }
 
+// Keys lo + it.k0 .. lo + it.k1 - 1 of the item's range [lo, last] (all of it when k1 < 0). A
+// whole item writes the output; a split (part >= 0) writes its unnormalised O, row maxima and
+// sums to J.partial for merge_split.
 template <class T, class TKV>
 void small_item(const Job& J, const Item& it) {
   const int D = static_cast<int>(J.D), G = J.G;
   const int M = (it.q1 - it.q0) * G;
   const int64_t first = J.row_start[it.b] + it.q0, last = J.row_start[it.b] + it.q1 - 1;
-  const int64_t lo = J.window > 0 ? std::max<int64_t>(0, first - J.window + 1) : 0;
-  const int nk = static_cast<int>(last - lo + 1);  // keys lo .. last
+  const int64_t lo_all = J.window > 0 ? std::max<int64_t>(0, first - J.window + 1) : 0;
+  const int64_t lo = lo_all + std::max(it.k0, 0);
+  const int64_t hi = it.k1 < 0 ? last : lo_all + it.k1 - 1;
+  const int nk = static_cast<int>(hi - lo + 1);  // keys lo .. hi
   const int ss = (nk + W - 1) / W * W;
   float* Q = Scratch::get(tls.q, static_cast<size_t>(M) * D);
   float* S = Scratch::get(tls.s, static_cast<size_t>(M) * ss);
   float* O = Scratch::get(tls.o, static_cast<size_t>(M) * D);
   float* l = Scratch::get(tls.l, static_cast<size_t>(M));
+  float* m = Scratch::get(tls.m, static_cast<size_t>(M));
   const TKV** kp = reinterpret_cast<const TKV**>(Scratch::get(tls.kp, static_cast<size_t>(nk)));
   const TKV** vp = reinterpret_cast<const TKV**>(Scratch::get(tls.vp, static_cast<size_t>(nk)));
   gather_rows(J, it, static_cast<const TKV*>(J.key_out), lo, nk, kp);
@@ -429,13 +439,48 @@ void small_item(const Job& J, const Item& it) {
   }
   for (int r = 0; r < M; ++r) load_query<T>(J, it, r, Q + r * D);
   small_scores(Q, M, D, kp, nk, S, ss);
-  for (int r = 0; r < M; ++r) {  // row r sees keys (p - window, p] of [lo, last]
+  for (int r = 0; r < M; ++r) {  // row r sees keys (p - window, p] of [lo, hi]
     const int64_t p = first + r / G;
     const int64_t a = J.window > 0 ? std::max<int64_t>(lo, p - J.window + 1) : lo;
-    l[r] = small_softmax(S + r * ss, static_cast<int>(a - lo), static_cast<int>(p - lo), nk, J.softcap);
+    const int64_t e = std::min(p, hi);
+    l[r] = small_softmax(S + r * ss, static_cast<int>(a - lo), static_cast<int>(e - lo), nk, J.softcap, m + r);
   }
   small_values(S, ss, M, vp, nk, O, D);
-  for (int r = 0; r < M; ++r) store_output<T>(J, it, r, O + r * D, 1.f / l[r]);
+  if (it.part < 0) {
+    for (int r = 0; r < M; ++r) store_output<T>(J, it, r, O + r * D, 1.f / l[r]);
+    return;
+  }
+  float* part = J.partial + static_cast<size_t>(it.part) * J.part_stride;  // O (M, D), m (M), l (M)
+  std::copy(O, O + static_cast<size_t>(M) * D, part);
+  std::copy(m, m + M, part + static_cast<size_t>(M) * D);
+  std::copy(l, l + M, part + static_cast<size_t>(M) * D + M);
+}
+
+// The output of split item group i: the parts' O rescaled to the largest row maximum.
+template <class T>
+void merge_split(void* job, size_t i) {
+  const Job& J = *static_cast<const Job*>(job);
+  const Split& sp = J.splits[i];
+  const int D = static_cast<int>(J.D), M = (sp.item.q1 - sp.item.q0) * J.G;
+  float* O = Scratch::get(tls.o, static_cast<size_t>(M) * D);
+  for (int r = 0; r < M; ++r) {
+    float mx = -INFINITY;
+    for (int k = 0; k < sp.count; ++k)
+      mx = std::max(mx, J.partial[static_cast<size_t>(sp.first + k) * J.part_stride + static_cast<size_t>(M) * D + r]);
+    float l = 0.f;
+    const V zero = {};
+    for (int d = 0; d < D; d += W) vstore(O + r * D + d, zero);
+    for (int k = 0; k < sp.count; ++k) {
+      const float* part = J.partial + static_cast<size_t>(sp.first + k) * J.part_stride;
+      const float pm = part[static_cast<size_t>(M) * D + r];
+      if (pm == -INFINITY) continue;  // no key of this part is visible to row r
+      const float w = std::exp(pm - mx);
+      l += w * part[static_cast<size_t>(M) * D + M + r];
+      const V wv = vsplat(w);
+      for (int d = 0; d < D; d += W) vstore(O + r * D + d, vfma(wv, vload(part + r * D + d), vload(O + r * D + d)));
+    }
+    store_output<T>(J, sp.item, r, O + r * D, 1.f / l);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -664,7 +709,11 @@ void attend(void* job, size_t i) {
 }
 
 inline Kernels kernels(bool t_half, bool kv_half) {
-  if (t_half) return {&write_batch<uint16_t, uint16_t>, &attend<uint16_t, uint16_t>, W, kSmallRows, kScorePanel};
-  if (kv_half) return {&write_batch<float, uint16_t>, &attend<float, uint16_t>, W, kSmallRows, kScorePanel};
-  return {&write_batch<float, float>, &attend<float, float>, W, kSmallRows, kScorePanel};
+  if (t_half)
+    return {&write_batch<uint16_t, uint16_t>, &attend<uint16_t, uint16_t>, &merge_split<uint16_t>, W,
+            kSmallRows, kScorePanel};
+  if (kv_half)
+    return {&write_batch<float, uint16_t>, &attend<float, uint16_t>, &merge_split<float>, W, kSmallRows,
+            kScorePanel};
+  return {&write_batch<float, float>, &attend<float, float>, &merge_split<float>, W, kSmallRows, kScorePanel};
 }
