@@ -152,6 +152,7 @@ class Paged(Backend):
         self.width = hq * d
         cos, sin = rotary_tables(args.capacity, d // 2)
         bs = args.block_size
+        kv_type = helper.np_dtype_to_tensor_dtype(pools[0][0].dtype)
         names = ["qkv", "positions", "slot_mapping", "block_tables", "seq_lens", "query_start"]
         types = [TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT64, TensorProto.INT32,
                  TensorProto.INT32, TensorProto.INT32]
@@ -160,14 +161,15 @@ class Paged(Backend):
                  helper.make_tensor("sin", TensorProto.FLOAT, sin.shape, sin.tobytes(), raw=True)]
         nodes, outputs = [], []
         for i in range(args.layers):
-            inputs += [helper.make_tensor_value_info(f"{x}{i}", TensorProto.FLOAT, None) for x in "kv"]
+            inputs += [helper.make_tensor_value_info(f"{x}{i}", kv_type, None) for x in "kv"]
             nodes.append(helper.make_node(
                 "PagedAttention",
                 ["qkv", f"k{i}", f"v{i}", "positions", "slot_mapping", "block_tables", "seq_lens",
                  "query_start", "cos", "sin"],
                 [f"out{i}", f"k_out{i}", f"v_out{i}"], domain="inferflow",
                 num_heads=hq, kv_num_heads=hkv, rotary_dim=d))
-            outputs += [helper.make_tensor_value_info(f"{x}{i}", TensorProto.FLOAT, None) for x in ("out", "k_out", "v_out")]
+            outputs += [helper.make_tensor_value_info(f"out{i}", TensorProto.FLOAT, None)]
+            outputs += [helper.make_tensor_value_info(f"{x}_out{i}", kv_type, None) for x in "kv"]
         model = helper.make_model(helper.make_graph(nodes, "paged", inputs, outputs, inits), opset_imports=OPSETS)
         model.ir_version = 9
         self.sess = ort.InferenceSession(model.SerializeToString(), options(args, library),
@@ -188,9 +190,10 @@ class Paged(Backend):
                 self.binding.bind_output(f"{x}_out{i}", "cpu", 0, buf.dtype, buf.shape, buf.ctypes.data)
 
 
-def make_backends(args: argparse.Namespace, point: Point, library: Path) -> tuple[Gqa, Paged]:
-    """Both backends on the same data: each row's cached K/V (already rotated: as the earlier
-    steps wrote it) in its slot and in its scattered blocks."""
+def make_backends(args: argparse.Namespace, point: Point, library: Path) -> dict[str, Backend]:
+    """The backends on the same data: each row's cached K/V (already rotated: as the earlier
+    steps wrote it) in its slot and in its scattered blocks (float32; and float16, the op's
+    fp16-KV form, which GroupQueryAttention has no counterpart of with float32 activations)."""
     rng = np.random.default_rng(0)
     hq, hkv, d, c, bs = args.q_heads, args.kv_heads, args.head_dim, args.capacity, args.block_size
     b = point.rows
@@ -214,7 +217,12 @@ def make_backends(args: argparse.Namespace, point: Point, library: Path) -> tupl
                     pv[block, :, :span.stop - span.start] = v[row, :, span]
         slot_kv.append((k, v))
         pools.append((pk, pv))
-    return Gqa(args, point, qkv, slot_kv), Paged(args, point, qkv, library, pools, tables)
+    backends: dict[str, Backend] = {"gqa": Gqa(args, point, qkv, slot_kv),
+                                     "paged": Paged(args, point, qkv, library, pools, tables)}
+    if args.fp16_kv:
+        half = [(k.astype(np.float16), v.astype(np.float16)) for k, v in pools]
+        backends["paged_fp16kv"] = Paged(args, point, qkv, library, half, tables)
+    return backends
 
 
 def points(args: argparse.Namespace) -> list[Point]:
@@ -240,6 +248,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--fp16-kv", action=argparse.BooleanOptionalAction, default=True,
+                        help="also time the op on a float16 KV pool")
     parser.add_argument("--out", type=Path, default=RESULTS / "paged_attention_op.json")
     args = parser.parse_args()
     started = time.perf_counter()
@@ -249,34 +259,45 @@ def main() -> None:
     print(f"op library {library} ({'reused' if built.reused else 'built'}, build {built.build_seconds:.1f}s, "
           f"kernels {isa}); ONNX Runtime {ort.__version__}, {args.threads} threads")
     runs, errors = [], {}
-    print("| round | point | GroupQueryAttention ms/layer | PagedAttention ms/layer | speedup |")
-    print("|---|---|---|---|---|")
+    names = ["gqa", "paged"] + (["paged_fp16kv"] if args.fp16_kv else [])
+    print("| round | point | GroupQueryAttention ms/layer | PagedAttention ms/layer | speedup |"
+          + (" PagedAttention fp16 KV ms/layer | speedup |" if args.fp16_kv else ""))
+    print("|---|---|---|---|---|" + ("---|---|" if args.fp16_kv else ""))
+    loads = [os.getloadavg()[0]]
     for rnd in range(1, args.rounds + 1):
         for point in points(args):
-            gqa, paged = make_backends(args, point, library)
-            if rnd == 1:
-                errors[point.label] = float(np.abs(gqa.run() - paged.run()).max())
-                if errors[point.label] > 1e-3:
-                    sys.exit(f"{point.label}: the op and GroupQueryAttention disagree by {errors[point.label]:.3g}")
-                gqa, paged = make_backends(args, point, library)  # fresh KV after the check's writes
-            pair = [("gqa", gqa), ("paged", paged)]
-            times = {name: backend.seconds(args.repeats) / args.layers
-                     for name, backend in (pair if rnd % 2 else pair[::-1])}
-            row = {"round": rnd, "point": point.label, "kind": point.kind, "rows": point.rows,
-                   "start": point.start, "tokens": point.tokens, "context": point.context,
-                   "gqa_ms": round(times["gqa"] * 1e3, 3), "paged_ms": round(times["paged"] * 1e3, 3),
-                   "speedup": round(times["gqa"] / times["paged"], 2)}
+            backends = make_backends(args, point, library)
+            if rnd == 1:  # the same attention: outputs agree (fp16 KV within its rounding)
+                want = backends["gqa"].run()
+                errors[point.label] = {name: float(np.abs(backends[name].run() - want).max()) for name in names[1:]}
+                for name, err in errors[point.label].items():
+                    if err > (2e-2 if "fp16" in name else 1e-3):
+                        sys.exit(f"{point.label}: {name} and GroupQueryAttention disagree by {err:.3g}")
+                backends = make_backends(args, point, library)  # fresh KV after the check's writes
+            order = names if rnd % 2 else names[::-1]
+            times = {name: backends[name].seconds(args.repeats) / args.layers for name in order}
+            row: dict[str, object] = {
+                "round": rnd, "point": point.label, "kind": point.kind, "rows": point.rows,
+                "start": point.start, "tokens": point.tokens, "context": point.context,
+                **{f"{name}_ms": round(times[name] * 1e3, 3) for name in names},
+                **{f"speedup_{name}": round(times["gqa"] / times[name], 2) for name in names[1:]}}
             runs.append(row)
-            print(f"| {rnd} | {point.label} | {row['gqa_ms']} | {row['paged_ms']} | {row['speedup']}x |", flush=True)
-            del gqa, paged
+            line = f"| {rnd} | {point.label} | {row['gqa_ms']} | {row['paged_ms']} | {row['speedup_paged']}x |"
+            if args.fp16_kv:
+                line += f" {row['paged_fp16kv_ms']} | {row['speedup_paged_fp16kv']}x |"
+            print(line, flush=True)
+            del backends
+        loads.append(os.getloadavg()[0])
+    keys = [f"{name}_ms" for name in names] + [f"speedup_{name}" for name in names[1:]]
     summary = {}
     for point in points(args):
         mine = [r for r in runs if r["point"] == point.label]
-        summary[point.label] = {key: round(statistics.median(float(r[key]) for r in mine), 3)
-                                for key in ("gqa_ms", "paged_ms", "speedup")}
+        summary[point.label] = {key: round(statistics.median(float(str(r[key])) for r in mine), 3) for key in keys}
     print("\nmedians over rounds (ms per layer):")
     for label, s in summary.items():
-        print(f"  {label}: GroupQueryAttention {s['gqa_ms']}, PagedAttention {s['paged_ms']} ({s['speedup']}x)")
+        extra = f"; fp16 KV {s['paged_fp16kv_ms']} ({s['speedup_paged_fp16kv']}x)" if args.fp16_kv else ""
+        print(f"  {label}: GroupQueryAttention {s['gqa_ms']}, PagedAttention {s['paged_ms']} "
+              f"({s['speedup_paged']}x){extra}")
     cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                 if ln.startswith("model name")), platform.processor())
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -285,6 +306,7 @@ def main() -> None:
         {"shape": shape, "threads": args.threads, "repeats": args.repeats, "onnxruntime": ort.__version__,
          "cpu": cpu, "cpu_count": os.cpu_count(), "op_kernels": isa, "op_library_key": built.key,
          "op_build_seconds": built.build_seconds, "max_abs_diff_vs_gqa": errors,
+         "load_average_1m": [round(x, 2) for x in loads],
          "runs": runs, "summary": summary, "wall_seconds": round(time.perf_counter() - started, 1)},
         indent=2) + "\n")
     print(f"results written to {args.out}")

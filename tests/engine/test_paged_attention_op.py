@@ -252,6 +252,7 @@ CASES = {
     "no_rotary": Case(rows=((30, 1), (10, 33)), rotary_dim=0),
     "head_dim_80": Case(rows=((30, 1), (10, 33)), head_dim=80, rotary_dim=40),
     "head_dim_96_mqa": Case(rows=((30, 2), (10, 33)), num_heads=8, kv_num_heads=1, head_dim=96),
+    "head_dim_256": Case(rows=((20, 1), (5, 17)), num_heads=4, kv_num_heads=2, head_dim=256),
     "block_size_5": Case(rows=((23, 1), (4, 19)), block_size=5),
     "fp16": Case(rows=((37, 1), (0, 23), (48, 40)), t=np.float16, tkv=np.float16),
     "fp32_with_fp16_kv": Case(rows=((37, 1), (0, 23), (48, 40)), tkv=np.float16),
@@ -328,6 +329,52 @@ def test_bad_inputs_are_refused(library: Path, field: str, value: int, message: 
     feeds[field] = np.full_like(feeds[field], value)
     with pytest.raises(Exception, match=message):
         session(library, case).run(None, feeds)
+
+
+def gqa_session(rows: int, tokens: int, case: Case, capacity: int) -> ort.InferenceSession:
+    """com.microsoft::GroupQueryAttention as the ``gqa`` graph form emits it: packed QKV,
+    rotary inside, past and present one slot buffer of ``capacity`` positions per row."""
+    hq, hkv, d = case.num_heads, case.kv_num_heads, case.head_dim
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    inputs = [helper.make_tensor_value_info("qkv", f32, [rows, tokens, (hq + 2 * hkv) * d]),
+              helper.make_tensor_value_info("past_key", f32, [rows, hkv, capacity, d]),
+              helper.make_tensor_value_info("past_value", f32, [rows, hkv, capacity, d]),
+              helper.make_tensor_value_info("seqlens_k", i32, [rows]),
+              helper.make_tensor_value_info("total", i32, []),
+              helper.make_tensor_value_info("cos", f32, None), helper.make_tensor_value_info("sin", f32, None)]
+    outputs = [helper.make_tensor_value_info(name, f32, None) for name in ("out", "present_key", "present_value")]
+    node = helper.make_node(
+        "GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+        ["out", "present_key", "present_value"], domain="com.microsoft", num_heads=hq, kv_num_heads=hkv,
+        do_rotary=1, rotary_interleaved=0)
+    model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [((40, 1), (7, 1), (100, 1)), ((36, 29),)], ids=["decode", "chunk"])
+def test_op_matches_group_query_attention(library: Path, rows: tuple[tuple[int, int], ...]) -> None:
+    """The attention the CPU engine runs today, on the same K/V held in slots instead of blocks
+    (rows of one step share a chunk length: GroupQueryAttention pads to it)."""
+    case = Case(rows=rows)
+    feeds = make_feeds(case, seed=2)
+    capacity = max(c + q for c, q in rows)
+    bs, tokens = case.block_size, rows[0][1]
+    slots = {name: np.zeros((len(rows), case.kv_num_heads, capacity, case.head_dim), np.float32)
+             for name in ("key_cache", "value_cache")}
+    for b, (cached, _) in enumerate(rows):  # the row's cached positions, copied out of its blocks
+        pos = np.arange(cached)
+        blocks = feeds["block_tables"][b][pos // bs]
+        for name, slot in slots.items():
+            slot[b, :, :cached] = feeds[name][blocks, :, pos % bs].transpose(1, 0, 2)
+    gqa = gqa_session(len(rows), tokens, case, capacity).run(["out"], {
+        "qkv": feeds["qkv"].reshape(len(rows), tokens, -1), "past_key": slots["key_cache"],
+        "past_value": slots["value_cache"], "seqlens_k": feeds["seq_lens"] - 1,
+        "total": np.array(capacity, np.int32), "cos": feeds["cos_cache"], "sin": feeds["sin_cache"]})[0]
+    got = session(library, case).run(["out"], feeds)[0]
+    np.testing.assert_allclose(got, gqa.reshape(got.shape), rtol=1e-4, atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,9 @@
 // Kernels: paged_attention_simd.cc, compiled three times below (AVX-512, AVX2+FMA+F16C,
 // portable) and chosen at run time from the CPU ($INFERFLOW_ORT_OP_ISA = avx512 | avx2 |
 // portable forces a lower one, for tests).
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>

@@ -433,10 +433,6 @@ void small_item(const Job& J, const Item& it) {
   const TKV** vp = reinterpret_cast<const TKV**>(Scratch::get(tls.vp, static_cast<size_t>(nk)));
   gather_rows(J, it, static_cast<const TKV*>(J.key_out), lo, nk, kp);
   gather_rows(J, it, static_cast<const TKV*>(J.value_out), lo, nk, vp);
-  for (int t = 0; t < std::min(nk, kPrefetchKeys); ++t) {  // the streams' heads, while q loads
-    prefetch_row(kp[t], D);
-    prefetch_row(vp[t], D);
-  }
   for (int r = 0; r < M; ++r) load_query<T>(J, it, r, Q + r * D);
   small_scores(Q, M, D, kp, nk, S, ss);
   for (int r = 0; r < M; ++r) {  // row r sees keys (p - window, p] of [lo, hi]
