@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #ifdef __linux__
@@ -124,6 +125,7 @@ struct Job {
   std::vector<Split> splits;
   float* partial = nullptr;  // (parts, part_stride): split items' O, row maxima, row sums
   size_t part_stride = 0;
+  std::vector<float> partial_store;
   int64_t write_batches = 1;
 };
 
@@ -259,8 +261,18 @@ float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name)
   return value;
 }
 
-void check(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("PagedAttention: " + what);
+void check(bool ok, const char* what) {
+  if (!ok) throw std::invalid_argument(std::string("PagedAttention: ") + what);
+}
+
+// `what` builds the message only when the check fails (they run per token)
+template <class Message>
+void check(bool ok, const Message& what) {
+  if (!ok) throw std::invalid_argument("PagedAttention: " + what());
+}
+
+bool is_vector(const std::vector<int64_t>& shape, int64_t length) {
+  return shape.size() == 1 && shape[0] == length;
 }
 
 std::string shape_str(const std::vector<int64_t>& shape) {
@@ -346,33 +358,38 @@ struct PagedAttention {
            const Ort::Custom::Tensor<int32_t>& query_start, const Ort::Custom::Tensor<float>& cos_cache,
            const Ort::Custom::Tensor<float>& sin_cache, Ort::Custom::Tensor<T>& out,
            Ort::Custom::Tensor<TKV>& key_out, Ort::Custom::Tensor<TKV>& value_out) {
-    Job J{};
+    static thread_local Job job;  // per calling thread: its vectors keep their capacity
+    Job& J = job;
     const auto& cache_shape = key_cache.Shape();
-    check(cache_shape.size() == 4 && value_cache.Shape() == cache_shape,
-          "key_cache and value_cache must both be (num_blocks, kv_heads, block_size, head_dim), got " +
-              shape_str(cache_shape) + " and " + shape_str(value_cache.Shape()));
+    check(cache_shape.size() == 4 && value_cache.Shape() == cache_shape, [&] {
+      return "key_cache and value_cache must both be (num_blocks, kv_heads, block_size, head_dim), got " +
+             shape_str(cache_shape) + " and " + shape_str(value_cache.Shape());
+    });
     J.Hq = attrs.num_heads;
     J.Hkv = attrs.kv_num_heads;
     J.G = static_cast<int>(J.Hq / J.Hkv);
     J.NB = cache_shape[0];
     J.block_size = cache_shape[2];
     J.D = cache_shape[3];
-    check(cache_shape[1] == J.Hkv, "the caches hold " + std::to_string(cache_shape[1]) +
-                                       " KV heads, kv_num_heads is " + std::to_string(J.Hkv));
-    check(J.D > 0 && J.D % 8 == 0, "head_dim must be a multiple of 8, got " + std::to_string(J.D));
+    check(cache_shape[1] == J.Hkv, [&] {
+      return "the caches hold " + std::to_string(cache_shape[1]) + " KV heads, kv_num_heads is " +
+             std::to_string(J.Hkv);
+    });
+    check(J.D > 0 && J.D % 8 == 0, [&] { return "head_dim must be a multiple of 8, got " + std::to_string(J.D); });
     check(J.block_size > 0 && J.NB > 0, "empty caches");
     J.qkv_stride = (J.Hq + 2 * J.Hkv) * J.D;
     const auto& qkv_shape = qkv.Shape();
-    check(qkv_shape.size() == 2 && qkv_shape[1] == J.qkv_stride,
-          "qkv must be (tokens, " + std::to_string(J.qkv_stride) + "), got " + shape_str(qkv_shape));
+    check(qkv_shape.size() == 2 && qkv_shape[1] == J.qkv_stride, [&] {
+      return "qkv must be (tokens, " + std::to_string(J.qkv_stride) + "), got " + shape_str(qkv_shape);
+    });
     J.N = qkv_shape[0];
-    check(positions.Shape() == std::vector<int64_t>{J.N} && slot_mapping.Shape() == std::vector<int64_t>{J.N},
+    check(is_vector(positions.Shape(), J.N) && is_vector(slot_mapping.Shape(), J.N),
           "positions and slot_mapping must be (tokens,)");
     const auto& table_shape = block_tables.Shape();
     check(table_shape.size() == 2, "block_tables must be (rows, width)");
     J.B = table_shape[0];
     J.table_width = table_shape[1];
-    check(seq_lens.Shape() == std::vector<int64_t>{J.B} && query_start.Shape() == std::vector<int64_t>{J.B + 1},
+    check(is_vector(seq_lens.Shape(), J.B) && is_vector(query_start.Shape(), J.B + 1),
           "seq_lens must be (rows,) and query_start (rows + 1,)");
     J.rot = attrs.rotary_dim;
     J.window = attrs.window;
@@ -382,8 +399,9 @@ struct PagedAttention {
     int64_t table_len = 0;
     if (J.rot > 0) {
       const auto& cs = cos_cache.Shape();
-      check(cs.size() == 2 && cs[1] == J.rot / 2 && sin_cache.Shape() == cs,
-            "cos_cache and sin_cache must be (positions, rotary_dim / 2), got " + shape_str(cs));
+      check(cs.size() == 2 && cs[1] == J.rot / 2 && sin_cache.Shape() == cs, [&] {
+        return "cos_cache and sin_cache must be (positions, rotary_dim / 2), got " + shape_str(cs);
+      });
       table_len = cs[0];
       J.cos = cos_cache.Data();
       J.sin = sin_cache.Data();
@@ -409,8 +427,7 @@ struct PagedAttention {
     J.write_batches = std::min<int64_t>(J.N, 64);
     parallel(ctx, k.write, static_cast<size_t>(J.write_batches), 0, &J);
     make_items(J, k);
-    std::vector<float> partial;
-    split_items(J, k, partial);
+    split_items(J, k);
     parallel(ctx, k.attend, J.items.size(), 0, &J);
     if (!J.splits.empty()) parallel(ctx, k.merge, J.splits.size(), 0, &J);
   }
@@ -419,31 +436,36 @@ struct PagedAttention {
   static void validate_rows(Job& J, const int32_t* seq_lens, int64_t table_len) {
     const int64_t slots = J.NB * J.block_size;
     for (int64_t n = 0; n < J.N; ++n) {
-      check(J.slot_mapping[n] >= 0 && J.slot_mapping[n] < slots,
-            "slot_mapping[" + std::to_string(n) + "] = " + std::to_string(J.slot_mapping[n]) + " is outside the cache");
+      check(J.slot_mapping[n] >= 0 && J.slot_mapping[n] < slots, [&] {
+        return "slot_mapping[" + std::to_string(n) + "] = " + std::to_string(J.slot_mapping[n]) +
+               " is outside the cache";
+      });
       check(J.rot == 0 || (J.positions[n] >= 0 && J.positions[n] < table_len),
-            "positions[" + std::to_string(n) + "] is outside the rotary tables");
+            [&] { return "positions[" + std::to_string(n) + "] is outside the rotary tables"; });
     }
     check(J.query_start[0] == 0 && J.query_start[J.B] == J.N, "query_start must run from 0 to the token count");
     J.row_start.resize(static_cast<size_t>(J.B));
     for (int64_t b = 0; b < J.B; ++b) {
       const int64_t q_len = J.query_start[b + 1] - J.query_start[b];
       check(q_len >= 0, "query_start must not decrease");
-      check(seq_lens[b] >= q_len, "row " + std::to_string(b) + ": seq_len below its query count");
+      check(seq_lens[b] >= q_len, [&] { return "row " + std::to_string(b) + ": seq_len below its query count"; });
       J.row_start[b] = seq_lens[b] - q_len;
       if (q_len == 0) continue;
       const int64_t last = seq_lens[b] - 1;
       const int64_t lo = J.window > 0 ? std::max<int64_t>(0, J.row_start[b] - J.window + 1) : 0;
-      check(last / J.block_size < J.table_width,
-            "row " + std::to_string(b) + ": the block table is too narrow for " + std::to_string(seq_lens[b]) + " positions");
+      check(last / J.block_size < J.table_width, [&] {
+        return "row " + std::to_string(b) + ": the block table is too narrow for " +
+               std::to_string(seq_lens[b]) + " positions";
+      });
       const int32_t* table = J.block_tables + b * J.table_width;
       for (int64_t i = lo / J.block_size; i <= last / J.block_size; ++i)
-        check(table[i] >= 0 && table[i] < J.NB,
-              "row " + std::to_string(b) + ": block id " + std::to_string(table[i]) + " is outside the cache");
+        check(table[i] >= 0 && table[i] < J.NB, [&] {
+          return "row " + std::to_string(b) + ": block id " + std::to_string(table[i]) + " is outside the cache";
+        });
     }
   }
 
-  static void split_items(Job& J, const Kernels& k, std::vector<float>& partial);
+  static void split_items(Job& J, const Kernels& k);
 
   // Work items: per row and KV head, its queries whole (few rows: the small path) or in tiles
   // of about score_panel vectors of rows; longest first, so the pool's dynamic hand-out ends even.
@@ -483,7 +505,7 @@ int64_t usable_cpus() {
 constexpr int64_t kSplitKeys = 256;
 
 template <class T, class TKV>
-void PagedAttention<T, TKV>::split_items(Job& J, const Kernels& k, std::vector<float>& partial) {
+void PagedAttention<T, TKV>::split_items(Job& J, const Kernels& k) {
   J.splits.clear();
   static const int64_t kWantItems = 2 * usable_cpus();
   const int64_t n = static_cast<int64_t>(J.items.size());
@@ -510,8 +532,8 @@ void PagedAttention<T, TKV>::split_items(Job& J, const Kernels& k, std::vector<f
   }
   if (J.splits.empty()) return;
   J.part_stride = static_cast<size_t>(k.small_rows) * (J.D + 2);
-  partial.resize(static_cast<size_t>(parts) * J.part_stride);
-  J.partial = partial.data();
+  J.partial_store.resize(static_cast<size_t>(parts) * J.part_stride);
+  J.partial = J.partial_store.data();
   J.items = std::move(out);
   std::stable_sort(J.items.begin(), J.items.end(),
                    [](const Item& a, const Item& b) { return a.cost > b.cost; });
