@@ -399,6 +399,18 @@ def test_build_cache_is_reused_and_keyed_by_content(library: Path, tmp_path: Pat
     assert build.library_key(build.build_fields(include, command)) == again.key
 
 
+@pytest.mark.slow
+def test_a_failed_compile_is_a_reason_and_leaves_nothing(library: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "src"
+    broken.mkdir()
+    for name in build.SOURCES:
+        (broken / name).write_text("this is not C++\n")
+    engines = tmp_path / "engines"
+    with pytest.raises(build.OpUnavailable, match="compiling the op failed"):
+        build.build_library(engines, source_dir=broken)
+    assert list((engines / "ops").iterdir()) == []  # the temporary build folder is gone
+
+
 def test_the_off_switch_makes_the_op_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERFLOW_ORT_OP", "off")
     with pytest.raises(build.OpUnavailable, match="disabled by INFERFLOW_ORT_OP=off"):
@@ -410,6 +422,13 @@ def test_a_missing_compiler_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(build.OpUnavailable, match="does not run"):
         build.compiler_version(tuple(build.compiler()))
+
+
+def test_a_library_that_does_not_load_is_a_reason(tmp_path: Path) -> None:
+    broken = tmp_path / build.LIBRARY
+    broken.write_bytes(b"not an ELF file")
+    with pytest.raises(build.OpUnavailable, match="cannot load"):
+        build.check_loads(broken)
 
 
 def test_engine_folder_follows_the_runtimes_rule() -> None:

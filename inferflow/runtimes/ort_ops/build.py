@@ -207,7 +207,7 @@ def check_loads(path: Path) -> str:
         isa.restype = ctypes.c_char_p
         name = isa().decode()
         ort.SessionOptions().register_custom_ops_library(str(path))
-    except (OSError, AttributeError, RuntimeError) as exc:
+    except Exception as exc:  # OSError, AttributeError (no symbol), ORT's Fail (not a RuntimeError)
         raise OpUnavailable(f"ONNX Runtime {ort.__version__} cannot load {path}: {exc}") from exc
     return str(name)
 
@@ -229,7 +229,7 @@ def paged_attention_library(engine_dir: Path | None = None) -> Path:
         raise OpUnavailable(reason)
     result = _library_for((engine_dir or default_engine_dir()).expanduser().resolve())
     if isinstance(result, OpUnavailable):
-        raise result
+        raise OpUnavailable(str(result))
     return result
 
 
