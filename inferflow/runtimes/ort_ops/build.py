@@ -35,8 +35,8 @@ from inferflow.runtimes.ort_ops import headers
 LIBRARY = "libinferflow_ort_ops.so"
 MANIFEST = "build.json"
 SOURCE_DIR = Path(__file__).resolve().parent
-# paged_attention.cc is the translation unit; it #includes paged_attention_simd.cc per ISA
-SOURCES = ("paged_attention.cc", "paged_attention_simd.cc")
+# paged_attention.cc is the translation unit; it #includes the others (the kernel_* ones per ISA)
+SOURCES = ("paged_attention.cc", "kernel_job.cc", "kernel_vector.cc", "kernel_small.cc", "kernel_tile.cc")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
          "-ffp-contract=fast",  # fused multiply-adds in the portable kernels (-std=c++17 turns it off)
          "-Wno-psabi")  # AVX vector arguments of inlined helpers: no ABI is exposed
