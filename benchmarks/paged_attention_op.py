@@ -16,6 +16,9 @@ row at that context), and one prefill chunk of each of ``--chunks`` tokens start
 and at ``--chunk-start``. Rounds alternate the two per point (this VM drifts); the two outputs
 are compared on every point's first round (the same K/V content in both layouts).
 
+``--threads 1 --clock cpu`` times CPU time instead of wall time: on a machine shared with other
+work, the figures that other load does not inflate.
+
 Writes ``benchmarks/results/paged_attention_op.json`` and prints a table.
 """
 
@@ -28,6 +31,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,14 +96,14 @@ class Backend:
         self.sess.run_with_iobinding(self.binding)
         return self.binding.copy_outputs_to_cpu()[0].reshape(-1, self.width)
 
-    def seconds(self, repeats: int) -> float:
+    def seconds(self, repeats: int, clock: Callable[[], float] = time.perf_counter) -> float:
         for _ in range(2):
             self.sess.run_with_iobinding(self.binding)
         times = []
         for _ in range(repeats):
-            start = time.perf_counter()
+            start = clock()
             self.sess.run_with_iobinding(self.binding)
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return statistics.median(times)
 
 
@@ -248,6 +252,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="cpu: the process's CPU time (with --threads 1), which other load on a "
+                             "shared machine does not inflate")
     parser.add_argument("--fp16-kv", action=argparse.BooleanOptionalAction, default=True,
                         help="also time the op on a float16 KV pool")
     parser.add_argument("--out", type=Path, default=RESULTS / "paged_attention_op.json")
@@ -258,6 +265,9 @@ def main() -> None:
     isa = build.check_loads(library)
     print(f"op library {library} ({'reused' if built.reused else 'built'}, build {built.build_seconds:.1f}s, "
           f"kernels {isa}); ONNX Runtime {ort.__version__}, {args.threads} threads")
+    if args.clock == "cpu" and args.threads != 1:
+        sys.exit("--clock cpu needs --threads 1 (the pool's spinning threads count as CPU time)")
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     runs, errors = [], {}
     names = ["gqa", "paged"] + (["paged_fp16kv"] if args.fp16_kv else [])
     print("| round | point | GroupQueryAttention ms/layer | PagedAttention ms/layer | speedup |"
@@ -275,7 +285,7 @@ def main() -> None:
                         sys.exit(f"{point.label}: {name} and GroupQueryAttention disagree by {err:.3g}")
                 backends = make_backends(args, point, library)  # fresh KV after the check's writes
             order = names if rnd % 2 else names[::-1]
-            times = {name: backends[name].seconds(args.repeats) / args.layers for name in order}
+            times = {name: backends[name].seconds(args.repeats, clock) / args.layers for name in order}
             row: dict[str, object] = {
                 "round": rnd, "point": point.label, "kind": point.kind, "rows": point.rows,
                 "start": point.start, "tokens": point.tokens, "context": point.context,
@@ -303,7 +313,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     shape = {k: getattr(args, k) for k in ("q_heads", "kv_heads", "head_dim", "capacity", "block_size", "layers")}
     args.out.write_text(json.dumps(
-        {"shape": shape, "threads": args.threads, "repeats": args.repeats, "onnxruntime": ort.__version__,
+        {"shape": shape, "threads": args.threads, "clock": args.clock, "repeats": args.repeats, "onnxruntime": ort.__version__,
          "cpu": cpu, "cpu_count": os.cpu_count(), "op_kernels": isa, "op_library_key": built.key,
          "op_build_seconds": built.build_seconds, "max_abs_diff_vs_gqa": errors,
          "load_average_1m": [round(x, 2) for x in loads],
