@@ -307,6 +307,16 @@ def test_in_place_through_io_binding(library: Path, threads: int) -> None:
 
 
 @pytest.mark.slow
+def test_an_integer_scale_attribute_is_read(library: Path) -> None:
+    """scale=1 written as an INT attribute (what onnx.helper makes of a Python int) is 1, not 0."""
+    case = Case(rows=((12, 1), (0, 9)), scale=1.0)
+    feeds = make_feeds(case)
+    as_int = Case(rows=case.rows, scale=1)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(session(library, as_int).run(["out"], feeds)[0],
+                                  session(library, case).run(["out"], feeds)[0])
+
+
+@pytest.mark.slow
 def test_functional_run_leaves_the_inputs_alone(library: Path) -> None:
     case = CASES["chunks_continue_rows"]
     feeds = make_feeds(case)

@@ -163,14 +163,13 @@ int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name,
   return value;
 }
 
+// A float attribute, 0 when absent; an integer one (scale=1 written by a graph builder) is read too.
 float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name) {
   float value = 0.f;
   OrtStatus* status = api->KernelInfoGetAttribute_float(info, name, &value);
-  if (status != nullptr) {
-    api->ReleaseStatus(status);
-    return 0.f;
-  }
-  return value;
+  if (status == nullptr) return value;
+  api->ReleaseStatus(status);
+  return static_cast<float>(attr_int(api, info, name, 0, false));
 }
 
 // ParallelFor over `total` indices (or inline when there is one).
