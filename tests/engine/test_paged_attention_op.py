@@ -252,13 +252,20 @@ CASES = {
     "no_rotary": Case(rows=((30, 1), (10, 33)), rotary_dim=0),
     "head_dim_80": Case(rows=((30, 1), (10, 33)), head_dim=80, rotary_dim=40),
     "head_dim_96_mqa": Case(rows=((30, 2), (10, 33)), num_heads=8, kv_num_heads=1, head_dim=96),
+    "head_dim_256": Case(rows=((20, 1), (5, 17)), num_heads=4, kv_num_heads=2, head_dim=256),
     "block_size_5": Case(rows=((23, 1), (4, 19)), block_size=5),
     "fp16": Case(rows=((37, 1), (0, 23), (48, 40)), t=np.float16, tkv=np.float16),
     "fp32_with_fp16_kv": Case(rows=((37, 1), (0, 23), (48, 40)), tkv=np.float16),
     "fp16_kv_window_softcap": Case(rows=((80, 1), (20, 45)), tkv=np.float16, window=30, softcap=20.0),
+    # one long decode row of one KV head: fewer items than threads, so its keys are split
+    # between items and merged (on every machine: 2 CPUs or more)
+    "split_decode": Case(rows=((700, 1),), num_heads=8, kv_num_heads=1),
+    "split_decode_window_softcap": Case(rows=((1000, 1),), num_heads=2, kv_num_heads=1, window=600,
+                                        softcap=8.0),
+    "split_decode_fp16": Case(rows=((900, 1),), num_heads=8, kv_num_heads=1, t=np.float16, tkv=np.float16),
 }
 ISA_CASES = ("decode_and_prefill_mixed", "window", "gqa_group_8", "head_dim_80", "fp16",
-             "fp32_with_fp16_kv", "softcap_and_scale")
+             "fp32_with_fp16_kv", "softcap_and_scale", "split_decode_window_softcap")
 
 
 @pytest.mark.slow  # compiles the op once per session
@@ -300,6 +307,16 @@ def test_in_place_through_io_binding(library: Path, threads: int) -> None:
 
 
 @pytest.mark.slow
+def test_an_integer_scale_attribute_is_read(library: Path) -> None:
+    """scale=1 written as an INT attribute (what onnx.helper makes of a Python int) is 1, not 0."""
+    case = Case(rows=((12, 1), (0, 9)), scale=1.0)
+    feeds = make_feeds(case)
+    as_int = Case(rows=case.rows, scale=1)  # type: ignore[arg-type]
+    np.testing.assert_array_equal(session(library, as_int).run(["out"], feeds)[0],
+                                  session(library, case).run(["out"], feeds)[0])
+
+
+@pytest.mark.slow
 def test_functional_run_leaves_the_inputs_alone(library: Path) -> None:
     case = CASES["chunks_continue_rows"]
     feeds = make_feeds(case)
@@ -324,6 +341,52 @@ def test_bad_inputs_are_refused(library: Path, field: str, value: int, message: 
         session(library, case).run(None, feeds)
 
 
+def gqa_session(rows: int, tokens: int, case: Case, capacity: int) -> ort.InferenceSession:
+    """com.microsoft::GroupQueryAttention as the ``gqa`` graph form emits it: packed QKV,
+    rotary inside, past and present one slot buffer of ``capacity`` positions per row."""
+    hq, hkv, d = case.num_heads, case.kv_num_heads, case.head_dim
+    f32, i32 = TensorProto.FLOAT, TensorProto.INT32
+    inputs = [helper.make_tensor_value_info("qkv", f32, [rows, tokens, (hq + 2 * hkv) * d]),
+              helper.make_tensor_value_info("past_key", f32, [rows, hkv, capacity, d]),
+              helper.make_tensor_value_info("past_value", f32, [rows, hkv, capacity, d]),
+              helper.make_tensor_value_info("seqlens_k", i32, [rows]),
+              helper.make_tensor_value_info("total", i32, []),
+              helper.make_tensor_value_info("cos", f32, None), helper.make_tensor_value_info("sin", f32, None)]
+    outputs = [helper.make_tensor_value_info(name, f32, None) for name in ("out", "present_key", "present_value")]
+    node = helper.make_node(
+        "GroupQueryAttention", ["qkv", "", "", "past_key", "past_value", "seqlens_k", "total", "cos", "sin"],
+        ["out", "present_key", "present_value"], domain="com.microsoft", num_heads=hq, kv_num_heads=hkv,
+        do_rotary=1, rotary_interleaved=0)
+    model = helper.make_model(helper.make_graph([node], "gqa", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 9
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [((40, 1), (7, 1), (100, 1)), ((36, 29),)], ids=["decode", "chunk"])
+def test_op_matches_group_query_attention(library: Path, rows: tuple[tuple[int, int], ...]) -> None:
+    """The attention the CPU engine runs today, on the same K/V held in slots instead of blocks
+    (rows of one step share a chunk length: GroupQueryAttention pads to it)."""
+    case = Case(rows=rows)
+    feeds = make_feeds(case, seed=2)
+    capacity = max(c + q for c, q in rows)
+    bs, tokens = case.block_size, rows[0][1]
+    slots = {name: np.zeros((len(rows), case.kv_num_heads, capacity, case.head_dim), np.float32)
+             for name in ("key_cache", "value_cache")}
+    for b, (cached, _) in enumerate(rows):  # the row's cached positions, copied out of its blocks
+        pos = np.arange(cached)
+        blocks = feeds["block_tables"][b][pos // bs]
+        for name, slot in slots.items():
+            slot[b, :, :cached] = feeds[name][blocks, :, pos % bs].transpose(1, 0, 2)
+    gqa = gqa_session(len(rows), tokens, case, capacity).run(["out"], {
+        "qkv": feeds["qkv"].reshape(len(rows), tokens, -1), "past_key": slots["key_cache"],
+        "past_value": slots["value_cache"], "seqlens_k": feeds["seq_lens"] - 1,
+        "total": np.array(capacity, np.int32), "cos": feeds["cos_cache"], "sin": feeds["sin_cache"]})[0]
+    got = session(library, case).run(["out"], feeds)[0]
+    np.testing.assert_allclose(got, gqa.reshape(got.shape), rtol=1e-4, atol=1e-4)
+
+
 # ---------------------------------------------------------------------------------------------
 # build, cache, availability
 
@@ -346,6 +409,18 @@ def test_build_cache_is_reused_and_keyed_by_content(library: Path, tmp_path: Pat
     assert build.library_key(build.build_fields(include, command)) == again.key
 
 
+@pytest.mark.slow
+def test_a_failed_compile_is_a_reason_and_leaves_nothing(library: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "src"
+    broken.mkdir()
+    for name in build.SOURCES:
+        (broken / name).write_text("this is not C++\n")
+    engines = tmp_path / "engines"
+    with pytest.raises(build.OpUnavailable, match="compiling the op failed"):
+        build.build_library(engines, source_dir=broken)
+    assert list((engines / "ops").iterdir()) == []  # the temporary build folder is gone
+
+
 def test_the_off_switch_makes_the_op_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("INFERFLOW_ORT_OP", "off")
     with pytest.raises(build.OpUnavailable, match="disabled by INFERFLOW_ORT_OP=off"):
@@ -357,6 +432,13 @@ def test_a_missing_compiler_is_a_reason(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setenv("CXX", "/nonexistent/c++")
     with pytest.raises(build.OpUnavailable, match="does not run"):
         build.compiler_version(tuple(build.compiler()))
+
+
+def test_a_library_that_does_not_load_is_a_reason(tmp_path: Path) -> None:
+    broken = tmp_path / build.LIBRARY
+    broken.write_bytes(b"not an ELF file")
+    with pytest.raises(build.OpUnavailable, match="cannot load"):
+        build.check_loads(broken)
 
 
 def test_engine_folder_follows_the_runtimes_rule() -> None:

@@ -35,8 +35,8 @@ from inferflow.runtimes.ort_ops import headers
 LIBRARY = "libinferflow_ort_ops.so"
 MANIFEST = "build.json"
 SOURCE_DIR = Path(__file__).resolve().parent
-# paged_attention.cc is the translation unit; it #includes paged_attention_simd.cc per ISA
-SOURCES = ("paged_attention.cc", "paged_attention_simd.cc")
+# paged_attention.cc is the translation unit; it #includes the others (the kernel_* ones per ISA)
+SOURCES = ("paged_attention.cc", "kernel_job.cc", "kernel_vector.cc", "kernel_small.cc", "kernel_tile.cc")
 FLAGS = ("-O3", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden",
          "-ffp-contract=fast",  # fused multiply-adds in the portable kernels (-std=c++17 turns it off)
          "-Wno-psabi")  # AVX vector arguments of inlined helpers: no ABI is exposed
@@ -207,7 +207,7 @@ def check_loads(path: Path) -> str:
         isa.restype = ctypes.c_char_p
         name = isa().decode()
         ort.SessionOptions().register_custom_ops_library(str(path))
-    except (OSError, AttributeError, RuntimeError) as exc:
+    except Exception as exc:  # OSError, AttributeError (no symbol), ORT's Fail (not a RuntimeError)
         raise OpUnavailable(f"ONNX Runtime {ort.__version__} cannot load {path}: {exc}") from exc
     return str(name)
 
@@ -229,7 +229,7 @@ def paged_attention_library(engine_dir: Path | None = None) -> Path:
         raise OpUnavailable(reason)
     result = _library_for((engine_dir or default_engine_dir()).expanduser().resolve())
     if isinstance(result, OpUnavailable):
-        raise result
+        raise OpUnavailable(str(result))
     return result
 
 

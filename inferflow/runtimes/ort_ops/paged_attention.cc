@@ -9,10 +9,13 @@
 // the row's block table. (2) and (3) each run on ONNX Runtime's intra-op pool (ParallelFor):
 // (2) over token batches, (3) over work items (row, KV head, query tile), longest first.
 //
-// Kernels: paged_attention_simd.cc, compiled three times below (AVX-512, AVX2+FMA+F16C,
-// portable) and chosen at run time from the CPU ($INFERFLOW_ORT_OP_ISA = avx512 | avx2 |
-// portable forces a lower one, for tests).
+// Files: kernel_job.cc (the call's plan: work items, checks), included once; kernel_vector.cc,
+// kernel_small.cc (write phase, decode path) and kernel_tile.cc (prefill path), included three
+// times below (AVX-512, AVX2+FMA+F16C, portable) and chosen at run time from the CPU
+// ($INFERFLOW_ORT_OP_ISA = avx512 | avx2 | portable forces a lower one, for tests).
+#if defined(__x86_64__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <atomic>
@@ -24,7 +27,13 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <type_traits>
 #include <vector>
+
+#ifdef __linux__
+#include <sched.h>
+#endif
 
 #define ORT_API_MANUAL_INIT
 #include "onnxruntime_cxx_api.h"
@@ -33,89 +42,7 @@
 
 namespace inferflow {
 namespace {
-
-// ---- fp16 <-> fp32, round to nearest even (F. Giesen's conversions) -------------------------
-
-inline float f16_to_f32(uint16_t h) {
-  uint32_t u = static_cast<uint32_t>(h & 0x7fff) << 13;
-  const uint32_t exp = u & (0x7c00u << 13);
-  u += (127 - 15) << 23;
-  float f;
-  if (exp == (0x7c00u << 13)) {  // inf / nan
-    u += (128 - 16) << 23;
-    std::memcpy(&f, &u, 4);
-  } else if (exp == 0) {  // zero / subnormal
-    u += 1 << 23;
-    std::memcpy(&f, &u, 4);
-    f -= 6.103515625e-05f;  // 2^-14
-  } else {
-    std::memcpy(&f, &u, 4);
-  }
-  uint32_t bits;
-  std::memcpy(&bits, &f, 4);
-  bits |= static_cast<uint32_t>(h & 0x8000) << 16;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline uint16_t f32_to_f16(float value) {
-  uint32_t x;
-  std::memcpy(&x, &value, 4);
-  const uint32_t sign = (x >> 16) & 0x8000;
-  x &= 0x7fffffff;
-  uint32_t o;
-  if (x >= 0x47800000) {  // >= 65536 (after rounding: inf), inf or nan
-    o = x > 0x7f800000 ? 0x7e00 : 0x7c00;
-  } else if (x < 0x38800000) {  // below 2^-14: subnormal or zero, rounded by a float add
-    float f;
-    std::memcpy(&f, &x, 4);
-    f += 0.5f;
-    std::memcpy(&o, &f, 4);
-    o -= 0x3f000000;
-  } else {
-    const uint32_t odd = (x >> 13) & 1;
-    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xfff;
-    x += odd;
-    o = x >> 13;
-  }
-  return static_cast<uint16_t>(o | sign);
-}
-
-// ---- one call's work --------------------------------------------------------------------------
-
-// Queries q0 .. q1 - 1 (indices within row b's tokens) of KV head h, with their G query heads.
-struct Item {
-  int32_t b, h, q0, q1;
-  int64_t cost;  // ~ rows x keys, for longest-first order
-};
-
-struct Job {
-  int64_t N, B, Hq, Hkv, D, NB, block_size, table_width, rot, window;
-  int G;
-  float scale, softcap;
-  int64_t qkv_stride;  // (Hq + 2 Hkv) D
-  const void* qkv;     // T (N, qkv_stride)
-  void* key_out;       // TKV (NB, Hkv, bs, D): the caches written and read (outputs 1 and 2)
-  void* value_out;
-  void* out;  // T (N, Hq D)
-  const int64_t* positions;
-  const int64_t* slot_mapping;
-  const int32_t* block_tables;  // (B, table_width)
-  const int32_t* query_start;   // (B + 1,)
-  const float* cos;             // (P, rot / 2)
-  const float* sin;
-  std::vector<int64_t> row_start;  // (B,) position of row b's first query: seq_len - q_len
-  std::vector<Item> items;
-  int64_t write_batches = 1;
-};
-
-// What one instruction set offers: the two ParallelFor callbacks and its tiling.
-struct Kernels {
-  void (*write)(void*, size_t);   // write_batch: token batch i
-  void (*attend)(void*, size_t);  // attend: items[i]
-  int lanes, small_rows, score_panel;
-};
-
+#include "kernel_job.cc"
 }  // namespace
 }  // namespace inferflow
 
@@ -133,7 +60,9 @@ namespace {
 namespace isa_avx512 {
 #define IF_ISA 2
 #define IF_W 16
-#include "paged_attention_simd.cc"
+#include "kernel_vector.cc"
+#include "kernel_small.cc"
+#include "kernel_tile.cc"
 #undef IF_ISA
 #undef IF_W
 }  // namespace isa_avx512
@@ -152,7 +81,9 @@ namespace {
 namespace isa_avx2 {
 #define IF_ISA 1
 #define IF_W 8
-#include "paged_attention_simd.cc"
+#include "kernel_vector.cc"
+#include "kernel_small.cc"
+#include "kernel_tile.cc"
 #undef IF_ISA
 #undef IF_W
 }  // namespace isa_avx2
@@ -171,7 +102,9 @@ namespace {
 namespace isa_portable {
 #define IF_ISA 0
 #define IF_W 4
-#include "paged_attention_simd.cc"
+#include "kernel_vector.cc"
+#include "kernel_small.cc"
+#include "kernel_tile.cc"
 #undef IF_ISA
 #undef IF_W
 }  // namespace isa_portable
@@ -230,24 +163,13 @@ int64_t attr_int(const OrtApi* api, const OrtKernelInfo* info, const char* name,
   return value;
 }
 
+// A float attribute, 0 when absent; an integer one (scale=1 written by a graph builder) is read too.
 float attr_float(const OrtApi* api, const OrtKernelInfo* info, const char* name) {
   float value = 0.f;
   OrtStatus* status = api->KernelInfoGetAttribute_float(info, name, &value);
-  if (status != nullptr) {
-    api->ReleaseStatus(status);
-    return 0.f;
-  }
-  return value;
-}
-
-void check(bool ok, const std::string& what) {
-  if (!ok) throw std::invalid_argument("PagedAttention: " + what);
-}
-
-std::string shape_str(const std::vector<int64_t>& shape) {
-  std::string s = "(";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + ")";
+  if (status == nullptr) return value;
+  api->ReleaseStatus(status);
+  return static_cast<float>(attr_int(api, info, name, 0, false));
 }
 
 // ParallelFor over `total` indices (or inline when there is one).
@@ -327,33 +249,38 @@ struct PagedAttention {
            const Ort::Custom::Tensor<int32_t>& query_start, const Ort::Custom::Tensor<float>& cos_cache,
            const Ort::Custom::Tensor<float>& sin_cache, Ort::Custom::Tensor<T>& out,
            Ort::Custom::Tensor<TKV>& key_out, Ort::Custom::Tensor<TKV>& value_out) {
-    Job J{};
+    static thread_local Job job;  // per calling thread: its vectors keep their capacity
+    Job& J = job;
     const auto& cache_shape = key_cache.Shape();
-    check(cache_shape.size() == 4 && value_cache.Shape() == cache_shape,
-          "key_cache and value_cache must both be (num_blocks, kv_heads, block_size, head_dim), got " +
-              shape_str(cache_shape) + " and " + shape_str(value_cache.Shape()));
+    check(cache_shape.size() == 4 && value_cache.Shape() == cache_shape, [&] {
+      return "key_cache and value_cache must both be (num_blocks, kv_heads, block_size, head_dim), got " +
+             shape_str(cache_shape) + " and " + shape_str(value_cache.Shape());
+    });
     J.Hq = attrs.num_heads;
     J.Hkv = attrs.kv_num_heads;
     J.G = static_cast<int>(J.Hq / J.Hkv);
     J.NB = cache_shape[0];
     J.block_size = cache_shape[2];
     J.D = cache_shape[3];
-    check(cache_shape[1] == J.Hkv, "the caches hold " + std::to_string(cache_shape[1]) +
-                                       " KV heads, kv_num_heads is " + std::to_string(J.Hkv));
-    check(J.D > 0 && J.D % 8 == 0, "head_dim must be a multiple of 8, got " + std::to_string(J.D));
+    check(cache_shape[1] == J.Hkv, [&] {
+      return "the caches hold " + std::to_string(cache_shape[1]) + " KV heads, kv_num_heads is " +
+             std::to_string(J.Hkv);
+    });
+    check(J.D > 0 && J.D % 8 == 0, [&] { return "head_dim must be a multiple of 8, got " + std::to_string(J.D); });
     check(J.block_size > 0 && J.NB > 0, "empty caches");
     J.qkv_stride = (J.Hq + 2 * J.Hkv) * J.D;
     const auto& qkv_shape = qkv.Shape();
-    check(qkv_shape.size() == 2 && qkv_shape[1] == J.qkv_stride,
-          "qkv must be (tokens, " + std::to_string(J.qkv_stride) + "), got " + shape_str(qkv_shape));
+    check(qkv_shape.size() == 2 && qkv_shape[1] == J.qkv_stride, [&] {
+      return "qkv must be (tokens, " + std::to_string(J.qkv_stride) + "), got " + shape_str(qkv_shape);
+    });
     J.N = qkv_shape[0];
-    check(positions.Shape() == std::vector<int64_t>{J.N} && slot_mapping.Shape() == std::vector<int64_t>{J.N},
+    check(is_vector(positions.Shape(), J.N) && is_vector(slot_mapping.Shape(), J.N),
           "positions and slot_mapping must be (tokens,)");
     const auto& table_shape = block_tables.Shape();
     check(table_shape.size() == 2, "block_tables must be (rows, width)");
     J.B = table_shape[0];
     J.table_width = table_shape[1];
-    check(seq_lens.Shape() == std::vector<int64_t>{J.B} && query_start.Shape() == std::vector<int64_t>{J.B + 1},
+    check(is_vector(seq_lens.Shape(), J.B) && is_vector(query_start.Shape(), J.B + 1),
           "seq_lens must be (rows,) and query_start (rows + 1,)");
     J.rot = attrs.rotary_dim;
     J.window = attrs.window;
@@ -363,8 +290,9 @@ struct PagedAttention {
     int64_t table_len = 0;
     if (J.rot > 0) {
       const auto& cs = cos_cache.Shape();
-      check(cs.size() == 2 && cs[1] == J.rot / 2 && sin_cache.Shape() == cs,
-            "cos_cache and sin_cache must be (positions, rotary_dim / 2), got " + shape_str(cs));
+      check(cs.size() == 2 && cs[1] == J.rot / 2 && sin_cache.Shape() == cs, [&] {
+        return "cos_cache and sin_cache must be (positions, rotary_dim / 2), got " + shape_str(cs);
+      });
       table_len = cs[0];
       J.cos = cos_cache.Data();
       J.sin = sin_cache.Data();
@@ -390,58 +318,11 @@ struct PagedAttention {
     J.write_batches = std::min<int64_t>(J.N, 64);
     parallel(ctx, k.write, static_cast<size_t>(J.write_batches), 0, &J);
     make_items(J, k);
+    split_items(J, k);
     parallel(ctx, k.attend, J.items.size(), 0, &J);
+    if (!J.splits.empty()) parallel(ctx, k.merge, J.splits.size(), 0, &J);
   }
 
-  // Inputs that would make the kernels read or write out of bounds are refused.
-  static void validate_rows(Job& J, const int32_t* seq_lens, int64_t table_len) {
-    const int64_t slots = J.NB * J.block_size;
-    for (int64_t n = 0; n < J.N; ++n) {
-      check(J.slot_mapping[n] >= 0 && J.slot_mapping[n] < slots,
-            "slot_mapping[" + std::to_string(n) + "] = " + std::to_string(J.slot_mapping[n]) + " is outside the cache");
-      check(J.rot == 0 || (J.positions[n] >= 0 && J.positions[n] < table_len),
-            "positions[" + std::to_string(n) + "] is outside the rotary tables");
-    }
-    check(J.query_start[0] == 0 && J.query_start[J.B] == J.N, "query_start must run from 0 to the token count");
-    J.row_start.resize(static_cast<size_t>(J.B));
-    for (int64_t b = 0; b < J.B; ++b) {
-      const int64_t q_len = J.query_start[b + 1] - J.query_start[b];
-      check(q_len >= 0, "query_start must not decrease");
-      check(seq_lens[b] >= q_len, "row " + std::to_string(b) + ": seq_len below its query count");
-      J.row_start[b] = seq_lens[b] - q_len;
-      if (q_len == 0) continue;
-      const int64_t last = seq_lens[b] - 1;
-      const int64_t lo = J.window > 0 ? std::max<int64_t>(0, J.row_start[b] - J.window + 1) : 0;
-      check(last / J.block_size < J.table_width,
-            "row " + std::to_string(b) + ": the block table is too narrow for " + std::to_string(seq_lens[b]) + " positions");
-      const int32_t* table = J.block_tables + b * J.table_width;
-      for (int64_t i = lo / J.block_size; i <= last / J.block_size; ++i)
-        check(table[i] >= 0 && table[i] < J.NB,
-              "row " + std::to_string(b) + ": block id " + std::to_string(table[i]) + " is outside the cache");
-    }
-  }
-
-  // Work items: per row and KV head, its queries whole (few rows: the small path) or in tiles
-  // of about score_panel vectors of rows; longest first, so the pool's dynamic hand-out ends even.
-  static void make_items(Job& J, const Kernels& k) {
-    J.items.clear();
-    const int tile = std::max(1, k.score_panel * k.lanes / J.G);
-    for (int64_t b = 0; b < J.B; ++b) {
-      const int q_len = J.query_start[b + 1] - J.query_start[b];
-      if (q_len == 0) continue;
-      const int step = q_len * J.G <= k.small_rows ? q_len : tile;
-      for (int q0 = 0; q0 < q_len; q0 += step) {
-        const int q1 = std::min(q_len, q0 + step);
-        const int64_t first = J.row_start[b] + q0, last = J.row_start[b] + q1 - 1;
-        const int64_t lo = J.window > 0 ? std::max<int64_t>(0, first - J.window + 1) : 0;
-        const int64_t cost = static_cast<int64_t>(q1 - q0) * J.G * (last - lo + 1) + 64;
-        for (int32_t h = 0; h < J.Hkv; ++h)
-          J.items.push_back(Item{static_cast<int32_t>(b), h, q0, q1, cost});
-      }
-    }
-    std::stable_sort(J.items.begin(), J.items.end(),
-                     [](const Item& a, const Item& b) { return a.cost > b.cost; });
-  }
 };
 
 using Op32 = PagedAttention<float, float>;
