@@ -1,4 +1,6 @@
-"""Suite-wide setup: nothing touches the user's home, nothing is downloaded.
+"""Suite-wide setup: nothing touches the user's home, nothing is downloaded (but, on a machine
+that has neither Debian's libonnxruntime-dev nor a fetched copy, ONNX Runtime's C headers for the
+paged-attention op: 85 kB, once; `.ci/run` fetches them before the suite).
 
 INFERFLOW_HOME (embedded tiny model) and INFERFLOW_ENGINE_DIR (compiled engines) point into one
 session temp folder, so the suite starts from a clean machine state and child processes (servers,

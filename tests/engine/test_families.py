@@ -18,7 +18,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from engine_factories import ORT_FORMS, greedy, make_engine, slot_table, torch_greedy, transformers_reference
+from engine_factories import (
+    ORT_FORMS,
+    greedy,
+    make_engine,
+    slot_table,
+    torch_greedy,
+    transformers_reference,
+)
 from hf_checkpoints import long_prompt, save_hf_checkpoint
 
 from inferflow.models.checkpoint import load_checkpoint

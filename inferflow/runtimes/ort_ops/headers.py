@@ -1,7 +1,9 @@
 """ONNX Runtime's C/C++ headers, a build dependency of the custom ops (never committed).
 
 Looked for in order: ``$INFERFLOW_ORT_INCLUDE``, ``/usr/include/onnxruntime`` (Debian's
-``libonnxruntime-dev``), ``$INFERFLOW_HOME/ort_headers/<version>/``. When none holds them they are
+``libonnxruntime-dev``), ``$INFERFLOW_HOME/ort_headers/<version>/``, then the default home's
+(``~/.cache/inferflow/ort_headers/<version>/``: fetched once per machine, also seen by a process
+whose ``$INFERFLOW_HOME`` points elsewhere, e.g. the test suite's). When none holds them they are
 fetched: Debian trixie's ``libonnxruntime-dev`` package (85 kB, headers of ONNX Runtime 1.21, C API
 21: the pip runtime serves older API versions), checked against its pinned sha256, unpacked in
 pure Python (a .deb is an ``ar`` archive holding ``data.tar.xz``), only
@@ -63,7 +65,8 @@ def find_headers() -> Path | None:
     candidates = []
     if env := os.environ.get("INFERFLOW_ORT_INCLUDE"):
         candidates.append(Path(env).expanduser())
-    candidates += [Path("/usr/include/onnxruntime"), fetched_dir()]
+    candidates += [Path("/usr/include/onnxruntime"), fetched_dir(),
+                   Path.home() / ".cache" / "inferflow" / "ort_headers" / VERSION]
     return next((c for c in candidates if complete(c)), None)
 
 
