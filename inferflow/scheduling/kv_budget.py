@@ -88,7 +88,7 @@ class KVBudget:
         source = f"({what} of the physical memory after the weights)"
         auto = max(MIN_AUTO_BYTES, half)
         if paged:
-            pool = max(MIN_PAGED_AUTO_BYTES, 2 * model_bytes // share)
+            pool = max(MIN_PAGED_AUTO_BYTES, 2 * model_bytes) // share
             if pool < auto:
                 auto, source = pool, f"(twice the weights, at least {human(MIN_PAGED_AUTO_BYTES)}" \
                     + (f", 1/{share}" if share > 1 else "") + ")"

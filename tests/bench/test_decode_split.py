@@ -66,7 +66,9 @@ def test_a_split_step_gives_the_engine_calls_logits_and_kv(checkpoint: Path, lib
                          for _ in range(2))
     split = SplitDecoder(load_checkpoint(checkpoint), engine.spec, engine.session_options(), engine.kv,
                          library)
-    atol, kv_atol = (2e-4, 1e-5) if precision == "fp32" else (0.25, 2e-2)
+    # int8: K/V come out of quantized projections too (0.04 seen on an AMX machine, where MLAS's
+    # int8 kernels group the activations differently from a segment's smaller call)
+    atol, kv_atol = (2e-4, 1e-5) if precision == "fp32" else (0.25, 0.1)
     prefills, decodes = history(reference.model_config.vocab_size)
     for runner in (reference, engine):
         runner.forward(prefills)

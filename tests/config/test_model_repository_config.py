@@ -138,7 +138,8 @@ def test_two_llms_at_auto_each_reserve_half_of_what_one_alone_does(
     executor: str, cli_env: dict[str, str], workdir: Path
 ) -> None:
     """docs/models.md: with N LLMs, ``auto`` is ``auto/N``, an N-th of one engine alone (the
-    default layout, not only the memory ceiling: 8,192 blocks alone, 4,096 each of two)."""
+    default layout, not only the memory ceiling: on slots 8,192 blocks alone, 4,096 each of two;
+    ONNX Runtime's paged pool: 64 MiB alone, 32 MiB each)."""
     if executor == "torch":
         pytest.importorskip("torch")
     (alone,) = _reserved_kv_tokens([f"executor={executor}"], cli_env, workdir)

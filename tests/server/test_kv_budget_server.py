@@ -6,18 +6,33 @@ from __future__ import annotations
 import pytest
 from server_harness import MODEL, start_server
 
+from inferflow.runtimes.ort_ops.build import op_status
+
+needs_op = pytest.mark.skipif(not op_status()[0], reason=f"paged-attention op: {op_status()[1]}")
+
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
 
+@pytest.mark.parametrize(
+    ("overrides", "served", "message"),
+    [
+        # slots: 32 MiB / 4 KiB per token / (16 slots + an equal pool)
+        (["executor.graph_form=gqa", "executor.kv_cache_memory=32MiB"], 256,
+         "does not fit the KV budget"),
+        # ONNX Runtime's paged pool: 1 MiB = 256 tokens, the whole pool one sequence's most
+        pytest.param(["executor.graph_form=paged", "executor.kv_cache_memory=1MiB"], 256,
+                     "more than the whole paged KV pool", marks=needs_op),
+    ],
+    ids=["slots", "paged"],
+)
 def test_the_served_context_is_what_the_kv_budget_holds(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, overrides: list[str], served: int, message: str
 ) -> None:
-    srv = start_server(tmp_path_factory, "kv-budget",
-                       ["executor.kv_cache_memory=32MiB", "batching.max_num_seqs=16"])
+    srv = start_server(tmp_path_factory, "kv-budget", [*overrides, "batching.max_num_seqs=16"])
     try:
         card = srv.get("/v1/models").json()["data"][0]
-        assert card["max_model_len"] == 256  # 32 MiB / 4 KiB per token / (16 slots + pool)
-        assert "does not fit the KV budget" in srv.log()
+        assert card["max_model_len"] == served
+        assert message in srv.log()
         out = srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=4)
         assert out.choices[0].finish_reason == "length"
         long = srv.post(
@@ -26,6 +41,6 @@ def test_the_served_context_is_what_the_kv_budget_holds(
         assert long.status_code == 400, long.text
         assert long.json()["error"]["code"] == "context_length_exceeded"
         engine = srv.get("/version").json()["engine"]
-        assert engine["layout"]["max_model_len"] == 256
+        assert engine["layout"]["max_model_len"] == served
     finally:
         srv.terminate()
