@@ -164,8 +164,7 @@ def _task(cfg: DictConfig) -> None:
         if not graph.config.get("models"):  # (a repository reports each model's own failure)
             graph.check_checkpoint()
         graph.check_engine_settings()  # what the worker would refuse, refused here in one line
-        note = graph.kv_budget_note()
-        if note is not None:
+        for note in graph.notes():
             logging.getLogger("inferflow").warning("inferflow: %s", note)
     out_dir = Path(HydraConfig.get().runtime.output_dir) if _multirun() else None
     if out_dir is not None:  # every sweep run records exactly what it ran

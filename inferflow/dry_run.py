@@ -46,9 +46,7 @@ def check(graph: ServingGraph) -> str:
         lines = check_repository(graph) + stage_lines(graph)
     else:
         lines = check_llm(graph)
-        note = graph.kv_budget_note()
-        if note is not None:
-            lines.append(f"note: {note}")
+        lines += [f"note: {note}" for note in graph.notes()]
     lines += [
         f"extra model: {s.model_id} ({s.path}) weight={s.weight}"
         for s in embedding_specs(graph)

@@ -76,7 +76,7 @@ class LLM:
             self.engine: LLMEngine = graph.create_engine()
         except (ValueError, ConfigCompositionException) as exc:
             raise _keyword_error(exc) from None
-        if (note := graph.kv_budget_note()) is not None:  # as the server logs it at start
+        for note in graph.notes():  # as the server logs them at start
             logger.warning("inferflow: %s", note)
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

@@ -180,6 +180,13 @@ class ServingGraph:
         """One line when the KV budget lowered the served context (else None)."""
         return self.served_context.note()
 
+    def notes(self) -> list[str]:
+        """What a start says once (a warning; ``task=check``: ``note:`` lines): the KV budget's
+        note and the executor's (an ``auto`` that fell back on this machine)."""
+        if self.model.is_embedding:
+            return []
+        return [n for n in (self.kv_budget_note(), self.executor.layout_note()) if n is not None]
+
     def to_container(self) -> dict[str, Any]:
         """The resolved config as plain picklable data (enums as strings), with what the
         executor decided on this machine pinned (``ExecutorStage.decided``: e.g. ``graph_form``

@@ -198,12 +198,19 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
     else:
         inputs += [v("position_ids", i64, ["B", "S"]), v("write_indices", i64, ["B"])]
     outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
-    kv_shape: list[str | int | None] = ["B", cfg.num_kv_heads, "C", cfg.head_dim]
+    _kv_io(cfg, act, ["B", cfg.num_kv_heads, "C", cfg.head_dim], "past_{kind}_{i}", inputs, outputs)
+    return inputs, outputs
+
+
+def _kv_io(cfg: ModelArch, act: int, shape: list[str | int | None], name: str,
+           inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto]) -> None:
+    """Each layer's K and V as an input named ``name`` (``{kind}``, ``{i}`` filled in) and as the
+    output ``present_{kind}_{i}``, both of ``shape``."""
+    v = helper.make_tensor_value_info
     for i in range(cfg.num_layers):
         for kind in ("key", "value"):
-            inputs.append(v(f"past_{kind}_{i}", act, kv_shape))
-            outputs.append(v(f"present_{kind}_{i}", act, kv_shape))
-    return inputs, outputs
+            inputs.append(v(name.format(kind=kind, i=i), act, shape))
+            outputs.append(v(f"present_{kind}_{i}", act, shape))
 
 
 def _paged_io(cfg: ModelArch, act: int) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
@@ -215,11 +222,7 @@ def _paged_io(cfg: ModelArch, act: int) -> tuple[list[onnx.ValueInfoProto], list
               v("block_tables", i32, ["B", "W"]), v("seq_lens", i32, ["B"]),
               v("query_start", i32, ["B1"]), v("logits_index", i64, ["R"])]
     outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
-    pool: list[str | int | None] = ["NB", cfg.num_kv_heads, "BS", cfg.head_dim]
-    for i in range(cfg.num_layers):
-        for kind in ("key", "value"):
-            inputs.append(v(f"{kind}_cache_{i}", act, pool))
-            outputs.append(v(f"present_{kind}_{i}", act, pool))
+    _kv_io(cfg, act, ["NB", cfg.num_kv_heads, "BS", cfg.head_dim], "{kind}_cache_{i}", inputs, outputs)
     return inputs, outputs
 
 

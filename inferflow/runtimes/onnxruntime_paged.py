@@ -72,16 +72,10 @@ class PagedOnnxRuntimeRunner(OrtEngine):
                 raise ValueError(f"row does not fit the engine: start {r.start_pos}, "
                                  f"{len(r.token_ids)} tokens, capacity {self.capacity}")
         a = build_paged_arrays(rows, self.layout.block_size, self.null_block)
-        binding = self._binding
         feeds = {"input_ids": a.input_ids, "positions": a.positions, "slot_mapping": a.slot_mapping,
                  "block_tables": a.block_tables, "seq_lens": a.seq_lens,
                  "query_start": a.query_start, "logits_index": a.logits_index}
-        for name, arr in feeds.items():
-            binding.bind_cpu_input(name, arr)
-        logits = np.empty((len(a.logits_index), self.model_config.vocab_size), np.float32)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self.session.run_with_iobinding(binding)
-        return logits
+        return self.run_bound(self._binding, feeds, len(a.logits_index))
 
     def describe(self) -> dict[str, object]:
         return {"kv_layout": "paged", "kv_blocks": self.layout.num_blocks,

@@ -112,6 +112,17 @@ class OrtEngine:
         """(R, V) float32 logits: each row's ``logits_count`` rows, in row order."""
         raise NotImplementedError
 
+    def run_bound(self, binding: ort.IOBinding, feeds: dict[str, np.ndarray],
+                  num_logits: int) -> np.ndarray:
+        """One call on ``binding`` (its KV already bound) with ``feeds`` as the step's inputs;
+        returns the (num_logits, V) float32 logits, written straight into a fresh array."""
+        for name, arr in feeds.items():
+            binding.bind_cpu_input(name, arr)
+        logits = np.empty((num_logits, self.model_config.vocab_size), np.float32)
+        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
+        self.session.run_with_iobinding(binding)
+        return logits
+
 
 class OnnxRuntimeRunner(OrtEngine):
     """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
@@ -222,12 +233,7 @@ class OnnxRuntimeRunner(OrtEngine):
         feeds = {"input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
                  "logits_index": a.logits_index, "seqlens_k": a.seqlens_k,
                  "total_seq_len": self._total_seq_len, "query_seqlens": a.query_seqlens}
-        for name, arr in feeds.items():
-            binding.bind_cpu_input(name, arr)
-        logits = np.empty((len(a.logits_index), self.model_config.vocab_size), np.float32)
-        binding.bind_output("logits", "cpu", 0, np.float32, list(logits.shape), logits.ctypes.data)
-        self.session.run_with_iobinding(binding)
-        return logits
+        return self.run_bound(binding, feeds, len(a.logits_index))
 
     def _run_canonical(self, a: StepArrays) -> np.ndarray:
         feeds: dict[str, np.ndarray] = {

@@ -10,7 +10,6 @@ a plugin adds its own with ``executor=NAME`` (a YAML whose ``_target_`` is an
 from __future__ import annotations
 
 import dataclasses
-import logging
 from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -101,6 +100,11 @@ class ExecutorStage(EngineStage):
         (``ServingGraph.to_container`` pins them for the server's other processes)."""
         return {}
 
+    def layout_note(self) -> str | None:
+        """One line when an ``auto`` setting fell back to something slower on this machine
+        (logged once at start, a ``note:`` of ``task=check``; None: nothing to say)."""
+        return None
+
     def limit_steps(self, max_num_batched_tokens: int) -> None:
         """The scheduler's token budget per step (``batching.max_num_batched_tokens``)."""
         self.step_token_budget = max_num_batched_tokens
@@ -190,20 +194,13 @@ class ExecutorStage(EngineStage):
         return {}
 
 
-_warned: set[str] = set()
-
-
-def _warn_no_paged_op(reason: str) -> None:
-    """One warning per process: the CPU engine falls back to slot KV buffers."""
-    if reason in _warned:
-        return
-    _warned.add(reason)
-    logging.getLogger(__name__).warning(
-        "paged KV off: the paged-attention op for ONNX Runtime is not available (%s); serving "
-        "on slot KV buffers (max_num_seqs x max_model_len reserved, prefix hits copied, no "
-        "shared blocks). To get it: a C++ compiler and ONNX Runtime's C headers (Debian's "
-        "libonnxruntime-dev, or `python -m inferflow.runtimes.ort_ops fetch-headers`); "
-        "executor.graph_form=gqa says this choice explicitly", reason)
+# graph_form=auto without the op: what is lost and how to get it
+NO_PAGED_OP = (
+    "paged KV off: the paged-attention op for ONNX Runtime is not available ({reason}); serving "
+    "on slot KV buffers (max_num_seqs x max_model_len reserved, prefix hits copied, no shared "
+    "blocks). To get it: a C++ compiler and ONNX Runtime's C headers (Debian's "
+    "libonnxruntime-dev, or `python -m inferflow.runtimes.ort_ops fetch-headers`); "
+    "executor.graph_form=gqa says this choice explicitly")
 
 
 # host bytes of the weights per byte of fp32 ones (int8/int4 keep scales and fp32 embeddings)
@@ -270,11 +267,15 @@ class OnnxRuntimeExecutor(ExecutorStage):
             return form
         from inferflow.runtimes.ort_ops.build import op_status
 
+        return GraphForm.paged if op_status()[0] else GraphForm.gqa
+
+    def layout_note(self) -> str | None:
+        if GraphForm(self.graph_form) is not GraphForm.auto:
+            return None
+        from inferflow.runtimes.ort_ops.build import op_status
+
         available, reason = op_status()
-        if available:
-            return GraphForm.paged
-        _warn_no_paged_op(reason)
-        return GraphForm.gqa
+        return None if available else NO_PAGED_OP.format(reason=reason)
 
     def check(self, layout: KVLayout) -> None:
         super().check(layout)

@@ -159,6 +159,9 @@ def test_a_forced_fallback_serves_on_slots(monkeypatch: pytest.MonkeyPatch) -> N
     graph = graph_for()
     assert not graph.kv_layout().paged
     assert graph.to_container()["executor"]["graph_form"] == "gqa"
+    (note,) = graph.notes()  # the one line a start logs (task=check: a note)
+    assert note.startswith("paged KV off") and "INFERFLOW_ORT_OP=off" in note
+    assert graph_for("executor.graph_form=gqa").notes() == []  # chosen, not fallen back to
     with pytest.raises(ConfigError, match="graph_form: paged needs the paged-attention op"):
         graph_for("executor.graph_form=paged").check_engine_settings()
 
