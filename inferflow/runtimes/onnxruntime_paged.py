@@ -81,10 +81,3 @@ class PagedOnnxRuntimeRunner(OrtEngine):
         return {"kv_layout": "paged", "kv_blocks": self.layout.num_blocks,
                 "kv_cache_bytes": self.kv_cache_bytes}
 
-
-def paged_runner_available() -> tuple[bool, str]:
-    """Whether the paged form's op can be loaded here, and why not (``runtimes/ort_ops``)."""
-    from inferflow.runtimes.ort_ops.build import op_status
-
-    return op_status()
-

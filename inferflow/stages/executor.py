@@ -260,8 +260,8 @@ class OnnxRuntimeExecutor(ExecutorStage):
 
     def resolved_graph_form(self) -> GraphForm:
         """``graph_form``, with ``auto`` decided: ``paged`` where the paged-attention op builds
-        on this machine (once per process; ``runtimes/ort_ops``), else ``gqa`` and one warning
-        that says what is lost and how to get it."""
+        on this machine (once per process; ``runtimes/ort_ops``), else ``gqa`` (``layout_note``
+        says what is lost and how to get the op)."""
         form = GraphForm(self.graph_form)
         if form is not GraphForm.auto:
             return form
