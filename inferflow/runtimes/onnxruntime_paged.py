@@ -80,4 +80,3 @@ class PagedOnnxRuntimeRunner(OrtEngine):
     def describe(self) -> dict[str, object]:
         return {"kv_layout": "paged", "kv_blocks": self.layout.num_blocks,
                 "kv_cache_bytes": self.kv_cache_bytes}
-
