@@ -177,14 +177,25 @@ def _task(cfg: DictConfig) -> None:
     elif task is Task.check:
         print(check(graph))
     else:
-        output = cfg.offline.output or (str(out_dir / "results.json") if out_dir else None)
-        results = run_offline(graph, dict(cfg.offline))
-        if out_dir is not None:  # a sweep's results say which point they measured
-            results["overrides"] = list(HydraConfig.get().overrides.task)
-        text = json.dumps(results, indent=2)
-        if output:
-            Path(output).write_text(text + "\n")
-        print(text)
+        _measure(task, graph, cfg, out_dir)
+
+
+# The measuring tasks live in inferflow.experiment (a package above this one: reached by name).
+MEASURE_TASKS = {Task.offline: "inferflow.experiment.offline", Task.bench: "inferflow.experiment.served"}
+
+
+def _measure(task: Task, graph: ServingGraph, cfg: DictConfig, out_dir: Path | None) -> None:
+    """Run a measuring task; write its ``results.json`` (a sweep's run folder, or
+    ``offline.output``) and print it."""
+    module = importlib.import_module(MEASURE_TASKS[task])
+    results: dict[str, Any] = module.run(graph, cfg)
+    if out_dir is not None:  # a sweep's results say which point they measured
+        results = {"overrides": list(HydraConfig.get().overrides.task), **results}
+    output = cfg.offline.output or (str(out_dir / "results.json") if out_dir else None)
+    text = json.dumps(results, indent=2)
+    if output:
+        Path(output).write_text(text + "\n")
+    print(text)
 
 
 def serve(graph: ServingGraph) -> None:
@@ -209,40 +220,3 @@ def serve(graph: ServingGraph) -> None:
         serve_graph(graph)
     except ServerFailed as exc:
         raise ComponentUnavailable(str(exc)) from None
-
-
-def run_offline(graph: ServingGraph, params: dict[str, Any]) -> dict[str, Any]:
-    """Submit ``num_prompts`` random prompts at once to the engine, run to completion, report
-    throughput and latency (the metric names of ``vllm bench``)."""
-    import random
-    import time
-
-    from inferflow.outputs import RequestOutput
-    from inferflow.sampling_params import SamplingParams
-
-    engine = graph.create_engine()
-    rng = random.Random(params["seed"])
-    vocab = engine.model_config.vocab_size
-    sp = SamplingParams(max_tokens=params["max_tokens"], temperature=0.0, ignore_eos=True)
-    start = time.time()
-    for i in range(params["num_prompts"]):
-        ids = [rng.randrange(vocab) for _ in range(params["prompt_len"])]
-        engine.add_request(f"offline-{i}", ids, sp, arrival_time=start)
-    finished: list[RequestOutput] = []
-    while engine.has_unfinished_requests():
-        finished.extend(out for out in engine.step() if out.finished)
-    wall = time.time() - start
-    out_tokens = sum(len(o.outputs[0].token_ids) for o in finished)
-    metrics = [o.metrics for o in finished if o.metrics is not None]
-    ttft = sorted((m.first_token_time or m.arrival_time) - m.arrival_time for m in metrics)
-    e2e = sorted((m.finished_time or m.arrival_time) - m.arrival_time for m in metrics)
-    return {
-        "batching": type(graph.engine_slots.get("batching")).__name__,
-        "num_requests": len(finished),
-        "duration_s": wall,
-        "output_throughput_tok_s": out_tokens / wall if wall > 0 else 0.0,
-        "request_throughput_req_s": len(finished) / wall if wall > 0 else 0.0,
-        "mean_ttft_ms": 1000 * sum(ttft) / len(ttft) if ttft else None,
-        "median_ttft_ms": 1000 * ttft[len(ttft) // 2] if ttft else None,
-        "mean_e2el_ms": 1000 * sum(e2e) / len(e2e) if e2e else None,
-    }

@@ -35,7 +35,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"embeddings", "telemetry", "llm", "dry_run", "__init__"},  # built on graphs
         {"server"},  # the processes that serve a graph over HTTP
         {"cli", "__main__"},
-        {"testing", "bench"},  # test doubles and the load generator: may import anything
+        {"testing", "bench", "experiment"},  # test doubles, load generator, experiments: anything
     ],
     "inferflow.server": [
         {"messages", "shared_state", "process_utils", "routing", "observability"},

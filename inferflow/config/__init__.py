@@ -24,6 +24,7 @@ from inferflow.config.schema import (
     REQUEST_SLOTS,
     RESPONSE_SLOTS,
     SLOTS,
+    ExperimentConfig,
     InferflowConfig,
     LoadMode,
     ModelConfig,
@@ -31,13 +32,15 @@ from inferflow.config.schema import (
     ModelTask,
     OfflineConfig,
     Task,
+    WorkloadConfig,
 )
 from inferflow.config.server import LogLevel, RayServerConfig, ServerConfig, ServerRuntime
 from inferflow.config.tracing import OtlpProtocol, TracingConfig, TracingExporter
 
 __all__ = [
-    "ENGINE_SLOTS", "REQUEST_SLOTS", "RESPONSE_SLOTS", "SLOTS", "ConfigEnum", "ConfigError", "InferflowConfig",
+    "ENGINE_SLOTS", "REQUEST_SLOTS", "RESPONSE_SLOTS", "SLOTS", "ConfigEnum", "ConfigError", "ExperimentConfig",
+    "InferflowConfig",
     "LoadMode", "LogLevel", "ModelConfig", "ModelEntryConfig", "ModelTask", "OfflineConfig",
     "OtlpProtocol", "RayServerConfig", "ServerConfig", "ServerRuntime", "Task", "TracingConfig",
-    "TracingExporter", "describe_omegaconf_error", "stage_schema", "typed_config",
+    "TracingExporter", "WorkloadConfig", "describe_omegaconf_error", "stage_schema", "typed_config",
 ]

@@ -130,6 +130,7 @@ class Task(ConfigEnum):
     serve = "serve"  # start the HTTP server (the default)
     check = "check"  # build the graph, set up the request stages, print a summary; no engine
     offline = "offline"  # load the engine, run the synthetic ``offline`` workload, report
+    bench = "bench"  # serve this config, drive it with ``experiment.workload``, report, stop
 
 
 @dataclass
@@ -142,6 +143,37 @@ class OfflineConfig:
     max_tokens: int = 16
     seed: int = 0
     output: str | None = None  # results JSON; in multirun defaults to <job dir>/results.json
+
+
+@dataclass
+class WorkloadConfig:
+    """The load of a served measurement (``task=bench``, ``inferflow tune``): the options of
+    ``inferflow bench`` (vLLM ``bench serve`` names). ``request_rate`` is req/s (``.inf``: all
+    at once, capped by ``max_concurrency``); ``burstiness`` 1 is a Poisson process."""
+
+    dataset: str = "random"
+    num_prompts: int = 64
+    input_len: int = 128
+    output_len: int = 64
+    request_rate: float = float("inf")
+    max_concurrency: int | None = 16
+    burstiness: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class ExperimentConfig:
+    """How a measured run (``task=offline`` or ``task=bench``) is made trustworthy: ``warmup``
+    unmeasured passes, then ``repeats`` measured ones; a figure whose coefficient of variation
+    exceeds ``max_spread`` marks the run as too noisy to compare. ``goodput``: SLOs in ms
+    (``ttft``, ``tpot``, ``e2el``), as ``inferflow bench --goodput``."""
+
+    repeats: int = 3
+    warmup: int = 1
+    max_spread: float = 0.10
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    goodput: dict[str, float] = field(default_factory=dict)
+    server_timeout_s: float = 600.0  # task=bench: the served config's start, /ready included
 
 
 @dataclass
@@ -171,3 +203,4 @@ class InferflowConfig:
     allowed_targets: list[str] = field(default_factory=list)
     task: Task = Task.serve
     offline: OfflineConfig = field(default_factory=OfflineConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
