@@ -81,18 +81,25 @@ class Verdict:
     note: str | None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"ok": self.ok, "max_spread": self.max_spread, "wide": list(self.wide),
-                "note": self.note}
+        return {
+            "ok": self.ok,
+            "max_spread": self.max_spread,
+            "wide": list(self.wide),
+            "note": self.note,
+        }
 
 
-def spread_verdict(figures: Mapping[str, Spread], max_spread: float,
-                   headline: Iterable[str] = HEADLINE) -> Verdict:
+def spread_verdict(
+    figures: Mapping[str, Spread], max_spread: float, headline: Iterable[str] = HEADLINE
+) -> Verdict:
     wide = tuple(k for k in headline if k in figures and figures[k].cv > max_spread)
     if not wide:
         return Verdict(True, max_spread, (), None)
     parts = ", ".join(f"{k} varies {100 * figures[k].cv:.0f}%" for k in wide)
-    note = (f"spread too wide to compare ({parts}; limit {100 * max_spread:.0f}%): "
-            "rerun on an idle machine or raise experiment.repeats")
+    note = (
+        f"spread too wide to compare ({parts}; limit {100 * max_spread:.0f}%): "
+        "rerun on an idle machine or raise experiment.repeats"
+    )
     return Verdict(False, max_spread, wide, note)
 
 
