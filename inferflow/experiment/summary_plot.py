@@ -1,0 +1,86 @@
+"""``summary.png``: throughput against TTFT, one point per run, the Pareto front joined.
+
+x = p99 TTFT ms (the mean where no run has a p99), y = output tok/s, error bars = the repeats'
+std; each point is labelled with its swept values; noisy runs (spread too wide) are drawn
+hollow. Drawn with matplotlib's Agg canvas directly (no pyplot: no global figure state, no
+display needed); without matplotlib nothing is drawn.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from inferflow.experiment.summary import Table
+
+
+def plot(table: Table, path: Path, title: str) -> Path | None:
+    """Draw the table's runs into ``path``; None (nothing written) without matplotlib or
+    without a run that has both figures."""
+    from inferflow.experiment.summary import HEADERS, Y_FIGURE
+
+    x_name = table.x
+    points = [
+        (i, row)
+        for i, row in enumerate(table.rows)
+        if x_name is not None
+        and not row.failed
+        and x_name in row.figures
+        and Y_FIGURE in row.figures
+    ]
+    if not points or x_name is None:
+        return None
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        return None
+
+    fig = Figure(figsize=(8, 5.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    for noisy in (False, True):
+        chosen = [(i, r) for i, r in points if (r.spread_ok is False) == noisy]
+        if not chosen:
+            continue
+        xs = [r.figures[x_name] for _, r in chosen]
+        ys = [r.figures[Y_FIGURE] for _, r in chosen]
+        ax.errorbar(
+            [f.mean for f in xs],
+            [f.mean for f in ys],
+            xerr=[f.std or 0.0 for f in xs],
+            yerr=[f.std or 0.0 for f in ys],
+            fmt="o",
+            color="tab:gray" if noisy else "tab:blue",
+            mfc="none" if noisy else "tab:blue",
+            capsize=3,
+            label="noisy (spread too wide)" if noisy else "run",
+        )
+    for _, row in points:
+        ax.annotate(
+            table.point_label(row),
+            (row.figures[x_name].mean, row.figures[Y_FIGURE].mean),
+            textcoords="offset points",
+            xytext=(5, 5),
+            fontsize=8,
+        )
+    front = [table.rows[i] for i in table.pareto]
+    if front:
+        ax.plot(
+            [r.figures[x_name].mean for r in front],
+            [r.figures[Y_FIGURE].mean for r in front],
+            "-o",
+            color="tab:red",
+            mfc="none",
+            markersize=12,
+            label="Pareto front",
+        )
+    ax.set_xlabel(HEADERS[x_name] + " (lower is better)")
+    ax.set_ylabel(HEADERS[Y_FIGURE] + " (higher is better)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return path
