@@ -102,8 +102,7 @@ class SummaryRow:
         values = {str(k): _text(v) for k, v in params.items()}
         if result is None:
             return cls(label, values, note=error or "no results", failed=True)
-        spread = result.get("spread") if isinstance(result.get("spread"), Mapping) else {}
-        machine = result.get("machine") if isinstance(result.get("machine"), Mapping) else {}
+        spread, machine = _mapping(result.get("spread")), _mapping(result.get("machine"))
         notes = [n for n in (spread.get("note"), error) if n]
         ok = spread.get("ok")
         return cls(
@@ -154,6 +153,10 @@ def _figures(result: Mapping[str, Any]) -> dict[str, Figure]:
         if name not in figures and _float(value) is not None:
             figures[name] = Figure(float(value))
     return figures
+
+
+def _mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
 
 
 def _float(value: object) -> float | None:
@@ -252,12 +255,13 @@ class Table:
         rows = list(rows)
         keys = list(dict.fromkeys(k for r in rows for k in r.params))
         with_params = [r for r in rows if r.params]
-        fixed = {}
+        fixed: dict[str, str] = {}
         if len(with_params) > 1:
             for key in keys:
-                seen = {r.params.get(key) for r in with_params}
-                if len(seen) == 1 and None not in seen:
-                    fixed[key] = seen.pop()
+                seen = {r.params.get(key) for r in with_params}  # None: a row lacks the key
+                value = seen.pop() if len(seen) == 1 else None
+                if value is not None:
+                    fixed[key] = value
         present = {name for r in rows if not r.failed for name in r.figures}
         x = next((name for name in X_FIGURES if name in present), None)
         figures = [f for f in FIGURES if f in present]
@@ -384,7 +388,7 @@ def write_summary(
     write_csv(table, csv_path)
     from inferflow.experiment.summary_plot import plot
 
-    png = plot(table, out_dir / f"{prefix}summary.png", title)
+    png = plot(table, out_dir / f"{prefix}summary.png", title, Y_FIGURE, HEADERS)
     text = markdown(table, title)
     if png is None:
         text += "\n(no plot: matplotlib is not installed, or no run has TTFT and throughput)\n"

@@ -8,6 +8,7 @@ display needed); without matplotlib nothing is drawn.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,19 +16,16 @@ if TYPE_CHECKING:
     from inferflow.experiment.summary import Table
 
 
-def plot(table: Table, path: Path, title: str) -> Path | None:
-    """Draw the table's runs into ``path``; None (nothing written) without matplotlib or
-    without a run that has both figures."""
-    from inferflow.experiment.summary import HEADERS, Y_FIGURE
-
+def plot(
+    table: Table, path: Path, title: str, y_name: str, headers: Mapping[str, str]
+) -> Path | None:
+    """Draw the table's runs (x: ``table.x``, y: ``y_name``; axis titles from ``headers``) into
+    ``path``; None (nothing written) without matplotlib or without a run that has both."""
     x_name = table.x
     points = [
         (i, row)
         for i, row in enumerate(table.rows)
-        if x_name is not None
-        and not row.failed
-        and x_name in row.figures
-        and Y_FIGURE in row.figures
+        if x_name is not None and not row.failed and x_name in row.figures and y_name in row.figures
     ]
     if not points or x_name is None:
         return None
@@ -45,7 +43,7 @@ def plot(table: Table, path: Path, title: str) -> Path | None:
         if not chosen:
             continue
         xs = [r.figures[x_name] for _, r in chosen]
-        ys = [r.figures[Y_FIGURE] for _, r in chosen]
+        ys = [r.figures[y_name] for _, r in chosen]
         ax.errorbar(
             [f.mean for f in xs],
             [f.mean for f in ys],
@@ -60,7 +58,7 @@ def plot(table: Table, path: Path, title: str) -> Path | None:
     for _, row in points:
         ax.annotate(
             table.point_label(row),
-            (row.figures[x_name].mean, row.figures[Y_FIGURE].mean),
+            (row.figures[x_name].mean, row.figures[y_name].mean),
             textcoords="offset points",
             xytext=(5, 5),
             fontsize=8,
@@ -69,15 +67,15 @@ def plot(table: Table, path: Path, title: str) -> Path | None:
     if front:
         ax.plot(
             [r.figures[x_name].mean for r in front],
-            [r.figures[Y_FIGURE].mean for r in front],
+            [r.figures[y_name].mean for r in front],
             "-o",
             color="tab:red",
             mfc="none",
             markersize=12,
             label="Pareto front",
         )
-    ax.set_xlabel(HEADERS[x_name] + " (lower is better)")
-    ax.set_ylabel(HEADERS[Y_FIGURE] + " (higher is better)")
+    ax.set_xlabel(headers[x_name] + " (lower is better)")
+    ax.set_ylabel(headers[y_name] + " (higher is better)")
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(loc="best", fontsize=8)
