@@ -303,7 +303,8 @@ def markdown(table: Table, title: str) -> str:
     header = ["run", *table.swept, *(HEADERS.get(f, f) for f in table.figures)]
     header += ["CPU busy %", "spread", "Pareto"]
     lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join("---:" if h != "run" else "---" for h in header) + "|")
+    texts = 1 + len(table.swept)  # run and swept values left, figures right
+    lines.append("|" + "|".join("---" if i < texts else "---:" for i in range(len(header))) + "|")
     for i, row in enumerate(rows):
         cells = [row.label, *(row.params.get(k, "") for k in table.swept)]
         for name in table.figures:
