@@ -233,7 +233,7 @@ def pareto_front(points: Sequence[tuple[float, float]]) -> list[int]:
     best = -math.inf
     for i in order:
         x, y = points[i]
-        if y > best or (front and points[front[-1]] == (x, y)):
+        if y > best or (front and tuple(points[front[-1]]) == (x, y)):
             front.append(i)
             best = max(best, y)
     return front

@@ -45,6 +45,7 @@ def test_pareto_front_edge_cases() -> None:
     assert pareto_front([]) == []
     assert pareto_front([(5.0, 5.0)]) == [0]
     assert pareto_front([(1.0, 1.0), (1.0, 1.0)]) == [0, 1]  # equal points: neither dominates
+    assert pareto_front([[1.0, 1.0], [1.0, 1.0]]) == [0, 1]  # type: ignore[list-item]  # lists too
     assert pareto_front([(math.nan, 1e9), (2.0, 1.0)]) == [1]  # NaN never on the front
     assert pareto_front([(1.0, 1.0), (2.0, 2.0), (3.0, 3.0)]) == [0, 1, 2]  # a trade-off
     assert pareto_front([(3.0, 1.0), (2.0, 2.0), (1.0, 3.0)]) == [2]  # one beats all
