@@ -2,34 +2,37 @@
 
 ``python -m inferflow -m +experiment=served_sweep`` (or ``task=bench OVERRIDES``) starts the
 run's config as a server subprocess (``python -m inferflow OVERRIDES task=serve
-server.port=FREE``, its output in ``<job dir>/server.log``) and sends the load as soon as
-``/ready`` first answers 200, as a load balancer would (no waiting for background start-up
-work). Then ``experiment.warmup`` unmeasured passes of a few requests (``max_concurrency`` of
-them), and ``experiment.repeats`` measured loads of ``experiment.workload`` through
-:mod:`inferflow.bench` (each with its own seed, so the prefix cache never serves a repeat from
-the one before), goodput counted against ``experiment.goodput``. The server is always stopped
-(its whole process group), on errors and Ctrl+C too.
+server.host=127.0.0.1 server.port=FREE``, its output in ``<job dir>/server.log``) and sends the
+load as soon as ``/ready`` first answers 200, as a load balancer would (no waiting for
+background start-up work). Then ``experiment.warmup`` unmeasured passes of a few requests
+(``max_concurrency`` of them), and ``experiment.repeats`` measured loads of
+``experiment.workload`` through :mod:`inferflow.bench` (each with its own seed, so the prefix
+cache never serves a repeat from the one before), goodput counted against
+``experiment.goodput``. The server is always stopped (its whole process group), on errors and
+Ctrl+C too.
 
 Figures are vLLM's ``bench serve`` result keys, but for the count of failed requests:
 ``failed_requests``. A server that does not start, or a load where every request failed, gives
-a result with ``"failed": "<one line>"`` instead of figures: a sweep goes on and a tuner records the point as
-infeasible. :func:`measure_served` is the same measurement for any list of overrides
-(``inferflow tune`` calls it for one candidate).
+a result with ``"failed": "<one line>"`` instead of figures: a sweep goes on and a tuner records
+the point as infeasible. :func:`measure_served` is the same measurement for any list of
+overrides (``inferflow tune`` calls it for one candidate).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import dataclasses
 import math
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from inferflow.bench.cli import build_parser, config_from_args, measure_from_args, parse_goodput
@@ -45,8 +48,8 @@ from inferflow.graph import ServingGraph
 SERVER_LOG = "server.log"
 # Overrides of the measuring run that the served config must not get: what it does (task),
 # how it is measured (experiment.*, but not the +experiment=NAME file: it may set the config),
-# where it listens (a free port is chosen) and Hydra's own settings.
-MEASURING_KEYS = ("task", "server.port")
+# where it listens (127.0.0.1, where the load comes from, on a free port) and Hydra's settings.
+MEASURING_KEYS = ("task", "server.host", "server.port")
 MEASURING_PREFIXES = ("experiment.", "hydra.")
 # numbers of a bench result that are its setup (the workload records them), not figures
 SETUP_KEYS = frozenset({"num_prompts", "request_rate", "burstiness", "max_concurrency"})
@@ -56,35 +59,33 @@ WARMUP_SEED = 1_000_003  # warm-up prompts: seeds far from the measured repeats'
 def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
     """Measure ``cfg`` served (see the module doc); ``graph`` was checked by the caller."""
     experiment = cfg.experiment
+    with log_folder(cfg) as (log_dir, temporary):
+        return measure_served(
+            list(HydraConfig.get().overrides.task),
+            experiment.workload,
+            experiment.goodput,
+            int(experiment.repeats),
+            int(experiment.warmup),
+            float(experiment.max_spread),
+            log_dir,
+            float(experiment.server_timeout_s),
+            quote_log=temporary,
+        )
+
+
+@contextlib.contextmanager
+def log_folder(cfg: DictConfig) -> Iterator[tuple[Path, bool]]:
+    """Where the server's log goes, and whether that folder is temporary: a sweep's run
+    folder, else beside ``offline.output``, else (a plain run writes nothing) a folder that
+    lives as long as the run."""
     hydra = HydraConfig.get()
-    overrides = list(hydra.overrides.task)
-    if hydra.mode.name == "MULTIRUN":
-        log_dir = Path(hydra.runtime.output_dir)
-    elif cfg.offline.output:  # a single run writes beside its results file
-        log_dir = Path(cfg.offline.output).resolve().parent
-    else:  # a plain run writes nothing: the log lives as long as the run
+    if hydra.mode == RunMode.MULTIRUN:
+        yield Path(hydra.runtime.output_dir), False
+    elif cfg.offline.output:
+        yield Path(cfg.offline.output).resolve().parent, False
+    else:
         with tempfile.TemporaryDirectory(prefix="inferflow-bench-") as tmp:
-            return measure_served(
-                overrides,
-                experiment.workload,
-                experiment.goodput,
-                int(experiment.repeats),
-                int(experiment.warmup),
-                float(experiment.max_spread),
-                Path(tmp),
-                float(experiment.server_timeout_s),
-                quote_log=True,
-            )
-    return measure_served(
-        overrides,
-        experiment.workload,
-        experiment.goodput,
-        int(experiment.repeats),
-        int(experiment.warmup),
-        float(experiment.max_spread),
-        log_dir,
-        float(experiment.server_timeout_s),
-    )
+            yield Path(tmp), True
 
 
 def serve_overrides(overrides: Sequence[str]) -> list[str]:
@@ -118,7 +119,9 @@ def measure_served(
 
     ``log_dir`` gets ``server.log``; ``timeout_s`` bounds the server's start; ``env`` adds to
     its environment; ``quote_log`` prints the log's end to stderr on a failure (when
-    ``log_dir`` is about to be removed). KeyboardInterrupt is raised after the server stopped.
+    ``log_dir`` is about to be removed). A workload or SLOs ``inferflow bench`` refuses raise
+    :class:`~inferflow.config.ConfigError` before a server starts. KeyboardInterrupt is raised
+    after the server stopped.
     """
     load = workload_dict(workload)
     slo = {str(k): float(v) for k, v in dict(goodput or {}).items()}
@@ -130,6 +133,7 @@ def measure_served(
         "inferflow",
         *serve_overrides(overrides),
         "task=serve",
+        "server.host=127.0.0.1",
         f"server.port={port}",
         "hydra.mode=RUN",  # one server, whatever an experiment file says
     ]
@@ -163,9 +167,9 @@ def _measure(
     max_spread: float,
 ) -> dict[str, Any]:
     seed = int(load.get("seed") or 0)
-    burst = load.get("max_concurrency") or min(int(load["num_prompts"]), 8)
-    for i in range(warmup):  # a few requests of the workload's shape, unmeasured
-        warm = {**load, "num_prompts": int(burst), "seed": WARMUP_SEED + i}
+    burst = min(int(load.get("max_concurrency") or 8), int(load["num_prompts"]))
+    for i in range(warmup):  # a burst of requests of the workload's shape, unmeasured
+        warm = {**load, "num_prompts": burst, "request_rate": math.inf, "seed": WARMUP_SEED + i}
         _, failures, completed = one_load(url, warm, slo, f"warmup{i}")
         if not completed:
             return {"failed": f"every warm-up request failed: {first_line(failures)}"}
@@ -195,7 +199,7 @@ def one_load(
     """One ``inferflow bench`` load: its vLLM result keys (numbers only), the failed
     requests' errors, the number completed. A server that stopped answering counts as every
     request failed."""
-    args = build_parser().parse_args(bench_argv(url, load, slo, tag))
+    args = bench_args(bench_argv(url, load, slo, tag))
     try:
         result, failures = measure_from_args(args)
     except (ConnectionError, httpx.HTTPError) as exc:
@@ -228,10 +232,19 @@ def bench_argv(url: str, load: Mapping[str, Any], slo: Mapping[str, float], tag:
     return argv
 
 
+def bench_args(argv: list[str]) -> argparse.Namespace:
+    """``inferflow bench``'s parsed options; one it refuses is a
+    :class:`~inferflow.config.ConfigError` (argparse's own message is on stderr)."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        raise ConfigError(f"experiment.workload: inferflow bench refuses {argv[2:]}") from None
+
+
 def check_load(load: Mapping[str, Any], slo: Mapping[str, float]) -> None:
     """Refuse a workload or SLOs ``inferflow bench`` would refuse, before a server starts
     (:class:`~inferflow.config.ConfigError`, one line)."""
-    args = build_parser().parse_args(bench_argv("http://127.0.0.1:1", load, slo, "check"))
+    args = bench_args(bench_argv("http://127.0.0.1:1", load, slo, "check"))
     try:
         config_from_args(DatasetConfig, args, name="dataset_name", path="dataset_path").validate()
         config_from_args(LoadConfig, args, timeout_s="timeout").validate()
@@ -249,10 +262,11 @@ def recorded(load: Mapping[str, Any]) -> dict[str, Any]:
 
 def workload_dict(workload: WorkloadConfig | Mapping[str, Any]) -> dict[str, Any]:
     """A workload (schema dataclass, DictConfig or dict) as a plain dict with every field."""
-    if isinstance(workload, DictConfig):
-        given: Mapping[str, Any] = OmegaConf.to_container(workload, resolve=True)  # type: ignore[assignment]
-    elif dataclasses.is_dataclass(workload) and not isinstance(workload, type):
+    given: Mapping[str, Any]
+    if isinstance(workload, WorkloadConfig):
         given = dataclasses.asdict(workload)
+    elif isinstance(workload, DictConfig):
+        given = OmegaConf.to_container(workload, resolve=True)  # type: ignore[assignment]
     else:
         given = workload
     fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
