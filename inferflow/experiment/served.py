@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import logging
 import math
 import sys
 import tempfile
@@ -70,7 +71,16 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
             log_dir,
             float(experiment.server_timeout_s),
             quote_log=temporary,
+            api_key=client_key(graph),
         )
+
+
+def client_key(graph: ServingGraph) -> str | None:
+    """The key the load sends when the served config wants one: an admin key (it also opens
+    ``/version``), else an API key (``server.*_keys`` and ``$INFERFLOW_*_KEYS``)."""
+    settings = graph.server.with_env_api_keys()
+    keys = [*settings.admin_keys, *settings.api_keys]
+    return keys[0] if keys else None
 
 
 @contextlib.contextmanager
@@ -111,6 +121,7 @@ def measure_served(
     env: Mapping[str, str] | None = None,
     *,
     quote_log: bool = False,
+    api_key: str | None = None,
 ) -> dict[str, Any]:
     """Serve the config of ``overrides`` and measure it under ``workload`` (see the module
     doc); the result of :func:`~inferflow.experiment.results.measured_result` with
@@ -119,7 +130,8 @@ def measure_served(
 
     ``log_dir`` gets ``server.log``; ``timeout_s`` bounds the server's start; ``env`` adds to
     its environment; ``quote_log`` prints the log's end to stderr on a failure (when
-    ``log_dir`` is about to be removed). A workload or SLOs ``inferflow bench`` refuses raise
+    ``log_dir`` is about to be removed); ``api_key``: the bearer token the load sends (a
+    config with API keys). A workload or SLOs ``inferflow bench`` refuses raise
     :class:`~inferflow.config.ConfigError` before a server starts. KeyboardInterrupt is raised
     after the server stopped.
     """
@@ -139,10 +151,11 @@ def measure_served(
     ]
     log = Path(log_dir) / SERVER_LOG
     try:
-        with managed_server(cmd, port, log, timeout_s, env=env, settled=False) as url:
-            result = _measure(url, load, slo, repeats, warmup, max_spread)
+        with quiet_http(), managed_server(cmd, port, log, timeout_s, env=env, settled=False) as url:
+            client = Client(url, api_key)
+            result = _measure(client, load, slo, repeats, warmup, max_spread)
             if "failed" not in result:
-                return {**result, **server_info(url)}
+                return {**result, **server_info(client)}
             reason = result["failed"]
     except ServerStartError as exc:
         reason = f"the server did not start: {start_failure(str(exc), log)}"
@@ -158,8 +171,19 @@ def measure_served(
     }
 
 
+@dataclasses.dataclass(frozen=True)
+class Client:
+    """Where the load goes, and the bearer token it sends (None: no key)."""
+
+    url: str
+    api_key: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
 def _measure(
-    url: str,
+    client: Client,
     load: dict[str, Any],
     slo: dict[str, float],
     repeats: int,
@@ -170,14 +194,15 @@ def _measure(
     burst = min(int(load.get("max_concurrency") or 8), int(load["num_prompts"]))
     for i in range(warmup):  # a burst of requests of the workload's shape, unmeasured
         warm = {**load, "num_prompts": burst, "request_rate": math.inf, "seed": WARMUP_SEED + i}
-        _, failures, completed = one_load(url, warm, slo, f"warmup{i}")
+        _, failures, completed = one_load(client, warm, slo, f"warmup{i}")
         if not completed:
             return {"failed": f"every warm-up request failed: {first_line(failures)}"}
     idle = idle_cpu_pct(0.5)
     figures: list[dict[str, Any]] = []
     with MachineLoad() as machine:
         for i in range(max(1, repeats)):
-            result, failures, completed = one_load(url, {**load, "seed": seed + i}, slo, f"r{i}")
+            load_i = {**load, "seed": seed + i}
+            result, failures, completed = one_load(client, load_i, slo, f"r{i}")
             if not completed:
                 return {"failed": f"every request of repeat {i + 1} failed: {first_line(failures)}"}
             figures.append(result)
@@ -194,12 +219,12 @@ def _measure(
 
 
 def one_load(
-    url: str, load: Mapping[str, Any], slo: Mapping[str, float], tag: str
+    client: Client, load: Mapping[str, Any], slo: Mapping[str, float], tag: str
 ) -> tuple[dict[str, Any], list[str], int]:
     """One ``inferflow bench`` load: its vLLM result keys (numbers only), the failed
     requests' errors, the number completed. A server that stopped answering counts as every
     request failed."""
-    args = bench_args(bench_argv(url, load, slo, tag))
+    args = bench_args(bench_argv(client, load, slo, tag))
     try:
         result, failures = measure_from_args(args)
     except (ConnectionError, httpx.HTTPError) as exc:
@@ -211,10 +236,12 @@ def one_load(
     return figures, failures, int(result.get("completed") or 0)  # type: ignore[call-overload]
 
 
-def bench_argv(url: str, load: Mapping[str, Any], slo: Mapping[str, float], tag: str) -> list[str]:
+def bench_argv(
+    client: Client, load: Mapping[str, Any], slo: Mapping[str, float], tag: str
+) -> list[str]:
     """``inferflow bench`` options for one load of ``load`` (a workload dict)."""
     argv = [
-        "--base-url", url,
+        "--base-url", client.url,
         "--dataset-name", str(load["dataset"]),
         "--num-prompts", str(load["num_prompts"]),
         "--input-len", str(load["input_len"]),
@@ -229,6 +256,8 @@ def bench_argv(url: str, load: Mapping[str, Any], slo: Mapping[str, float], tag:
         argv += ["--max-concurrency", str(load["max_concurrency"])]
     if slo:
         argv += ["--goodput", *(f"{k}:{v}" for k, v in slo.items())]
+    if client.api_key:
+        argv += ["--header", f"Authorization=Bearer {client.api_key}"]
     return argv
 
 
@@ -244,7 +273,7 @@ def bench_args(argv: list[str]) -> argparse.Namespace:
 def check_load(load: Mapping[str, Any], slo: Mapping[str, float]) -> None:
     """Refuse a workload or SLOs ``inferflow bench`` would refuse, before a server starts
     (:class:`~inferflow.config.ConfigError`, one line)."""
-    args = bench_args(bench_argv("http://127.0.0.1:1", load, slo, "check"))
+    args = bench_args(bench_argv(Client("http://127.0.0.1:1"), load, slo, "check"))
     try:
         config_from_args(DatasetConfig, args, name="dataset_name", path="dataset_path").validate()
         config_from_args(LoadConfig, args, timeout_s="timeout").validate()
@@ -276,10 +305,23 @@ def workload_dict(workload: WorkloadConfig | Mapping[str, Any]) -> dict[str, Any
     return {**dataclasses.asdict(WorkloadConfig()), **given}
 
 
-def server_info(url: str) -> dict[str, Any]:
+@contextlib.contextmanager
+def quiet_http() -> Iterator[None]:
+    """No INFO line per HTTP request from httpx (a run's log, stdout in a run, stays readable:
+    the results JSON is what it prints)."""
+    logger = logging.getLogger("httpx")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def server_info(client: Client) -> dict[str, Any]:
     """The served engine and model as ``/version`` describes them (empty when it does not)."""
     with contextlib.suppress(httpx.HTTPError, ValueError):
-        response = httpx.get(f"{url}/version", timeout=10.0)
+        response = httpx.get(f"{client.url}/version", headers=client.headers(), timeout=10.0)
         if response.status_code == 200:
             body = response.json()
             return {"engine": body.get("engine"), "model": body.get("model")}
