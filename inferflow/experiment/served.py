@@ -155,7 +155,7 @@ def measure_served(
             client = Client(url, api_key)
             result = _measure(client, load, slo, repeats, warmup, max_spread)
             if "failed" not in result:
-                return {**result, **server_info(client)}
+                return result
             reason = result["failed"]
     except ServerStartError as exc:
         reason = f"the server did not start: {start_failure(str(exc), log)}"
@@ -206,7 +206,7 @@ def _measure(
             if not completed:
                 return {"failed": f"every request of repeat {i + 1} failed: {first_line(failures)}"}
             figures.append(result)
-    extra = {"workload": recorded(load), "slo": slo}
+    extra = {"workload": recorded(load), "slo": slo, **server_info(client)}
     return measured_result(
         "bench",
         figures,

@@ -22,8 +22,6 @@ from server_harness import alive, free_port
 from inferflow.experiment.served import measure_served, serve_overrides
 from inferflow.server.process_utils import descendants
 
-pytestmark = [pytest.mark.server, pytest.mark.slow]  # servers and sweeps through the CLI
-
 ISOLATED_VARS = ("INFERFLOW_CONFIG_PATH", "INFERFLOW_MODELS_DIR", "INFERFLOW_TRACES_FILE")
 TINY_WORKLOAD = [  # 8 prompts of 16 tokens, 8 out: seconds per point on two cores
     "experiment.workload.num_prompts=8",
@@ -83,6 +81,8 @@ def job_dirs(sweep: Path) -> list[Path]:
     )
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_served_sweep_measures_each_point_and_goes_on_past_a_refused_one(
     env: dict[str, str], cwd: Path, tmp_path: Path
 ) -> None:
@@ -128,6 +128,8 @@ def test_served_sweep_measures_each_point_and_goes_on_past_a_refused_one(
     assert list(cwd.iterdir()) == []  # the servers wrote nothing where they were started
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_measure_served_reports_failures_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
     """A server that does not start and a load whose every request fails are results with
     ``failed`` (a tuner records the point as infeasible), not exceptions."""
@@ -226,9 +228,14 @@ def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> tuple[in
     return proc.returncode, stderr
 
 
-def test_sigint_stops_a_bench_sweep_and_its_server(
-    env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_bench_sweep_and_its_server(
+    sig: int, env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
 ) -> None:
+    """Ctrl+C (or SIGTERM) while a point's load runs: its server (in a session of its own, so
+    the terminal's Ctrl+C does not reach it) is stopped and no later point starts."""
     sweep = tmp_path / "sweep"
     args = [
         "task=bench",
@@ -245,11 +252,12 @@ def test_sigint_stops_a_bench_sweep_and_its_server(
 
     wait_for(loading, proc, 180, "the first server")
     time.sleep(1.0)
-    code, stderr = interrupt(proc)
-    assert code == 130, stderr
+    code, stderr = interrupt(proc, sig)
+    assert code == 128 + sig, stderr
+    name = signal.Signals(sig).name
     lines = [line for line in stderr.splitlines() if "interrupted" in line]
     assert lines == [
-        "inferflow: the sweep was interrupted (SIGINT): the running job stopped, "
+        f"inferflow: the sweep was interrupted ({name}): the running job stopped, "
         "no later job started"
     ]
     assert "Traceback" not in stderr
@@ -257,6 +265,8 @@ def test_sigint_stops_a_bench_sweep_and_its_server(
     assert not (job_dirs(sweep)[0] / "results.json").exists()  # nothing half-measured
 
 
+@pytest.mark.server
+@pytest.mark.slow
 def test_sigint_stops_a_sweep_of_servers(
     env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
 ) -> None:
