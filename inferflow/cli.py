@@ -4,18 +4,23 @@
 ``-m`` work as usual), builds the serving graph and runs ``task`` (``serve`` by default).
 Subcommands: ``inferflow traces FILE ...`` and ``inferflow bench ...``.
 
-Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no traceback).
+Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no traceback),
+130 (143) a run or a whole sweep stopped by Ctrl+C (SIGTERM): in a sweep (``-m``) the signal
+stops the running job (its server drains) and no later job starts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
 import os
+import signal
 import sys
+import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +46,21 @@ PROG = "inferflow"
 
 class ComponentUnavailable(RuntimeError):
     """A part of inferflow this command needs is missing or failed (exit code 1, one line)."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """A signal (SIGINT, SIGTERM) stopped a run: the whole sweep stops, exit code 128 + signal.
+
+    A KeyboardInterrupt, so that Hydra's launcher lets it through instead of starting the next
+    job (it records an ``Exception`` as that job's failure and goes on)."""
+
+    def __init__(self, sig: int = signal.SIGINT) -> None:
+        super().__init__(signal.Signals(sig).name)
+        self.signal = sig
+
+
+class MeasurementFailed(RuntimeError):
+    """A measuring task recorded ``"failed"`` in its results (exit code 1; a sweep goes on)."""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,14 +110,18 @@ def _run_hydra(args: list[str]) -> int:
         overrides.append("hydra.output_subdir=.hydra")  # sweeps keep Hydra's record of each run
     register_configs()
     failures: list[str] = []
+    codes: list[int] = []
 
     def run_task(cfg: DictConfig) -> None:
         try:
             _task(cfg)
-        except (ConfigError, CheckpointError) as exc:  # reported here: Hydra adds its own lines
+        except (ConfigError, CheckpointError, MeasurementFailed) as exc:  # Hydra adds its own lines
             label = f" [{', '.join(HydraConfig.get().overrides.task)}]" if _multirun() else ""
             failures.append(f"{PROG}{label}: {exc}")
             print(failures[-1], file=sys.stderr)
+            codes.append(1 if isinstance(exc, MeasurementFailed) else 2)
+            if not isinstance(exc, MeasurementFailed):
+                _record_failed_point(cfg, str(exc))
 
     task = hydra.main(config_path=CONF_SOURCE, config_name=CONFIG_NAME, version_base="1.3")(
         run_task
@@ -109,13 +133,19 @@ def _run_hydra(args: list[str]) -> int:
         task()
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as exc:
         raise ConfigError(describe_hydra_error(exc)) from None
+    except KeyboardInterrupt as exc:  # Ctrl+C, or SIGTERM (Interrupted): stop, sweep included
+        sig = exc.signal if isinstance(exc, Interrupted) else signal.SIGINT
+        what = "the sweep was interrupted" if {"-m", "--multirun"} & set(flags) else "interrupted"
+        tail = ": the running job stopped, no later job started" if "sweep" in what else ""
+        print(f"{PROG}: {what} ({signal.Signals(sig).name}){tail}", file=sys.stderr)
+        return 128 + sig
     finally:
         sys.argv = saved_argv
         if saved_env is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = saved_env
-    return 2 if failures else 0
+    return max(codes, default=0)
 
 
 def _multirun() -> bool:
@@ -127,7 +157,9 @@ def _plugin_hint(group: str, option: str) -> str:
     plugins = Path(__file__).resolve().parents[1] / "plugins"
     for found in sorted(plugins.glob(f"*/*/conf/{group}/{option}.yaml")):
         folder = found.relative_to(plugins.parent).parts[:2]
-        return f" (it comes with the plugin in {'/'.join(folder)}: pip install -e {'/'.join(folder)})"
+        return (
+            f" (it comes with the plugin in {'/'.join(folder)}: pip install -e {'/'.join(folder)})"
+        )
     return ""
 
 
@@ -181,14 +213,26 @@ def _task(cfg: DictConfig) -> None:
 
 
 # The measuring tasks live in inferflow.experiment (a package above this one: reached by name).
-MEASURE_TASKS = {Task.offline: "inferflow.experiment.offline", Task.bench: "inferflow.experiment.served"}
+MEASURE_TASKS = {
+    Task.offline: "inferflow.experiment.offline",
+    Task.bench: "inferflow.experiment.served",
+}
 
 
 def _measure(task: Task, graph: ServingGraph, cfg: DictConfig, out_dir: Path | None) -> None:
     """Run a measuring task; write its ``results.json`` (a sweep's run folder, or
-    ``offline.output``) and print it."""
+    ``offline.output``) and print it. A result with ``"failed"`` raises
+    :class:`MeasurementFailed` once written. SIGTERM stops it as Ctrl+C does (the task's
+    ``finally`` blocks stop what it started, a served config's server included)."""
     module = importlib.import_module(MEASURE_TASKS[task])
-    results: dict[str, Any] = module.run(graph, cfg)
+    with _signal_raises(signal.SIGTERM):
+        results: dict[str, Any] = module.run(graph, cfg)
+    _write_results(cfg, out_dir, results)
+    if results.get("failed"):
+        raise MeasurementFailed(f"failed: {results['failed']}")
+
+
+def _write_results(cfg: DictConfig, out_dir: Path | None, results: dict[str, Any]) -> None:
     if out_dir is not None:  # a sweep's results say which point they measured
         results = {"overrides": list(HydraConfig.get().overrides.task), **results}
     output = cfg.offline.output or (str(out_dir / "results.json") if out_dir else None)
@@ -198,8 +242,41 @@ def _measure(task: Task, graph: ServingGraph, cfg: DictConfig, out_dir: Path | N
     print(text)
 
 
+def _record_failed_point(cfg: DictConfig, reason: str) -> None:
+    """A sweep's measuring point refused before it ran: its ``results.json`` says so (a
+    summary lists it as failed)."""
+    if not _multirun() or Task(cfg.task) not in MEASURE_TASKS:
+        return
+    out_dir = Path(HydraConfig.get().runtime.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = {"overrides": list(HydraConfig.get().overrides.task), "task": str(cfg.task)}
+    (out_dir / "results.json").write_text(
+        json.dumps({**results, "failed": reason}, indent=2) + "\n"
+    )
+
+
+@contextlib.contextmanager
+def _signal_raises(sig: int) -> Iterator[None]:
+    """While inside: ``sig`` raises :class:`Interrupted` (main thread only; else nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(sig, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(sig, previous)
+
+
 def serve(graph: ServingGraph) -> None:
-    """Hand the graph to the LitServe runtime (``inferflow.server.litserve.build.serve``)."""
+    """Hand the graph to the LitServe runtime (``inferflow.server.litserve.build.serve``).
+
+    In a sweep (``-m``) a server stopped by SIGINT or SIGTERM stops the sweep: it drained, and
+    :class:`Interrupted` keeps Hydra from starting the next job."""
     try:
         from inferflow.server.litserve.build import serve as serve_graph
     except ModuleNotFoundError as exc:
@@ -217,6 +294,8 @@ def serve(graph: ServingGraph) -> None:
     from inferflow.server.process.runtime import ServerFailed
 
     try:
-        serve_graph(graph)
+        stopped_by = serve_graph(graph)
     except ServerFailed as exc:
         raise ComponentUnavailable(str(exc)) from None
+    if stopped_by is not None and _multirun():
+        raise Interrupted(stopped_by)

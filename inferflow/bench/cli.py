@@ -182,10 +182,34 @@ def config_from_args(cls: type[C], args: argparse.Namespace, **option_of: str) -
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, object]:
-    """Build the dataset, run the load, and return the result dict (vLLM layout)."""
+    """Build the dataset, run the load, print (and save, if asked) the result dict (vLLM
+    layout) and return it."""
+    result, failures = measure_from_args(args)
+    if failures:
+        print(f"{len(failures)} request(s) failed; first errors:", file=sys.stderr)
+        for error in failures[:5]:
+            print(f"  {error}", file=sys.stderr)
+    print(format_table(result, *metric_options(args)))
+    if args.save_result or args.append_result:
+        name = args.result_filename or default_filename(result)
+        path = Path(args.result_dir or ".") / name
+        save_result(result, path, append=args.append_result)
+        print(f"results written to {path}")
+    return result
+
+
+def metric_options(args: argparse.Namespace) -> tuple[list[str], list[float]]:
+    """``--percentile-metrics`` and ``--metric-percentiles`` as lists."""
+    names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    return names, [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
+
+
+def measure_from_args(args: argparse.Namespace) -> tuple[dict[str, object], list[str]]:
+    """Build the dataset, run the load and compute its figures: the result dict (vLLM layout)
+    and the failed requests' errors. Prints nothing but notes on token counting (stderr);
+    ``task=bench`` measures served configs with it."""
     dataset = config_from_args(DatasetConfig, args, name="dataset_name", path="dataset_path")
-    percentiles = [float(p) for p in args.metric_percentiles.split(",") if p.strip()]
-    metric_names = [m.strip() for m in args.percentile_metrics.split(",") if m.strip()]
+    metric_names, percentiles = metric_options(args)
     goodput = parse_goodput(args.goodput)
     spec, model = endpoint_from_args(args, dataset.name)
     samples, counting = make_samples(args, dataset, spec, model)
@@ -209,18 +233,7 @@ def run_from_args(args: argparse.Namespace) -> dict[str, object]:
     result.update(compute_metrics(run.records, run.duration, percentiles, goodput, metric_names))
     if args.save_detailed:
         result.update(detailed_fields(run.records))
-    failures = [r.error for r in run.records if not r.success]
-    if failures:
-        print(f"{len(failures)} request(s) failed; first errors:", file=sys.stderr)
-        for error in failures[:5]:
-            print(f"  {error}", file=sys.stderr)
-    print(format_table(result, metric_names, percentiles))
-    if args.save_result or args.append_result:
-        name = args.result_filename or default_filename(result)
-        path = Path(args.result_dir or ".") / name
-        save_result(result, path, append=args.append_result)
-        print(f"results written to {path}")
-    return result
+    return result, [r.error for r in run.records if not r.success]
 
 
 def main(argv: list[str] | None = None) -> int:

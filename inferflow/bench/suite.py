@@ -59,19 +59,26 @@ def log_excerpt(path: Path, lines: int = 20) -> str:
     return "\n".join(head + text[-lines:])
 
 
-def wait_ready(proc: subprocess.Popen[bytes], url: str, timeout: float, log: Path,
-               ready_path: str = "/ready") -> None:
+def wait_ready(
+    proc: subprocess.Popen[bytes],
+    url: str,
+    timeout: float,
+    log: Path,
+    ready_path: str = "/ready",
+    settled: bool = True,
+) -> None:
     """Poll ``GET {url}{ready_path}`` until it answers 200; fail early when the process exits.
 
     An inferflow server (``/ready``) is then also given the time to finish its start-up work
     (its KV memory is made resident in the background, ``engine.executor.kv_resident`` in
     ``/admin/stats``), as the peers clear their KV before they answer: a benchmark's first
-    requests do not share the CPU with page zeroing."""
+    requests do not share the CPU with page zeroing. ``settled=False`` returns at the first
+    200, as a load balancer would send traffic (``task=bench`` measures the server so)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
             ready = httpx.get(f"{url}{ready_path}", timeout=5.0).status_code == 200
-            if ready and (ready_path != "/ready" or kv_resident(url)):
+            if ready and (not settled or ready_path != "/ready" or kv_resident(url)):
                 return
         with contextlib.suppress(subprocess.TimeoutExpired):
             code = proc.wait(timeout=0.5)  # doubles as the poll interval
@@ -91,36 +98,54 @@ def kv_resident(url: str, api_key: str | None = None) -> bool:
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace: float = 30.0) -> None:
-    """SIGTERM the server's own process group (started with a new session), then SIGKILL."""
+    """SIGTERM the server's own process group (started with a new session), then SIGKILL.
+
+    A second Ctrl+C while it drains kills the group at once (it has its own session: nothing
+    else would stop it) and is then raised."""
     if proc.poll() is not None:
         return
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+    try:
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait)
+                return
+    except KeyboardInterrupt:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait)
-            return
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
 
 
 @contextlib.contextmanager
 def managed_server(
-    cmd: Sequence[str], port: int, log: Path, timeout: float, cwd: Path | None = None,
-    env: dict[str, str] | None = None, ready_path: str = "/ready",
+    cmd: Sequence[str],
+    port: int,
+    log: Path,
+    timeout: float,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    ready_path: str = "/ready",
+    settled: bool = True,
 ) -> Iterator[str]:
     """Start ``cmd`` (serving on ``port``), yield its base URL once ready, always stop it.
 
     The process gets its own session, so stopping it also stops its workers; its output goes to
     ``log``. ``env`` adds to the environment; ``ready_path`` is where a peer server says it is
-    ready (llama-server and vLLM: ``/health``)."""
+    ready (llama-server and vLLM: ``/health``); ``settled``: see :func:`wait_ready`."""
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+            list(cmd),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
             env={**os.environ, **env} if env else None,
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_ready(proc, url, timeout, log, ready_path)
+        wait_ready(proc, url, timeout, log, ready_path, settled)
         yield url
     finally:
         stop_process_group(proc)

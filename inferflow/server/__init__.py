@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from inferflow.graph import ServingGraph
 
 
-def serve(graph: ServingGraph) -> None:
-    """Serve ``graph`` until SIGTERM/SIGINT; see ``inferflow.server.litserve.build.serve``."""
+def serve(graph: ServingGraph) -> int | None:
+    """Serve ``graph`` until SIGTERM/SIGINT (returns that signal); see
+    ``inferflow.server.litserve.build.serve``."""
     from inferflow.server.litserve.build import serve as _serve
 
-    _serve(graph)
+    return _serve(graph)

@@ -98,10 +98,11 @@ def build_server(graph: ServingGraph, settings: ServerConfig | None = None) -> I
     )
 
 
-def serve(graph: ServingGraph) -> None:
+def serve(graph: ServingGraph) -> int | None:
     """Serve ``graph`` on ``server.host:server.port`` until SIGTERM/SIGINT (blocking).
 
-    Returns after a clean, drained shutdown; raises :class:`ServerFailed` when the engine
+    Returns after a clean, drained shutdown: the signal that stopped the server (None when it
+    was not one, or for an embedding-only server: uvicorn raises its signal again); raises :class:`ServerFailed` when the engine
     worker could not start or an API process died. Prometheus samples of every process go to
     a temporary multiprocess directory that is removed on the way out.
     """
@@ -110,7 +111,7 @@ def serve(graph: ServingGraph) -> None:
         from inferflow.server.process.embedding_server import serve_embeddings
 
         serve_embeddings(graph)
-        return
+        return None
     metrics_dir = prepare_multiprocess_dir()
     try:
         server = build_server(graph)
@@ -119,3 +120,4 @@ def serve(graph: ServingGraph) -> None:
         cleanup_multiprocess_dir(metrics_dir)
     if server.exit_code:
         raise ServerFailed("the server stopped after a failure; see the log above")
+    return server.stop_signal

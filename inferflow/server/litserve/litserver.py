@@ -121,6 +121,7 @@ class InferflowServer(ls.LitServer):
         self.shared = frontend.shared  # the server's: draining, queue lost, ready
         self.model_path = model_path
         self.exit_code = 0
+        self.stop_signal: int | None = None  # SIGTERM/SIGINT when a signal stopped it
         self.models = ModelManager(self, models, memory_budget, settings.model_load_timeout_s)
         self._api_processes: dict[int, BaseProcess] = {}
         super().__init__(
@@ -203,7 +204,8 @@ class InferflowServer(ls.LitServer):
         pretty_logs: bool = False,
         **kwargs: Any,
     ) -> None:
-        """Serve until SIGTERM/SIGINT; ``self.exit_code`` is 0 after a clean shutdown.
+        """Serve until SIGTERM/SIGINT; ``self.exit_code`` is 0 after a clean shutdown,
+        ``self.stop_signal`` the signal that stopped it (None: it stopped on its own).
 
         Defaults come from ``self.settings``; a client file is never written (no littering).
         """
@@ -239,6 +241,7 @@ class InferflowServer(ls.LitServer):
             # are refused at once instead of queueing on a socket nobody accepts from
             sock.close()
             self.exit_code = supervisor.run()
+            self.stop_signal = supervisor.stop_signal
         finally:
             supervisor.cleanup()
             self._close_queues(manager)

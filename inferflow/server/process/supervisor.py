@@ -52,6 +52,7 @@ class Supervisor:
         self.grace_s = grace_s
         self.exit_code = 0
         self.stopping = False
+        self.stop_signal: int | None = None  # the signal that began the shutdown, if one did
         self._hard_deadline = float("inf")
         self._signals: list[int] = []
         # the wake-up pipe; API processes (forked later) write to ``wake_fd`` when a request
@@ -164,6 +165,7 @@ class Supervisor:
         name = signal.Signals(sig).name
         if not self.stopping:
             logger.info("%s received: draining (grace %.1f s)", name, self.grace_s)
+            self.stop_signal = sig
             self.begin_shutdown()
         else:
             logger.info("%s received again: failing in-flight requests now", name)

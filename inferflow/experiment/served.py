@@ -1,0 +1,359 @@
+"""``task=bench``: this config served over HTTP as a user runs it, loaded, measured.
+
+``python -m inferflow -m +experiment=served_sweep`` (or ``task=bench OVERRIDES``) starts the
+run's config as a server subprocess (``python -m inferflow OVERRIDES task=serve
+server.host=127.0.0.1 server.port=FREE``, its output in ``<job dir>/server.log``) and sends the
+load as soon as ``/ready`` first answers 200, as a load balancer would (no waiting for
+background start-up work). Then ``experiment.warmup`` unmeasured passes of a few requests
+(``max_concurrency`` of them), and ``experiment.repeats`` measured loads of
+``experiment.workload`` through :mod:`inferflow.bench` (each with its own seed, so the prefix
+cache never serves a repeat from the one before), goodput counted against
+``experiment.goodput``. The server is always stopped (its whole process group), on errors and
+Ctrl+C too.
+
+Figures are vLLM's ``bench serve`` result keys, but for the count of failed requests:
+``failed_requests``. A server that does not start, or a load where every request failed, gives
+a result with ``"failed": "<one line>"`` instead of figures: a sweep goes on and a tuner records
+the point as infeasible. :func:`measure_served` is the same measurement for any list of
+overrides (``inferflow tune`` calls it for one candidate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import math
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from inferflow.bench.cli import build_parser, config_from_args, measure_from_args, parse_goodput
+from inferflow.bench.datasets import DatasetConfig
+from inferflow.bench.runner import LoadConfig
+from inferflow.bench.suite import ServerStartError, free_port, managed_server
+from inferflow.config import ConfigError
+from inferflow.config.schema import WorkloadConfig
+from inferflow.experiment.figures import MachineLoad, idle_cpu_pct
+from inferflow.experiment.results import measured_result
+from inferflow.graph import ServingGraph
+
+SERVER_LOG = "server.log"
+# Overrides of the measuring run that the served config must not get: what it does (task),
+# how it is measured (experiment.*, but not the +experiment=NAME file: it may set the config),
+# where it listens (127.0.0.1, where the load comes from, on a free port) and Hydra's settings.
+MEASURING_KEYS = ("task", "server.host", "server.port")
+MEASURING_PREFIXES = ("experiment.", "hydra.")
+# numbers of a bench result that are its setup (the workload records them), not figures
+SETUP_KEYS = frozenset({"num_prompts", "request_rate", "burstiness", "max_concurrency"})
+WARMUP_SEED = 1_000_003  # warm-up prompts: seeds far from the measured repeats' ones
+
+
+def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
+    """Measure ``cfg`` served (see the module doc); ``graph`` was checked by the caller."""
+    experiment = cfg.experiment
+    with log_folder(cfg) as (log_dir, temporary):
+        return measure_served(
+            list(HydraConfig.get().overrides.task),
+            experiment.workload,
+            experiment.goodput,
+            int(experiment.repeats),
+            int(experiment.warmup),
+            float(experiment.max_spread),
+            log_dir,
+            float(experiment.server_timeout_s),
+            quote_log=temporary,
+            api_key=client_key(graph),
+        )
+
+
+def client_key(graph: ServingGraph) -> str | None:
+    """The key the load sends when the served config wants one: an admin key (it also opens
+    ``/version``), else an API key (``server.*_keys`` and ``$INFERFLOW_*_KEYS``)."""
+    settings = graph.server.with_env_api_keys()
+    keys = [*settings.admin_keys, *settings.api_keys]
+    return keys[0] if keys else None
+
+
+@contextlib.contextmanager
+def log_folder(cfg: DictConfig) -> Iterator[tuple[Path, bool]]:
+    """Where the server's log goes, and whether that folder is temporary: a sweep's run
+    folder, else beside ``offline.output``, else (a plain run writes nothing) a folder that
+    lives as long as the run."""
+    hydra = HydraConfig.get()
+    if hydra.mode == RunMode.MULTIRUN:
+        yield Path(hydra.runtime.output_dir), False
+    elif cfg.offline.output:
+        yield Path(cfg.offline.output).resolve().parent, False
+    else:
+        with tempfile.TemporaryDirectory(prefix="inferflow-bench-") as tmp:
+            yield Path(tmp), True
+
+
+def serve_overrides(overrides: Sequence[str]) -> list[str]:
+    """The overrides of a measuring run that make up the served config (without
+    :data:`MEASURING_KEYS` and :data:`MEASURING_PREFIXES`)."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key not in MEASURING_KEYS and not key.startswith(MEASURING_PREFIXES):
+            kept.append(override)
+    return kept
+
+
+def measure_served(
+    overrides: Sequence[str],
+    workload: WorkloadConfig | Mapping[str, Any],
+    goodput: Mapping[str, float],
+    repeats: int,
+    warmup: int,
+    max_spread: float,
+    log_dir: Path,
+    timeout_s: float = 600.0,
+    env: Mapping[str, str] | None = None,
+    *,
+    quote_log: bool = False,
+    api_key: str | None = None,
+) -> dict[str, Any]:
+    """Serve the config of ``overrides`` and measure it under ``workload`` (see the module
+    doc); the result of :func:`~inferflow.experiment.results.measured_result` with
+    ``workload``, ``slo`` (the goodput SLOs, ms) and the server's ``engine`` and ``model``
+    (``/version``), or ``{"task": "bench", "failed": "<one line>", ...}``.
+
+    ``log_dir`` gets ``server.log``; ``timeout_s`` bounds the server's start; ``env`` adds to
+    its environment; ``quote_log`` prints the log's end to stderr on a failure (when
+    ``log_dir`` is about to be removed); ``api_key``: the bearer token the load sends (a
+    config with API keys). A workload or SLOs ``inferflow bench`` refuses raise
+    :class:`~inferflow.config.ConfigError` before a server starts. KeyboardInterrupt is raised
+    after the server stopped.
+    """
+    load = workload_dict(workload)
+    slo = {str(k): float(v) for k, v in dict(goodput or {}).items()}
+    check_load(load, slo)
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "inferflow",
+        *serve_overrides(overrides),
+        "task=serve",
+        "server.host=127.0.0.1",
+        f"server.port={port}",
+        "hydra.mode=RUN",  # one server, whatever an experiment file says
+    ]
+    log = Path(log_dir) / SERVER_LOG
+    try:
+        with quiet_http(), managed_server(cmd, port, log, timeout_s, env=env, settled=False) as url:
+            client = Client(url, api_key)
+            result = _measure(client, load, slo, repeats, warmup, max_spread)
+            if "failed" not in result:
+                return result
+            reason = result["failed"]
+    except ServerStartError as exc:
+        reason = f"the server did not start: {start_failure(str(exc), log)}"
+    if quote_log:
+        print(log_tail(log), file=sys.stderr)
+    return {
+        "task": "bench",
+        "failed": reason,
+        "repeats": 0,
+        "warmup": warmup,
+        "workload": recorded(load),
+        "slo": slo,
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class Client:
+    """Where the load goes, and the bearer token it sends (None: no key)."""
+
+    url: str
+    api_key: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+
+def _measure(
+    client: Client,
+    load: dict[str, Any],
+    slo: dict[str, float],
+    repeats: int,
+    warmup: int,
+    max_spread: float,
+) -> dict[str, Any]:
+    seed = int(load.get("seed") or 0)
+    burst = min(int(load.get("max_concurrency") or 8), int(load["num_prompts"]))
+    for i in range(warmup):  # a burst of requests of the workload's shape, unmeasured
+        warm = {**load, "num_prompts": burst, "request_rate": math.inf, "seed": WARMUP_SEED + i}
+        _, failures, completed = one_load(client, warm, slo, f"warmup{i}")
+        if not completed:
+            return {"failed": f"every warm-up request failed: {first_line(failures)}"}
+    idle = idle_cpu_pct(0.5)
+    figures: list[dict[str, Any]] = []
+    with MachineLoad() as machine:
+        for i in range(max(1, repeats)):
+            load_i = {**load, "seed": seed + i}
+            result, failures, completed = one_load(client, load_i, slo, f"r{i}")
+            if not completed:
+                return {"failed": f"every request of repeat {i + 1} failed: {first_line(failures)}"}
+            figures.append(result)
+    extra = {"workload": recorded(load), "slo": slo, **server_info(client)}
+    return measured_result(
+        "bench",
+        figures,
+        warmup=warmup,
+        max_spread=max_spread,
+        machine=machine,
+        idle_before_pct=idle,
+        extra=extra,
+    )
+
+
+def one_load(
+    client: Client, load: Mapping[str, Any], slo: Mapping[str, float], tag: str
+) -> tuple[dict[str, Any], list[str], int]:
+    """One ``inferflow bench`` load: its vLLM result keys (numbers only), the failed
+    requests' errors, the number completed. A server that stopped answering counts as every
+    request failed."""
+    args = bench_args(bench_argv(client, load, slo, tag))
+    try:
+        result, failures = measure_from_args(args)
+    except (ConnectionError, httpx.HTTPError) as exc:
+        return {}, [str(exc)], 0
+    figures = {k: v for k, v in result.items() if _number(v) and k not in SETUP_KEYS}
+    # "failed" is a failed point's reason in results.json; the count of failed requests
+    # is recorded as "failed_requests"
+    figures["failed_requests"] = figures.pop("failed", 0)
+    return figures, failures, int(result.get("completed") or 0)  # type: ignore[call-overload]
+
+
+def bench_argv(
+    client: Client, load: Mapping[str, Any], slo: Mapping[str, float], tag: str
+) -> list[str]:
+    """``inferflow bench`` options for one load of ``load`` (a workload dict)."""
+    argv = [
+        "--base-url", client.url,
+        "--dataset-name", str(load["dataset"]),
+        "--num-prompts", str(load["num_prompts"]),
+        "--input-len", str(load["input_len"]),
+        "--output-len", str(load["output_len"]),
+        "--request-rate", str(load["request_rate"]),
+        "--burstiness", str(load["burstiness"]),
+        "--seed", str(load["seed"]),
+        "--request-id-prefix", f"bench-{tag}-",
+        "--disable-tqdm",
+    ]  # fmt: skip
+    if load.get("max_concurrency"):
+        argv += ["--max-concurrency", str(load["max_concurrency"])]
+    if slo:
+        argv += ["--goodput", *(f"{k}:{v}" for k, v in slo.items())]
+    if client.api_key:
+        argv += ["--header", f"Authorization=Bearer {client.api_key}"]
+    return argv
+
+
+def bench_args(argv: list[str]) -> argparse.Namespace:
+    """``inferflow bench``'s parsed options; one it refuses is a
+    :class:`~inferflow.config.ConfigError` (argparse's own message is on stderr)."""
+    try:
+        return build_parser().parse_args(argv)
+    except SystemExit:
+        raise ConfigError(f"experiment.workload: inferflow bench refuses {argv[2:]}") from None
+
+
+def check_load(load: Mapping[str, Any], slo: Mapping[str, float]) -> None:
+    """Refuse a workload or SLOs ``inferflow bench`` would refuse, before a server starts
+    (:class:`~inferflow.config.ConfigError`, one line)."""
+    args = bench_args(bench_argv(Client("http://127.0.0.1:1"), load, slo, "check"))
+    try:
+        config_from_args(DatasetConfig, args, name="dataset_name", path="dataset_path").validate()
+        config_from_args(LoadConfig, args, timeout_s="timeout").validate()
+        parse_goodput(args.goodput)
+    except ValueError as exc:
+        raise ConfigError(f"experiment.workload / experiment.goodput: {exc}") from None
+
+
+def recorded(load: Mapping[str, Any]) -> dict[str, Any]:
+    """A workload as results record it: an unbounded rate is ``"inf"`` (JSON has no
+    infinity), as in ``inferflow bench`` results."""
+    rate = load.get("request_rate")
+    return {**load, "request_rate": "inf" if rate == math.inf else rate}
+
+
+def workload_dict(workload: WorkloadConfig | Mapping[str, Any]) -> dict[str, Any]:
+    """A workload (schema dataclass, DictConfig or dict) as a plain dict with every field."""
+    given: Mapping[str, Any]
+    if isinstance(workload, WorkloadConfig):
+        given = dataclasses.asdict(workload)
+    elif isinstance(workload, DictConfig):
+        given = OmegaConf.to_container(workload, resolve=True)  # type: ignore[assignment]
+    else:
+        given = workload
+    fields = {f.name for f in dataclasses.fields(WorkloadConfig)}
+    unknown = sorted(set(given) - fields)
+    if unknown:
+        raise ConfigError(f"experiment.workload: unknown key(s) {unknown}; known: {sorted(fields)}")
+    return {**dataclasses.asdict(WorkloadConfig()), **given}
+
+
+@contextlib.contextmanager
+def quiet_http() -> Iterator[None]:
+    """No INFO line per HTTP request from httpx (a run's log, stdout in a run, stays readable:
+    the results JSON is what it prints)."""
+    logger = logging.getLogger("httpx")
+    level = logger.level
+    logger.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def server_info(client: Client) -> dict[str, Any]:
+    """The served engine and model as ``/version`` describes them (empty when it does not)."""
+    with contextlib.suppress(httpx.HTTPError, ValueError):
+        response = httpx.get(f"{client.url}/version", headers=client.headers(), timeout=10.0)
+        if response.status_code == 200:
+            body = response.json()
+            return {"engine": body.get("engine"), "model": body.get("model")}
+    return {}
+
+
+def start_failure(message: str, log: Path) -> str:
+    """One line for a server that did not start: what happened and the log's last word on why
+    (the ``inferflow: ...`` line of a refused config, else the last error line)."""
+    head = message.splitlines()[0].rstrip(":") if message else "unknown"
+    lines = [line.strip() for line in _read(log).splitlines() if line.strip()]
+    ours = [line for line in lines if line.startswith("inferflow:")]
+    errors = [line for line in lines if "Error" in line or "ERROR" in line]
+    cause = (ours or errors or lines or [""])[-1]
+    return f"{head}: {cause}" if cause else head
+
+
+def log_tail(log: Path, lines: int = 20) -> str:
+    text = _read(log).splitlines()
+    return "\n".join([f"--- the end of {log.name}:", *text[-lines:]])
+
+
+def first_line(failures: Sequence[str]) -> str:
+    return (str(failures[0]).splitlines() or ["no error given"])[0] if failures else "unknown"
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,290 @@
+"""``task=bench``: served configs measured through the real command line (``python -m
+inferflow -m ...``), a server subprocess per point; failed points; Ctrl+C stopping a sweep.
+
+Timing values are never asserted: only that the figures exist, with their spread."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from child_env import pythonpath
+from server_harness import alive, free_port
+
+from inferflow.experiment.served import measure_served, serve_overrides
+from inferflow.server.process_utils import descendants
+
+ISOLATED_VARS = ("INFERFLOW_CONFIG_PATH", "INFERFLOW_MODELS_DIR", "INFERFLOW_TRACES_FILE")
+TINY_WORKLOAD = [  # 8 prompts of 16 tokens, 8 out: seconds per point on two cores
+    "experiment.workload.num_prompts=8",
+    "experiment.workload.input_len=16",
+    "experiment.workload.output_len=8",
+    "experiment.workload.max_concurrency=4",
+    "experiment.repeats=2",
+    "experiment.warmup=1",
+]
+# a load that outlasts any test: the sweep is interrupted while it runs
+ENDLESS_WORKLOAD = [
+    "experiment.workload.num_prompts=100000",
+    "experiment.workload.input_len=16",
+    "experiment.workload.output_len=64",
+    "experiment.workload.max_concurrency=2",
+    "experiment.warmup=0",
+]
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> dict[str, str]:
+    """The test run's environment (its INFERFLOW_HOME: the tiny model is generated once) with
+    this checkout first on PYTHONPATH and no plugin variables."""
+    base = {k: v for k, v in os.environ.items() if k not in ISOLATED_VARS}
+    return {
+        **base,
+        "PYTHONPATH": pythonpath(base=base),
+        "HF_HOME": str(tmp_path / "hf"),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+
+
+@pytest.fixture
+def cwd(tmp_path: Path) -> Path:
+    path = tmp_path / "cwd"
+    path.mkdir()
+    return path
+
+
+def inferflow(
+    args: list[str], env: dict[str, str], cwd: Path, timeout: float = 300
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "inferflow", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def job_dirs(sweep: Path) -> list[Path]:
+    return sorted(
+        (p for p in sweep.iterdir() if p.is_dir()), key=lambda p: int(p.name.split("_")[0])
+    )
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_served_sweep_measures_each_point_and_goes_on_past_a_refused_one(
+    env: dict[str, str], cwd: Path, tmp_path: Path
+) -> None:
+    sweep = tmp_path / "sweep"
+    args = [
+        "-m",
+        "+experiment=served_sweep",  # task=bench, goodput SLOs (ttft, tpot)
+        "batching.max_num_seqs=2,0,4",  # 0 is refused: recorded, the sweep goes on
+        "batching.max_num_batched_tokens=2048",  # one value instead of the file's two
+        "tracing=off",
+        *TINY_WORKLOAD,
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = inferflow(args, env, cwd, timeout=600)
+    assert proc.returncode == 2, proc.stderr  # a config problem in one point
+    assert "batching.max_num_seqs" in proc.stderr and "Traceback" not in proc.stderr
+    jobs = job_dirs(sweep)
+    assert len(jobs) == 3
+    results = [json.loads((job / "results.json").read_text()) for job in jobs]
+    good, refused = [results[0], results[2]], results[1]
+    assert "batching.max_num_seqs=0" in refused["overrides"]
+    assert refused["task"] == "bench" and "must be >= 1" in refused["failed"]
+    for job, result, size in zip((jobs[0], jobs[2]), good, (2, 4), strict=True):
+        assert "failed" not in result
+        assert f"batching.max_num_seqs={size}" in result["overrides"]
+        assert result["task"] == "bench" and result["repeats"] == 2 and result["warmup"] == 1
+        assert result["workload"]["num_prompts"] == 8 and result["slo"] == {
+            "ttft": 2000.0,
+            "tpot": 200.0,
+        }
+        for name in ("p99_ttft_ms", "p99_tpot_ms", "median_ttft_ms", "request_goodput"):
+            assert result["figures"][name]["n"] == 2 and len(result["figures"][name]["values"]) == 2
+            assert result[name] == result["figures"][name]["mean"]
+        assert result["output_throughput"] > 0 and result["completed"] == 8
+        assert result["failed_requests"] == 0
+        assert set(result["spread"]) == {"ok", "max_spread", "wide", "note"}
+        assert len(result["per_repeat"]) == 2
+        assert result["machine"]["cores"] >= 1
+        # what was served: this point's engine settings, as the server reports them
+        assert result["engine"]["scheduler"]["max_num_seqs"] == size
+        log = (job / "server.log").read_text()
+        assert "ready:" in log and f"max_num_seqs {size}" in log
+    assert list(cwd.iterdir()) == []  # the servers wrote nothing where they were started
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_measure_served_reports_failures_in_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """A server that does not start and a load whose every request fails are results with
+    ``failed`` (a tuner records the point as infeasible), not exceptions."""
+    workload = {"num_prompts": 2, "input_len": 8, "output_len": 2, "max_concurrency": 2}
+    extra = {"PYTHONPATH": env["PYTHONPATH"]}
+    missing = tmp_path / "no-such-checkpoint"
+    result = measure_served(
+        [f"model.path={missing}", "tracing=off"],
+        workload,
+        {},
+        2,
+        1,
+        0.1,
+        tmp_path / "a",
+        120,
+        extra,
+    )
+    assert result["failed"].startswith("the server did not start: server exited with code")
+    assert str(missing) in result["failed"] and "\n" not in result["failed"]
+    assert result["repeats"] == 0 and result["workload"]["num_prompts"] == 2
+    assert (tmp_path / "a" / "server.log").is_file()
+    # the server wants an API key the load does not send: every request fails
+    result = measure_served(
+        ["tracing=off"], workload, {"ttft": 100}, 2, 1, 0.1, tmp_path / "b", 120,
+        {**extra, "INFERFLOW_API_KEYS": "k-secret"},
+    )  # fmt: skip
+    assert result["failed"].startswith("every warm-up request failed: ")
+    assert "\n" not in result["failed"] and result["slo"] == {"ttft": 100.0}
+
+
+def test_serve_overrides_keep_the_config_and_drop_the_measuring() -> None:
+    overrides = [
+        "task=bench",
+        "+experiment=served_sweep",
+        "experiment.repeats=2",
+        "+experiment.goodput.ttft=500",
+        "batching.max_num_seqs=8",
+        "server.port=1234",
+        "server.host=0.0.0.0",
+        "~cache",
+    ]
+    assert serve_overrides(overrides) == [
+        "+experiment=served_sweep",
+        "batching.max_num_seqs=8",
+        "~cache",
+    ]
+
+
+@pytest.fixture
+def sweep_process(env: dict[str, str], cwd: Path) -> Iterator[list[subprocess.Popen[str]]]:
+    """Sweeps started by a test; whatever is left of them is killed at the end."""
+    procs: list[subprocess.Popen[str]] = []
+    yield procs
+    for proc in procs:
+        for pid in [proc.pid, *descendants(proc.pid)]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait(10)
+
+
+def start_sweep(
+    args: list[str], env: dict[str, str], cwd: Path, procs: list[subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferflow", "-m", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    procs.append(proc)
+    return proc
+
+
+def wait_for(predicate, proc: subprocess.Popen[str], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"the sweep ended before {what}: {proc.communicate()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def interrupt(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Send ``sig`` to the sweep (as Ctrl+C does to its main process); its exit code and
+    stderr, after every process it started is gone."""
+    tree = [proc.pid, *descendants(proc.pid)]
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=120)
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [p for p in tree if alive(p)], "processes of the sweep outlived it"
+    return proc.returncode, stderr
+
+
+@pytest.mark.server
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_bench_sweep_and_its_server(
+    sig: int, env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
+) -> None:
+    """Ctrl+C (or SIGTERM) while a point's load runs: its server (in a session of its own, so
+    the terminal's Ctrl+C does not reach it) is stopped and no later point starts."""
+    sweep = tmp_path / "sweep"
+    args = [
+        "task=bench",
+        "batching.max_num_seqs=2,4",
+        "tracing=off",
+        *ENDLESS_WORKLOAD,
+        f"hydra.sweep.dir={sweep}",
+    ]
+    proc = start_sweep(args, env, cwd, sweep_process)
+
+    def loading() -> bool:  # the first point's server is up and the load runs
+        logs = list(sweep.glob("0_*/server.log"))
+        return bool(logs) and "ready:" in logs[0].read_text(errors="replace")
+
+    wait_for(loading, proc, 180, "the first server")
+    time.sleep(1.0)
+    code, stderr = interrupt(proc, sig)
+    assert code == 128 + sig, stderr
+    name = signal.Signals(sig).name
+    lines = [line for line in stderr.splitlines() if "interrupted" in line]
+    assert lines == [
+        f"inferflow: the sweep was interrupted ({name}): the running job stopped, "
+        "no later job started"
+    ]
+    assert "Traceback" not in stderr
+    assert [p.name.split("_")[0] for p in job_dirs(sweep)] == ["0"]  # no next job
+    assert not (job_dirs(sweep)[0] / "results.json").exists()  # nothing half-measured
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_sigint_stops_a_sweep_of_servers(
+    env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
+) -> None:
+    """``-m`` over a served config: Ctrl+C drains the running server and ends the sweep
+    instead of starting the next point's server."""
+    sweep, port = tmp_path / "sweep", free_port()
+    args = ["batching.max_num_seqs=2,4", f"server.port={port}", "tracing=off"]
+    proc = start_sweep([*args, f"hydra.sweep.dir={sweep}"], env, cwd, sweep_process)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(ready, proc, 180, "the first server")
+    code, stderr = interrupt(proc)
+    assert code == 130, stderr
+    assert "inferflow: the sweep was interrupted (SIGINT)" in stderr
+    assert "Traceback" not in stderr
+    assert [p.name.split("_")[0] for p in job_dirs(sweep)] == ["0"]
