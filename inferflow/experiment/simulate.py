@@ -62,11 +62,22 @@ class CostModel:
     @classmethod
     def fit(cls, samples: Sequence[tuple[Sequence[float], float]]) -> CostModel:
         """Non-negative least squares over (features, seconds) samples (every subset of the
-        four terms is tried; the best fit with no negative coefficient wins)."""
+        four terms is tried; the best fit with no negative coefficient wins), fitted again
+        without the tenth of the steps it fits worst (a step stalled by another process on a
+        shared machine says nothing about the engine)."""
         if not samples:
             raise ValueError("no timed steps to fit a cost model to")
         x = np.asarray([s[0] for s in samples], dtype=np.float64)
         y = np.asarray([s[1] for s in samples], dtype=np.float64)
+        first = cls._nnls(x, y)
+        if len(samples) >= 10:
+            residual = np.abs(x @ np.asarray(first.coef) - y)
+            keep = residual <= np.quantile(residual, 0.9)
+            return cls._nnls(x[keep], y[keep])
+        return first
+
+    @classmethod
+    def _nnls(cls, x: np.ndarray, y: np.ndarray) -> CostModel:
         best: tuple[float, np.ndarray] | None = None
         for size in range(1, x.shape[1] + 1):
             for cols in itertools.combinations(range(x.shape[1]), size):
@@ -80,14 +91,17 @@ class CostModel:
                     best = (err, coef)
         assert best is not None  # the intercept alone is never negative for times >= 0
         coef_t = tuple(float(c) for c in best[1])
-        return cls((coef_t[0], coef_t[1], coef_t[2], coef_t[3]), len(samples), math.sqrt(best[0]))
+        return cls((coef_t[0], coef_t[1], coef_t[2], coef_t[3]), len(y), math.sqrt(best[0]))
 
     def scaled(self, factor: float) -> CostModel:
         return CostModel(tuple(c * factor for c in self.coef), self.samples, self.rmse_s * factor)  # type: ignore[arg-type]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"coef_s": dict(zip(FEATURES, self.coef, strict=True)), "samples": self.samples,
-                "rmse_ms": 1000 * self.rmse_s}
+        return {
+            "coef_s": dict(zip(FEATURES, self.coef, strict=True)),
+            "samples": self.samples,
+            "rmse_ms": 1000 * self.rmse_s,
+        }
 
 
 # ------------------------------------------------------------------ the replay
@@ -110,9 +124,15 @@ class Workload:
         """From ``experiment.workload`` (a DictConfig, dict or WorkloadConfig)."""
         get = node.get if isinstance(node, Mapping) else lambda k, d=None: getattr(node, k, d)
         rate = get("request_rate", math.inf)
-        return cls(int(get("num_prompts", 64)), int(get("input_len", 128)),
-                   int(get("output_len", 64)), float(rate if rate is not None else math.inf),
-                   get("max_concurrency", 16), float(get("burstiness", 1.0)), int(get("seed", 0)))
+        return cls(
+            int(get("num_prompts", 64)),
+            int(get("input_len", 128)),
+            int(get("output_len", 64)),
+            float(rate if rate is not None else math.inf),
+            get("max_concurrency", 16),
+            float(get("burstiness", 1.0)),
+            int(get("seed", 0)),
+        )
 
 
 @dataclass
@@ -189,7 +209,9 @@ def simulate(
             continue
         plan = scheduler.schedule()
         now += cost.step_seconds(plan)
-        output = ExecutorOutput({c.request_id: SampledToken(token) for c in plan.chunks if c.sample})
+        output = ExecutorOutput(
+            {c.request_id: SampledToken(token) for c in plan.chunks if c.sample}
+        )
         for update in scheduler.update(plan, output):
             flight = flights[update.request.request_id]
             if update.new_token_ids:
@@ -218,7 +240,10 @@ def _summary(values_s: Sequence[float], name: str) -> dict[str, float]:
 
 
 def figures(
-    done: Sequence[_Flight], failed: int, duration: float, goodput: Mapping[str, float],
+    done: Sequence[_Flight],
+    failed: int,
+    duration: float,
+    goodput: Mapping[str, float],
     steps: int = 0,
 ) -> dict[str, Any]:
     """A replay's figures under ``inferflow bench``'s keys (vLLM's definitions)."""
@@ -235,10 +260,14 @@ def figures(
         if f.first is not None and f.last is not None
     ]
     columns = {"ttft": ttft, "tpot": tpot_all, "e2el": e2el}
-    good = sum(
-        all(columns[name][i] * 1000.0 <= limit for name, limit in goodput.items())
-        for i in range(len(ttft))
-    ) if goodput else len(ttft)
+    good = (
+        sum(
+            all(columns[name][i] * 1000.0 <= limit for name, limit in goodput.items())
+            for i in range(len(ttft))
+        )
+        if goodput
+        else len(ttft)
+    )
     out_tokens = sum(f.tokens for f in done)
     total = len(done) + failed
     return {

@@ -121,8 +121,11 @@ class SearchSpace:
                 for name, spec in tunables(base_cls).items():
                     knobs.append(Knob(f"{slot}.{name}", spec, slot))
         server = base.get("server")
-        server_cls = RayServerConfig if server is not None and str(
-            server.get("runtime")) == "ray" else ServerConfig
+        server_cls = (
+            RayServerConfig
+            if server is not None and str(server.get("runtime")) == "ray"
+            else ServerConfig
+        )
         for name, spec in tunables(server_cls).items():
             knobs.append(Knob(f"server.{name}", spec, "server"))
         return cls(knobs, base_options)
@@ -135,10 +138,15 @@ class SearchSpace:
             key, sep, text = item.partition("=")
             key = key.strip()
             if not key:
-                raise ConfigError(f"--space {item!r}: expected KEY=LOW:HIGH[:log], KEY=a,b,c or KEY")
+                raise ConfigError(
+                    f"--space {item!r}: expected KEY=LOW:HIGH[:log], KEY=a,b,c or KEY"
+                )
             known = [k for k in self.knobs if k.key == key]
             if sep:
                 spec = parse_range(key, text)
+                integer = known and known[0].spec.low is not None  # an integer knob
+                if integer and any(type(c) is not int for c in spec.choices):
+                    raise ConfigError(f"--space {key}={text}: expected integers")
                 if known:
                     found = [dataclasses.replace(k, spec=spec) for k in known]
                 else:
@@ -154,13 +162,19 @@ class SearchSpace:
                 allowed = set(BUILTIN_OPTIONS.get(key, {}))
                 bad = [c for c in found[0].spec.choices if allowed and str(c) not in allowed]
                 if bad:
-                    raise ConfigError(f"--space {key}: unknown option {bad[0]}; available: "
-                                      f"{', '.join(sorted(allowed))}")
+                    raise ConfigError(
+                        f"--space {key}: unknown option {bad[0]}; available: "
+                        f"{', '.join(sorted(allowed))}"
+                    )
             for knob in found:
                 chosen[f"{knob.key}@{knob.options}"] = knob
         space = SearchSpace([k for k in chosen.values()], dict(self.base_options))
-        space.knobs.sort(key=lambda k: (list(SLOTS).index(k.slot) if k.slot in SLOTS
-                                        else len(SLOTS), not k.group))
+        space.knobs.sort(
+            key=lambda k: (
+                list(SLOTS).index(k.slot) if k.slot in SLOTS else len(SLOTS),
+                not k.group,
+            )
+        )
         for knob in space.knobs:  # a field of an option that can never be selected
             if knob.options is not None and not set(knob.options) & set(space.options(knob.slot)):
                 need = "|".join(knob.options)
@@ -203,8 +217,9 @@ class SearchSpace:
             if spec.choices:
                 point[knob.key] = trial.suggest_categorical(knob.key, list(spec.choices))
             else:
-                point[knob.key] = trial.suggest_int(knob.key, int(spec.low or 0), spec.upper,
-                                                    log=spec.log and (spec.low or 0) > 0)
+                point[knob.key] = trial.suggest_int(
+                    knob.key, int(spec.low or 0), spec.upper, log=spec.log and (spec.low or 0) > 0
+                )
         return point
 
     def grid(self, max_points: int = 16) -> list[Point]:

@@ -56,8 +56,9 @@ from inferflow.experiment.space import Point, SearchSpace, format_value
 PROG = "inferflow tune"
 SLO_NAMES = ("ttft", "tpot", "e2el")
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
-Measure = Callable[[Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path],
-                   dict[str, Any]]
+Measure = Callable[
+    [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
+]
 
 
 class ArgumentError(ValueError):
@@ -70,35 +71,66 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description="Search the composed config for the most goodput under "
-                "SLOs (see inferflow/experiment/tune.py).")
+    p = _Parser(
+        prog=PROG,
+        description="Search the composed config for the most goodput under "
+        "SLOs (see inferflow/experiment/tune.py).",
+    )
     p.add_argument("overrides", nargs="*", help="Hydra overrides of the base config")
-    p.add_argument("--slo", nargs="+", default=[], metavar="NAME:MS",
-                   help="SLOs in ms: ttft:2000 tpot:100 e2el:...")
-    p.add_argument("--slo-attainment", type=float, default=None, metavar="P",
-                   help="constraint: at least this share of requests meets every SLO (0..1)")
+    p.add_argument(
+        "--slo",
+        nargs="+",
+        default=[],
+        metavar="NAME:MS",
+        help="SLOs in ms: ttft:2000 tpot:100 e2el:...",
+    )
+    p.add_argument(
+        "--slo-attainment",
+        type=float,
+        default=None,
+        metavar="P",
+        help="constraint: at least this share of requests meets every SLO (0..1)",
+    )
     p.add_argument("--request-rate", type=float, default=None, help="req/s (inf: all at once)")
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--input-len", type=int, default=None)
     p.add_argument("--output-len", type=int, default=None)
     p.add_argument("--num-prompts", type=int, default=None)
     p.add_argument("--burstiness", type=float, default=None)
-    p.add_argument("--space", nargs="+", action="extend", default=[],
-                   metavar="KEY=RANGE", help="KEY=LOW:HIGH[:log], KEY=a,b,c or KEY")
-    p.add_argument("--budget-s", type=float, default=900.0,
-                   help="measurement time (engine profiles and served runs), seconds")
+    p.add_argument(
+        "--space",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=RANGE",
+        help="KEY=LOW:HIGH[:log], KEY=a,b,c or KEY",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=900.0,
+        help="measurement time (engine profiles and served runs), seconds",
+    )
     p.add_argument("--name", default="tuned", help="the override file: +tuned=NAME")
     p.add_argument("--out", default=None, help="output folder (default tune/NAME)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sim-trials", type=int, default=200, help="points ranked on the model")
     p.add_argument("--top", type=int, default=6, help="most candidates given a short run")
     p.add_argument("--repeats", type=int, default=2, help="repeats of a confirmation run")
-    p.add_argument("--max-profiles", type=int, default=3,
-                   help="distinct executor settings whose steps are timed")
-    p.add_argument("--grid", action="store_true",
-                   help="measure every point of the space instead (the exhaustive baseline)")
-    p.add_argument("--simulate-only", action="store_true",
-                   help="rank on the engine model, measure nothing")
+    p.add_argument(
+        "--max-profiles",
+        type=int,
+        default=3,
+        help="distinct executor settings whose steps are timed",
+    )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="measure every point of the space instead (the exhaustive baseline)",
+    )
+    p.add_argument(
+        "--simulate-only", action="store_true", help="rank on the engine model, measure nothing"
+    )
     p.add_argument("--list", action="store_true", help="print the search space and exit")
     return p
 
@@ -108,8 +140,9 @@ def parse_slos(items: Sequence[str]) -> dict[str, float]:
     for item in items:
         name, sep, value = item.partition(":")
         if not sep or name not in SLO_NAMES:
-            raise ArgumentError(f"--slo {item}: expected NAME:MS with NAME one of "
-                                f"{', '.join(SLO_NAMES)}")
+            raise ArgumentError(
+                f"--slo {item}: expected NAME:MS with NAME one of {', '.join(SLO_NAMES)}"
+            )
         try:
             slos[name] = float(value)
         except ValueError:
@@ -149,8 +182,15 @@ def parse_args(argv: Sequence[str]) -> Options:
         raise ArgumentError("--slo: give at least one SLO, e.g. --slo ttft:2000 tpot:100")
     if args.slo_attainment is not None and not 0 < args.slo_attainment <= 1:
         raise ArgumentError("--slo-attainment: must be in (0, 1]")
-    for name in ("max_concurrency", "input_len", "output_len", "num_prompts", "top", "repeats",
-                 "max_profiles"):
+    for name in (
+        "max_concurrency",
+        "input_len",
+        "output_len",
+        "num_prompts",
+        "top",
+        "repeats",
+        "max_profiles",
+    ):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ArgumentError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
@@ -163,18 +203,38 @@ def parse_args(argv: Sequence[str]) -> Options:
     for o in args.overrides:
         if "=" not in o:
             raise ArgumentError(f"{o!r}: not an override (KEY=VALUE); options start with --")
-    workload = {k: getattr(args, k) for k in ("request_rate", "max_concurrency", "input_len",
-                                               "output_len", "num_prompts", "burstiness")
-                if getattr(args, k) is not None}
+    workload = {
+        k: getattr(args, k)
+        for k in (
+            "request_rate",
+            "max_concurrency",
+            "input_len",
+            "output_len",
+            "num_prompts",
+            "burstiness",
+        )
+        if getattr(args, k) is not None
+    }
     if args.request_rate is not None and args.max_concurrency is None:
         workload["max_concurrency"] = None  # an open loop at that rate
     return Options(
-        overrides=list(args.overrides), slos=slos, attainment=args.slo_attainment,
-        workload=workload, space_items=list(args.space), budget_s=args.budget_s,
-        name=args.name, out=Path(args.out or f"tune/{args.name}"), seed=args.seed,
-        sim_trials=args.sim_trials, top=args.top, repeats=args.repeats,
-        max_profiles=args.max_profiles, grid=args.grid, simulate_only=args.simulate_only,
-        list_space=args.list, argv=list(argv),
+        overrides=list(args.overrides),
+        slos=slos,
+        attainment=args.slo_attainment,
+        workload=workload,
+        space_items=list(args.space),
+        budget_s=args.budget_s,
+        name=args.name,
+        out=Path(args.out or f"tune/{args.name}"),
+        seed=args.seed,
+        sim_trials=args.sim_trials,
+        top=args.top,
+        repeats=args.repeats,
+        max_profiles=args.max_profiles,
+        grid=args.grid,
+        simulate_only=args.simulate_only,
+        list_space=args.list,
+        argv=list(argv),
     )
 
 
@@ -211,8 +271,9 @@ class Tuner:
     """The search (module doc); ``measure`` is the served measurement (``served.py``'s
     ``measure_served``, or a stand-in in tests)."""
 
-    def __init__(self, opts: Options, measure: Measure | None = None,
-                 log: Callable[[str], None] = _log) -> None:
+    def __init__(
+        self, opts: Options, measure: Measure | None = None, log: Callable[[str], None] = _log
+    ) -> None:
         from inferflow.compose import compose_config
 
         self.opts = opts
@@ -232,6 +293,8 @@ class Tuner:
         self.model_s = 0.0  # the simulated search
         self._checked: dict[tuple[str, ...], tuple[Any, Any, str]] = {}
         self.started = time.perf_counter()
+        if self.check([])[0] is None:
+            raise ConfigError(f"the base config: {self.check([])[2]}")
 
     # ------------------------------------------------------------ checking points
     def check(self, overrides: Sequence[str]) -> tuple[Any, Any, str]:
@@ -254,8 +317,9 @@ class Tuner:
 
     # ------------------------------------------------------------ the engine model
     def executor_key(self, point: Mapping[str, Any]) -> tuple[str, ...]:
-        return tuple(sorted(f"{k}={format_value(v)}" for k, v in point.items()
-                            if k.startswith("executor.")))
+        return tuple(
+            sorted(f"{k}={format_value(v)}" for k, v in point.items() if k.startswith("executor."))
+        )
 
     def max_rows(self) -> int:
         seqs = [int(self.base.batching.max_num_seqs)] if self.base.get("batching") else [1]
@@ -273,8 +337,10 @@ class Tuner:
         if len(self.profiles) >= self.opts.max_profiles:
             return None
         rows = self.max_rows()
-        tokens = max(rows, int(self.base.batching.max_num_batched_tokens)
-                     if self.base.get("batching") else rows)
+        tokens = max(
+            rows,
+            int(self.base.batching.max_num_batched_tokens) if self.base.get("batching") else rows,
+        )
         sized = [*key, f"batching.max_num_seqs={rows}", f"batching.max_num_batched_tokens={tokens}"]
         graph, _, reason = self.check(sized)
         if graph is None:
@@ -290,10 +356,12 @@ class Tuner:
         self.measure_s += prof.seconds
         self.profiles[key] = prof
         c = prof.cost.coef
-        self.log(f"step model: {1000 * c[0]:.2f} ms + {1000 * c[1]:.3f} ms/row + "
-                 f"{1000 * c[2]:.4f} ms/token + {1000 * c[3]:.3f} ms/1k context "
-                 f"({prof.cost.samples} steps, rmse {1000 * prof.cost.rmse_s:.2f} ms, "
-                 f"{prof.seconds:.0f} s)")
+        self.log(
+            f"step model: {1000 * c[0]:.2f} ms + {1000 * c[1]:.3f} ms/row + "
+            f"{1000 * c[2]:.4f} ms/token + {1000 * c[3]:.3f} ms/1k context "
+            f"({prof.cost.samples} steps, rmse {1000 * prof.cost.rmse_s:.2f} ms, "
+            f"{prof.seconds:.0f} s)"
+        )
         return prof
 
     def predict(self, point: Point, overrides: Sequence[str]) -> tuple[dict[str, Any], str]:
@@ -304,8 +372,14 @@ class Tuner:
         prof = self.profile(self.executor_key(point)) or self.profile(())
         if prof is None or math.isinf(prof.cost.coef[0]):
             return {}, "the engine did not start for its step profile"
-        figures = simulate(graph, Workload.of(self.workload), prof.cost.scaled(self.scale),
-                           self.opts.slos, overhead_s=self.overhead_s, layout=layout)
+        figures = simulate(
+            graph,
+            Workload.of(self.workload),
+            prof.cost.scaled(self.scale),
+            self.opts.slos,
+            overhead_s=self.overhead_s,
+            layout=layout,
+        )
         return figures, ""
 
     def calibrate(self, measured: Mapping[str, Any]) -> None:
@@ -320,8 +394,10 @@ class Tuner:
         sim_ttft, real_ttft = predicted.get("median_ttft_ms"), measured.get("median_ttft_ms")
         if sim_ttft is not None and real_ttft is not None:
             self.overhead_s = min(1.0, max(0.0, (float(real_ttft) - float(sim_ttft)) / 1000))
-        self.log(f"model calibrated on the default's run: step times x{self.scale:.2f}, "
-                 f"+{1000 * self.overhead_s:.0f} ms per request")
+        self.log(
+            f"model calibrated on the default's run: step times x{self.scale:.2f}, "
+            f"+{1000 * self.overhead_s:.0f} ms per request"
+        )
 
     # ------------------------------------------------------------ served runs
     def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
@@ -329,8 +405,14 @@ class Tuner:
         run_dir = self.opts.out / "runs" / f"{len(self._run_dirs()):03d}_{stage}_{trial.label}"
         started = time.perf_counter()
         try:
-            result = fn([*self.opts.overrides, *trial.overrides], workload, self.opts.slos,
-                        repeats, int(self.exp.warmup), run_dir)
+            result = fn(
+                [*self.opts.overrides, *trial.overrides],
+                workload,
+                self.opts.slos,
+                repeats,
+                int(self.exp.warmup),
+                run_dir,
+            )
         except KeyboardInterrupt:
             raise
         except Exception as exc:  # a measurement that broke is this point's failure
@@ -345,9 +427,11 @@ class Tuner:
             trial.state, trial.reason = "failed", str(result["failed"])
             self.log(f"{stage} {trial.label}: failed ({trial.reason}) [{seconds:.0f} s]")
         else:
-            self.log(f"{stage} {trial.label}: goodput {_fmt(result.get('request_goodput'))} req/s,"
-                     f" p99 ttft {_fmt(result.get('p99_ttft_ms'))} ms, p99 tpot "
-                     f"{_fmt(result.get('p99_tpot_ms'))} ms [{seconds:.0f} s]")
+            self.log(
+                f"{stage} {trial.label}: goodput {_fmt(result.get('request_goodput'))} req/s,"
+                f" p99 ttft {_fmt(result.get('p99_ttft_ms'))} ms, p99 tpot "
+                f"{_fmt(result.get('p99_tpot_ms'))} ms [{seconds:.0f} s]"
+            )
 
     def _run_dirs(self) -> list[Path]:
         runs = self.opts.out / "runs"
@@ -370,9 +454,18 @@ class Tuner:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         started = time.perf_counter()
+        # optuna 5: Trial.set_constraint; 4.x: the sampler's constraints_func
+        new_api = hasattr(optuna.trial.Trial, "set_constraint")
+        constraints = (
+            {}
+            if new_api
+            else {"constraints_func": lambda t: t.user_attrs.get("constraint", (1.0,))}
+        )
         sampler = optuna.samplers.TPESampler(
-            seed=self.opts.seed, constraints_func=lambda t: t.user_attrs.get("constraint", (1.0,)),
-            n_startup_trials=min(20, max(5, self.opts.sim_trials // 5)))
+            seed=self.opts.seed,
+            n_startup_trials=min(20, max(5, self.opts.sim_trials // 5)),
+            **constraints,
+        )
         study = optuna.create_study(direction="maximize", sampler=sampler)
         default = self.space.default_point(self.base)
         if self.space.contains(default):
@@ -393,7 +486,10 @@ class Tuner:
                     trial.state, trial.reason = "infeasible", reason
                 seen[key] = trial
             value, violation = self._objective(trial)
-            ot.set_user_attr("constraint", (violation,))
+            if new_api:
+                ot.set_constraint("slo_attainment", violation)
+            else:
+                ot.set_user_attr("constraint", (violation,))
             study.tell(ot, value)
         self.model_s += time.perf_counter() - started
         ranked = [t for t in seen.values() if t.state == "ok"]
@@ -409,25 +505,27 @@ class Tuner:
         return goodput, (need - attained) if need is not None else 0.0
 
     def _rank_key(self, trial: Trial) -> tuple[float, float, float]:
+        """Feasible first; then goodput (to 2%: points that all meet the SLOs at a fixed rate
+        tie); then the margin to the nearest SLO."""
         goodput, violation = self._objective(trial)
-        slack = -max((trial.predicted.get(f"p99_{m}_ms") or 0.0) / limit
-                     for m, limit in self.opts.slos.items())
-        return (0.0 if violation > 0 else 1.0), round(goodput, 6), slack
+        slack = -max(
+            (trial.predicted.get(f"p99_{m}_ms") or 0.0) / limit
+            for m, limit in self.opts.slos.items()
+        )
+        bucket = math.floor(math.log(goodput) / math.log(1.02)) if goodput > 0 else -math.inf
+        return (0.0 if violation > 0 else 1.0), bucket, slack
 
     def run(self) -> dict[str, Any]:
         """The whole search (module doc); returns the report."""
         opts = self.opts
         opts.out.mkdir(parents=True, exist_ok=True)
-        short_wl = {**self.workload,
-                    "num_prompts": max(4, int(self.workload["num_prompts"]) // 3)}
+        short_wl = {**self.workload, "num_prompts": max(4, int(self.workload["num_prompts"]) // 3)}
         default = self.new_trial({}, "default")
-        base_graph, _, reason = self.check([])
-        if base_graph is None:
-            raise ConfigError(f"the base config: {reason}")
         if opts.grid:
             return self._grid(default)
         if opts.simulate_only:
             self.profile(())
+            default.predicted, _ = self.predict({}, [])
             ranked = self.simulated_search()
             return self.finish(default, ranked[:1], stage=None)
         self.profile(())
@@ -453,8 +551,9 @@ class Tuner:
 
     def _how_many(self, short_cost: float) -> int:
         """Candidates whose short runs, with the confirmations after them, fit the budget."""
-        ratio = max(1.0, int(self.workload["num_prompts"]) / max(4, int(
-            self.workload["num_prompts"]) // 3))
+        ratio = max(
+            1.0, int(self.workload["num_prompts"]) / max(4, int(self.workload["num_prompts"]) // 3)
+        )
         confirm_cost = short_cost * ratio * self.opts.repeats / 2 + short_cost / 2
         for k in range(self.opts.top, 0, -1):
             finalists = max(1, math.ceil(k / 3))
@@ -479,7 +578,9 @@ class Tuner:
         return self.finish(default, best, stage="confirm")
 
     # ------------------------------------------------------------ output
-    def finish(self, default: Trial, finalists: Sequence[Trial], stage: str | None) -> dict[str, Any]:
+    def finish(
+        self, default: Trial, finalists: Sequence[Trial], stage: str | None
+    ) -> dict[str, Any]:
         opts = self.opts
         if stage is None:  # simulate-only: the model's best
             winner = finalists[0] if finalists else default
@@ -500,16 +601,25 @@ class Tuner:
             f"inferflow tune: the best point for {workload_text(self.workload)} under "
             f"{slo_text(self.opts.slos)}",
             f"tuned on the base: {' '.join(self.opts.overrides) or '(the default config)'}",
-            f"serve it: python -m inferflow {_join(self.opts.overrides)} +tuned={self.opts.name}",
+            f"serve it: {serve_command(self.opts)}",
             f"reproduce: {reproduce_command(self.opts)}",
         ]
 
-    def report(self, default: Trial, winner: Trial, stage: str | None, tuned_path: Path,
-               summary: Any) -> dict[str, Any]:
+    def report(
+        self, default: Trial, winner: Trial, stage: str | None, tuned_path: Path, summary: Any
+    ) -> dict[str, Any]:
         def figures(trial: Trial) -> dict[str, Any]:
             result = trial.measured.get(stage or "", {}) if stage else trial.predicted
-            keys = ("request_goodput", "output_throughput", "p99_ttft_ms", "p99_tpot_ms",
-                    "p99_e2el_ms", "median_ttft_ms", "mean_tpot_ms", "failed")
+            keys = (
+                "request_goodput",
+                "output_throughput",
+                "p99_ttft_ms",
+                "p99_tpot_ms",
+                "p99_e2el_ms",
+                "median_ttft_ms",
+                "mean_tpot_ms",
+                "failed",
+            )
             out = {k: result.get(k) for k in keys if result.get(k) is not None}
             spread = result.get("figures", {}).get("request_goodput") if stage else None
             if spread:
@@ -543,8 +653,7 @@ class Tuner:
             "engine_model": {" ".join(k) or "base": p.to_dict() for k, p in self.profiles.items()},
             "calibration": {"step_scale": self.scale, "overhead_ms": 1000 * self.overhead_s},
             "tuned_file": str(tuned_path),
-            "serve_command": f"python -m inferflow {_join(self.opts.overrides)} "
-                             f"+tuned={self.opts.name}".replace("  ", " "),
+            "serve_command": serve_command(self.opts),
             "reproduce": reproduce_command(self.opts),
             "summary": {k: str(v) for k, v in summary.items()} if summary else None,
             "out": str(self.opts.out),
@@ -552,25 +661,45 @@ class Tuner:
 
     def write_trials(self) -> Path:
         keys = list(dict.fromkeys(k for t in self.trials for k in t.point))
-        figures = ("request_goodput", "slo_attainment", "p99_ttft_ms", "p99_tpot_ms",
-                   "p99_e2el_ms", "output_throughput")
+        figures = (
+            "request_goodput",
+            "slo_attainment",
+            "p99_ttft_ms",
+            "p99_tpot_ms",
+            "p99_e2el_ms",
+            "output_throughput",
+        )
         path = self.opts.out / "trials.csv"
         with path.open("w", newline="") as f:
             w = csv.writer(f)
-            w.writerow(["trial", "label", "state", *keys, *(f"predicted_{k}" for k in figures),
-                        *(f"short_{k}" for k in figures[:1] + figures[2:4]),
-                        *(f"confirm_{k}" for k in figures[:1] + figures[2:4]),
-                        "measured_s", "reason"])
+            w.writerow(
+                [
+                    "trial",
+                    "label",
+                    "state",
+                    *keys,
+                    *(f"predicted_{k}" for k in figures),
+                    *(f"short_{k}" for k in figures[:1] + figures[2:4]),
+                    *(f"confirm_{k}" for k in figures[:1] + figures[2:4]),
+                    "measured_s",
+                    "reason",
+                ]
+            )
             for t in self.trials:
                 short, confirm = t.measured.get("short", {}), t.measured.get("confirm", {})
-                w.writerow([
-                    t.number, t.label, t.state, *(format_value(t.point[k]) if k in t.point
-                                                  else "" for k in keys),
-                    *(_cell(t.predicted.get(k)) for k in figures),
-                    *(_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
-                    *(_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
-                    _cell(sum(t.seconds.values()) if t.seconds else None), t.reason,
-                ])
+                w.writerow(
+                    [
+                        t.number,
+                        t.label,
+                        t.state,
+                        *(format_value(t.point[k]) if k in t.point else "" for k in keys),
+                        *(_cell(t.predicted.get(k)) for k in figures),
+                        *(_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
+                        *(_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
+                        _cell(sum(t.seconds.values()) if t.seconds else None),
+                        t.reason,
+                    ]
+                )
         return path
 
     def write_summary(self) -> dict[str, Path | None] | None:
@@ -585,22 +714,39 @@ class Tuner:
             for stage, result in t.measured.items():
                 params = {k: format_value(v) for k, v in t.point.items()}
                 failed = result.get("failed")
-                rows.append(SummaryRow.from_result(
-                    {**params, "stage": stage}, None if failed else result,
-                    label=f"{t.label} {stage}", **({"error": failed} if failed else {})))
+                rows.append(
+                    SummaryRow.from_result(
+                        {**params, "stage": stage},
+                        None if failed else result,
+                        label=f"{t.label} {stage}",
+                        **({"error": failed} if failed else {}),
+                    )
+                )
         if not rows:
             return None
         files = write_summary(rows, self.opts.out, title=f"inferflow tune {self.opts.name}")
         return {"csv": files.csv, "md": files.md, "png": files.png}
 
 
-def _served_measure(overrides: Sequence[str], workload: Mapping[str, Any],
-                    goodput: Mapping[str, float], repeats: int, warmup: int,
-                    log_dir: Path) -> dict[str, Any]:
+def _served_measure(
+    overrides: Sequence[str],
+    workload: Mapping[str, Any],
+    goodput: Mapping[str, float],
+    repeats: int,
+    warmup: int,
+    log_dir: Path,
+) -> dict[str, Any]:
     from inferflow.experiment.served import measure_served
 
-    return measure_served(overrides, workload, goodput, repeats=repeats, warmup=warmup,
-                          max_spread=0.10, log_dir=log_dir)
+    return measure_served(
+        overrides,
+        workload,
+        goodput,
+        repeats=repeats,
+        warmup=warmup,
+        max_spread=0.10,
+        log_dir=log_dir,
+    )
 
 
 # ---------------------------------------------------------------------- files and text
@@ -648,13 +794,20 @@ def write_tuned(name: str, overrides: Sequence[str], header: Sequence[str] = ())
 
 def binding_slo(figures: Mapping[str, Any], slos: Mapping[str, float]) -> dict[str, Any] | None:
     """The SLO nearest to (or furthest past) its limit at p99: it is what binds."""
-    ratios = {m: float(figures[f"p99_{m}_ms"]) / limit for m, limit in slos.items()
-              if figures.get(f"p99_{m}_ms") is not None}
+    ratios = {
+        m: float(figures[f"p99_{m}_ms"]) / limit
+        for m, limit in slos.items()
+        if figures.get(f"p99_{m}_ms") is not None
+    }
     if not ratios:
         return None
     name = max(ratios, key=lambda m: ratios[m])
-    return {"slo": name, "p99_ms": figures[f"p99_{name}_ms"], "limit_ms": slos[name],
-            "p99_over_limit": round(ratios[name], 3)}
+    return {
+        "slo": name,
+        "p99_ms": figures[f"p99_{name}_ms"],
+        "limit_ms": slos[name],
+        "p99_over_limit": round(ratios[name], 3),
+    }
 
 
 def workload_text(wl: Mapping[str, Any]) -> str:
@@ -662,8 +815,10 @@ def workload_text(wl: Mapping[str, Any]) -> str:
     load = f"{rate} req/s" if rate is not None and not math.isinf(float(rate)) else "all at once"
     if wl.get("max_concurrency"):
         load += f", at most {wl['max_concurrency']} in flight"
-    return (f"{wl.get('num_prompts')} prompts of {wl.get('input_len')} -> "
-            f"{wl.get('output_len')} tokens, {load}")
+    return (
+        f"{wl.get('num_prompts')} prompts of {wl.get('input_len')} -> "
+        f"{wl.get('output_len')} tokens, {load}"
+    )
 
 
 def slo_text(slos: Mapping[str, float]) -> str:
@@ -675,6 +830,12 @@ def reproduce_command(opts: Options) -> str:
     if "--seed" not in argv:
         argv += ["--seed", str(opts.seed)]
     return "inferflow tune " + _join(argv)
+
+
+def serve_command(opts: Options) -> str:
+    return " ".join(["python -m inferflow", _join(opts.overrides), f"+tuned={opts.name}"]).replace(
+        "  ", " "
+    )
 
 
 def _join(items: Sequence[str]) -> str:
@@ -693,15 +854,24 @@ def _cell(value: Any) -> str:
 
 def report_markdown(report: Mapping[str, Any]) -> str:
     win, dflt = report["winner"], report["default"]
-    rows = [("request_goodput", "goodput (req/s)"), ("output_throughput", "output tok/s"),
-            ("p99_ttft_ms", "p99 TTFT (ms)"), ("p99_tpot_ms", "p99 TPOT (ms)"),
-            ("p99_e2el_ms", "p99 E2EL (ms)")]
+    rows = [
+        ("request_goodput", "goodput (req/s)"),
+        ("output_throughput", "output tok/s"),
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("p99_tpot_ms", "p99 TPOT (ms)"),
+        ("p99_e2el_ms", "p99 E2EL (ms)"),
+    ]
     lines = [
-        f"# inferflow tune: {report['name']}", "",
-        f"Workload: {workload_text(report['workload'])}; SLO: {slo_text(report['slo_ms'])}.", "",
+        f"# inferflow tune: {report['name']}",
+        "",
+        f"Workload: {workload_text(report['workload'])}; SLO: {slo_text(report['slo_ms'])}.",
+        "",
         f"Winner ({report['stage']}): `{' '.join(win['overrides']) or '(the default config)'}`",
-        "", "| figure | default | winner |", "|---|---|---|",
-        *(f"| {label} | {_fmt(dflt.get(k))} | {_fmt(win.get(k))} |" for k, label in rows), "",
+        "",
+        "| figure | default | winner |",
+        "|---|---|---|",
+        *(f"| {label} | {_fmt(dflt.get(k))} | {_fmt(win.get(k))} |" for k, label in rows),
+        "",
     ]
     if report.get("goodput_ratio") is not None:
         lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
@@ -711,9 +881,11 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     lines += [
         f"Measurement time: {report['measurement_s']:.0f} s of a {report['budget_s']:.0f} s "
         f"budget ({report['served_runs']} served runs); engine model: {report['model_s']:.0f} s.",
-        f"Trials: {report['trials']}.", "",
+        f"Trials: {report['trials']}.",
+        "",
         f"Serve it: `{report['serve_command']}` (file: `{report['tuned_file']}`)",
-        f"Reproduce: `{report['reproduce']}`", "",
+        f"Reproduce: `{report['reproduce']}`",
+        "",
     ]
     return "\n".join(lines)
 
@@ -721,14 +893,18 @@ def report_markdown(report: Mapping[str, Any]) -> str:
 def print_report(report: Mapping[str, Any]) -> None:
     win = report["winner"]
     print(f"winner: {' '.join(win['overrides']) or '(the default config)'}")
-    print(f"  goodput {_fmt(win.get('request_goodput'))} req/s vs default "
-          f"{_fmt(report['default'].get('request_goodput'))}"
-          + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else ""))
+    print(
+        f"  goodput {_fmt(win.get('request_goodput'))} req/s vs default "
+        f"{_fmt(report['default'].get('request_goodput'))}"
+        + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else "")
+    )
     if report.get("binding_slo"):
         b = report["binding_slo"]
         print(f"  binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms)")
-    print(f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
-          f" {report['served_runs']} served runs, model {report['model_s']:.0f} s")
+    print(
+        f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
+        f" {report['served_runs']} served runs, model {report['model_s']:.0f} s"
+    )
     print(f"  serve: {report['serve_command']}")
     print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")
 
