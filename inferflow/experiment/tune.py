@@ -383,13 +383,15 @@ class Tuner:
         return figures, ""
 
     def calibrate(self, measured: Mapping[str, Any]) -> None:
-        """Fit the model's step-time scale and per-request overhead to the default's short run."""
+        """Fit the model to the default's short run: a step-time scale from the mean end-to-end
+        latency (TPOT is no guide where the server streams several tokens per chunk), then a
+        per-request overhead from the median TTFT."""
         predicted, reason = self.predict({}, [])
         if reason or not predicted:
             return
-        sim_tpot, real_tpot = predicted.get("mean_tpot_ms"), measured.get("mean_tpot_ms")
-        if sim_tpot and real_tpot:
-            self.scale = min(4.0, max(0.5, float(real_tpot) / float(sim_tpot)))
+        sim_e2el, real_e2el = predicted.get("mean_e2el_ms"), measured.get("mean_e2el_ms")
+        if sim_e2el and real_e2el:
+            self.scale = min(4.0, max(0.25, float(real_e2el) / float(sim_e2el)))
         predicted, _ = self.predict({}, [])
         sim_ttft, real_ttft = predicted.get("median_ttft_ms"), measured.get("median_ttft_ms")
         if sim_ttft is not None and real_ttft is not None:
@@ -521,6 +523,7 @@ class Tuner:
         opts.out.mkdir(parents=True, exist_ok=True)
         short_wl = {**self.workload, "num_prompts": max(4, int(self.workload["num_prompts"]) // 3)}
         default = self.new_trial({}, "default")
+        default.point = self.space.default_point(self.base)  # (its overrides stay empty)
         if opts.grid:
             return self._grid(default)
         if opts.simulate_only:
@@ -534,7 +537,8 @@ class Tuner:
             self.calibrate(default.measured["short"])
         short_cost = default.seconds.get("short", 60.0)
         ranked = self.simulated_search()
-        ranked = [t for t in ranked if t.overrides]  # (the default is measured already)
+        # (the default is measured already, also where the space spells its values out)
+        ranked = [t for t in ranked if t.overrides and t.point != default.point]
         k = self._how_many(short_cost)
         self.log(f"{len(ranked)} feasible points ranked on the model; short runs for {k}")
         for trial in ranked[:k]:
@@ -566,9 +570,9 @@ class Tuner:
         self.measure(default, "confirm", self.workload, self.opts.repeats)
         best: list[Trial] = []
         for point in self.space.grid():
+            if point == default.point:
+                continue  # the default, measured above
             trial = self.new_trial(point)
-            if not trial.overrides:
-                continue
             _, _, reason = self.check(trial.overrides)
             if reason:
                 trial.state, trial.reason = "infeasible", reason
