@@ -48,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import ConfigError
 from inferflow.experiment.simulate import CostModel, Profile, Workload, profile_engine, simulate
@@ -347,13 +349,19 @@ class Tuner:
             self.log(f"profile {' '.join(key) or 'base'}: {reason}")
             return None
         self.log(f"timing engine steps ({' '.join(key) or 'base executor'}; up to {rows} rows)")
+        started = time.perf_counter()
         try:
             prof = profile_engine(graph, input_len=int(self.workload["input_len"]), max_rows=rows)
-        except Exception as exc:
-            self.log(f"profile {' '.join(key) or 'base'} failed: {exc}")
-            self.profiles[key] = Profile(CostModel((math.inf, 0, 0, 0)), seconds=0.0)
-            return self.profiles[key]
+        except Exception as exc:  # (an engine that does not load: its points are infeasible)
+            self.log(f"profile {' '.join(key) or 'base'} failed: {exc}".splitlines()[0])
+            prof = Profile(CostModel((math.inf, 0, 0, 0)), seconds=time.perf_counter() - started)
+        finally:
+            del self._checked[tuple(sized)]  # the loaded engine goes with its graph
+            del graph
         self.measure_s += prof.seconds
+        if math.isinf(prof.cost.coef[0]):
+            self.profiles[key] = prof
+            return prof
         self.profiles[key] = prof
         c = prof.cost.coef
         self.log(
@@ -920,7 +928,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ArgumentError, ConfigError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except Exception as exc:  # a composition error of the base overrides (Hydra's)
+    except (HydraException, OmegaConfBaseException) as exc:  # composing the base overrides
         from inferflow.cli import describe_hydra_error
 
         print(f"{PROG}: {describe_hydra_error(exc)}", file=sys.stderr)
@@ -938,6 +946,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # (a server being measured was stopped by measure_served)
+        if tuner.trials:
+            tuner.write_trials()
+        print(f"{PROG}: interrupted; trials so far in {opts.out / 'trials.csv'}", file=sys.stderr)
+        return 130
     print_report(report)
     measured = report["stage"] == "simulated" or report["winner"].get("request_goodput") is not None
     return 0 if measured else 1

@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,16 @@ def home() -> Path:
 @pytest.fixture(scope="module")
 def base(home: Path) -> Any:
     return compose_config([])
+
+
+@pytest.fixture
+def home_conf(home: Path) -> Iterator[Path]:
+    """``$INFERFLOW_HOME/conf`` (where tune writes ``tuned/``), removed after the test: once it
+    exists it joins every later composition's search path."""
+    conf = home / "conf"
+    assert not conf.exists()
+    yield conf
+    shutil.rmtree(conf, ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the declared space
@@ -256,7 +267,7 @@ def test_tuned_file_composes_as_plus_tuned(tmp_path: Path, monkeypatch: pytest.M
 
 
 def test_search_measures_the_promising_points_and_records_failures(
-    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    home: Path, home_conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The whole search with the served measurement replaced by the engine model itself (a
     point with max_num_seqs 3 "fails to start"): short runs, confirmations, the files."""
@@ -322,7 +333,7 @@ def test_search_measures_the_promising_points_and_records_failures(
     )
     assert report["goodput_ratio"] is not None and report["goodput_ratio"] >= 1.0
     assert report["binding_slo"]["slo"] in ("ttft", "tpot")
-    tuned = home / "conf" / "tuned" / "standin.yaml"
+    tuned = home_conf / "tuned" / "standin.yaml"
     assert tuned.is_file() and (out / "tuned.yaml").read_text() == tuned.read_text()
     rows = (out / "trials.csv").read_text().splitlines()
     assert rows[0].startswith("trial,label,state,batching.max_num_seqs")
@@ -331,7 +342,6 @@ def test_search_measures_the_promising_points_and_records_failures(
     saved = json.loads((out / "report.json").read_text())
     assert saved["reproduce"].startswith("inferflow tune ") and "--seed 0" in saved["reproduce"]
     assert (out / "report.md").read_text().startswith("# inferflow tune: standin")
-    tuned.unlink()
 
 
 # ------------------------------------------------------------------ the real command
@@ -339,7 +349,9 @@ def test_search_measures_the_promising_points_and_records_failures(
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_inferflow_tune_end_to_end_on_the_tiny_model(home: Path, tmp_path: Path) -> None:
+def test_inferflow_tune_end_to_end_on_the_tiny_model(
+    home: Path, home_conf: Path, tmp_path: Path
+) -> None:
     pytest.importorskip("inferflow.experiment.served")
     out = tmp_path / "out"
     env = {
@@ -387,7 +399,7 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(home: Path, tmp_path: Path)
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "winner:" in proc.stdout and "+tuned=e2e" in proc.stdout
-    tuned = home / "conf" / "tuned" / "e2e.yaml"
+    tuned = home_conf / "tuned" / "e2e.yaml"
     assert tuned.read_text().startswith("# @package _global_")
     report = json.loads((out / "report.json").read_text())
     assert report["default"].get("request_goodput") is not None
@@ -404,4 +416,3 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(home: Path, tmp_path: Path)
         check=False,
     )
     assert check.returncode == 0, check.stderr
-    tuned.unlink()
