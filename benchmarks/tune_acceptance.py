@@ -18,7 +18,13 @@ Three phases, each through the real command line, on one fixed workload and SLO:
 Writes ``benchmarks/results/tune/tune_acceptance[-quick].json`` and ``.md``: goodput of the
 winner / the default (the issue asks >= 1.25x), the winner / the grid's best (>= 0.95x), and
 tune's measurement time / the grid's (<= 1/3). If the default meets the SLO at the chosen rate
-there is nothing to win: the note says so; raise ``--request-rate``.
+there is nothing to win: the note says so; raise ``--request-rate``. Far past the machine's
+capacity no point meets the SLO either (goodput near 0 everywhere). The rate that separates them
+moves with the machine's load: a served run of the default at the rate (``python -m inferflow
++model=local model.path=... task=bench experiment.workload.request_rate=R ...``) tells, and so,
+roughly, does ``inferflow tune ... --simulate-only`` (the engine model, uncalibrated). On the
+development machine (2 shared cores) the ~100M model's steps cost ~0.35-0.8 ms per token
+(``trials.csv``' step model, which varied with the other processes' load).
 """
 
 from __future__ import annotations

@@ -319,8 +319,17 @@ class Tuner:
 
     # ------------------------------------------------------------ the engine model
     def executor_key(self, point: Mapping[str, Any]) -> tuple[str, ...]:
+        """The executor settings of ``point`` that differ from the base's (one step-time model
+        each; the base's own values share the base's)."""
+        from omegaconf import OmegaConf
+
         return tuple(
-            sorted(f"{k}={format_value(v)}" for k, v in point.items() if k.startswith("executor."))
+            sorted(
+                f"{k}={format_value(v)}"
+                for k, v in point.items()
+                if k.startswith("executor.")
+                and format_value(v) != format_value(OmegaConf.select(self.base, k, default=None))
+            )
         )
 
     def max_rows(self) -> int:

@@ -124,6 +124,9 @@ def test_every_drawn_point_composes_and_the_invalid_ones_are_infeasible(
         else:
             reasons.append(reason)
             assert "\n" not in reason
+    # the base's own executor values share the base's step-time model
+    assert tuner.executor_key({"executor.precision": "fp32", "batching.max_num_seqs": 2}) == ()
+    assert tuner.executor_key({"executor.precision": "int8"}) == ("executor.precision=int8",)
     # max_num_batched_tokens below max_num_seqs is what task=check refuses
     _, _, reason = tuner.check(["batching.max_num_seqs=128", "batching.max_num_batched_tokens=64"])
     assert reason.startswith("batching.max_num_batched_tokens:")
