@@ -475,15 +475,10 @@ class Tuner:
         started = time.perf_counter()
         # optuna 5: Trial.set_constraint; 4.x: the sampler's constraints_func
         new_api = hasattr(optuna.trial.Trial, "set_constraint")
-        constraints = (
-            {}
-            if new_api
-            else {"constraints_func": lambda t: t.user_attrs.get("constraint", (1.0,))}
-        )
         sampler = optuna.samplers.TPESampler(
             seed=self.opts.seed,
             n_startup_trials=min(20, max(5, self.opts.sim_trials // 5)),
-            **constraints,
+            constraints_func=None if new_api else lambda t: t.user_attrs.get("constraint", (1.0,)),
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
         default = self.space.default_point(self.base)
