@@ -46,12 +46,15 @@ def base(home: Path) -> Any:
 
 @pytest.fixture
 def home_conf(home: Path) -> Iterator[Path]:
-    """``$INFERFLOW_HOME/conf`` (where tune writes ``tuned/``), removed after the test: once it
-    exists it joins every later composition's search path."""
+    """``$INFERFLOW_HOME/conf`` (where tune writes ``tuned/``), as it was after the test: once
+    it exists it joins every later composition's search path."""
     conf = home / "conf"
-    assert not conf.exists()
+    existed, tuned_existed = conf.exists(), (conf / "tuned").exists()
     yield conf
-    shutil.rmtree(conf, ignore_errors=True)
+    if not existed:
+        shutil.rmtree(conf, ignore_errors=True)
+    elif not tuned_existed:
+        shutil.rmtree(conf / "tuned", ignore_errors=True)
 
 
 # ------------------------------------------------------------------ the declared space
