@@ -646,6 +646,12 @@ class Tuner:
         ratio = None
         if win.get("request_goodput") is not None and dflt.get("request_goodput"):
             ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
+        clear = None  # a win larger than the two runs' spreads together (repeats' std)
+        if ratio is not None and winner is not default:
+            spread = float(win.get("request_goodput_std") or 0.0) + float(
+                dflt.get("request_goodput_std") or 0.0
+            )
+            clear = float(win["request_goodput"]) - float(dflt["request_goodput"]) > spread
         binds = binding_slo(win, self.opts.slos)
         counts: dict[str, int] = {}
         for t in self.trials:
@@ -659,6 +665,7 @@ class Tuner:
             "winner": {"overrides": winner.overrides, "label": winner.label, **win},
             "default": dflt,
             "goodput_ratio": ratio,
+            "clear_win": clear,
             "binding_slo": binds,
             "measurement_s": round(self.measure_s, 1),
             "model_s": round(self.model_s, 1),
@@ -891,6 +898,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     ]
     if report.get("goodput_ratio") is not None:
         lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
+    if report.get("clear_win") is False:
+        lines.append("The difference is within the runs' spread: no clear win over the default.")
     if report.get("binding_slo"):
         b = report["binding_slo"]
         lines.append(f"Binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms).")
@@ -913,6 +922,7 @@ def print_report(report: Mapping[str, Any]) -> None:
         f"  goodput {_fmt(win.get('request_goodput'))} req/s vs default "
         f"{_fmt(report['default'].get('request_goodput'))}"
         + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else "")
+        + (" - within the runs' spread" if report.get("clear_win") is False else "")
     )
     if report.get("binding_slo"):
         b = report["binding_slo"]
