@@ -2,7 +2,7 @@
 
 ``inferflow [OVERRIDES]`` composes the config with Hydra (``--cfg job``, ``--help``, ``--info``,
 ``-m`` work as usual), builds the serving graph and runs ``task`` (``serve`` by default).
-Subcommands: ``inferflow traces FILE ...`` and ``inferflow bench ...``.
+Subcommands: ``inferflow traces FILE ...``, ``inferflow bench ...`` and ``inferflow tune ...``.
 
 Exit codes: 0 ok, 1 runtime failure, 2 a config problem (printed as one line, no traceback),
 130 (143) a run or a whole sweep stopped by Ctrl+C (SIGTERM): in a sweep (``-m``) the signal
@@ -40,7 +40,11 @@ from inferflow.graph import ServingGraph, build_graph
 from inferflow.models.errors import CheckpointError
 from inferflow.stages.registry import register_configs
 
-SUBCOMMANDS = {"traces": "inferflow.telemetry.trace_viewer", "bench": "inferflow.bench.cli"}
+SUBCOMMANDS = {
+    "traces": "inferflow.telemetry.trace_viewer",
+    "bench": "inferflow.bench.cli",
+    "tune": "inferflow.experiment.tune",
+}
 PROG = "inferflow"
 
 

@@ -71,11 +71,25 @@ def discover_plugins() -> list[Plugin]:
 
 
 def env_search_paths(environ: Mapping[str, str] | None = None) -> list[str]:
-    """``$INFERFLOW_CONFIG_PATH``: folders (or ``pkg://``/``file://`` URLs), ``os.pathsep``-separated."""
-    raw = (os.environ if environ is None else environ).get("INFERFLOW_CONFIG_PATH", "")
+    """``$INFERFLOW_CONFIG_PATH``: folders (or ``pkg://``/``file://`` URLs), ``os.pathsep``-separated;
+    then ``$INFERFLOW_HOME/conf`` when it exists (where ``inferflow tune`` writes
+    ``tuned/NAME.yaml``, selected with ``+tuned=NAME``)."""
+    env = os.environ if environ is None else environ
+    raw = env.get("INFERFLOW_CONFIG_PATH", "")
     items = filter(None, (p.strip() for p in raw.split(os.pathsep)))
     urls = ("pkg://", "file://")
-    return [i if i.startswith(urls) else f"file://{Path(i).expanduser().resolve()}" for i in items]
+    paths = [i if i.startswith(urls) else f"file://{Path(i).expanduser().resolve()}" for i in items]
+    home = home_conf_dir(env)
+    if home.is_dir() and f"file://{home}" not in paths:
+        paths.append(f"file://{home}")
+    return paths
+
+
+def home_conf_dir(environ: Mapping[str, str] | None = None) -> Path:
+    """``$INFERFLOW_HOME/conf``: the user's own config groups (``tuned/`` from ``inferflow tune``)."""
+    env = os.environ if environ is None else environ
+    home = env.get("INFERFLOW_HOME") or Path.home() / ".cache" / "inferflow"
+    return Path(home).expanduser().resolve() / "conf"
 
 
 # ---------------------------------------------------------------- the command line

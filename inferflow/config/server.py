@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from inferflow.config.base import ConfigEnum, parse_memory
+from inferflow.config.tunable import tunable
 
 API_KEYS_ENV = "INFERFLOW_API_KEYS"
 ADMIN_KEYS_ENV = "INFERFLOW_ADMIN_KEYS"
@@ -65,7 +66,8 @@ class ServerConfig:
     rate_limit_requests_per_minute: int | None = None
     rate_limit_tokens_per_minute: int | None = None
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight requests may finish for this long
-    num_api_servers: int = 1
+    num_api_servers: int = tunable(1, low=1, high=4, simulated=False,
+                                   note="uvicorn processes: HTTP and streaming off the engine's cores")
     workers: int = 1
     log_level: LogLevel = LogLevel.info
     public_metrics: bool = False  # with api_keys: serve /metrics without a key (for scrapers)

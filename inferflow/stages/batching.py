@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from inferflow.config.base import ConfigEnum
+from inferflow.config.tunable import tunable
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
@@ -56,8 +57,12 @@ class BatchingStage(EngineStage):
 
     kind: ClassVar[str] = "batching"
     mode: ClassVar[str] = "continuous"
-    max_num_seqs: int = 64  # every client of a c64 load runs at once (slots are cheap on CPU)
-    max_num_batched_tokens: int = 2048  # a prefill burst in few steps (docs/performance.md)
+    # every client of a c64 load runs at once (slots are cheap on CPU)
+    max_num_seqs: int = tunable(64, low=1, high=256, log=True,
+                                note="rows per step: throughput vs time per output token")
+    # a prefill burst in few steps (docs/performance.md)
+    max_num_batched_tokens: int = tunable(2048, low=64, high=8192, log=True,
+                                          note="tokens per step: prefill speed vs decode stalls")
     policy: SchedulingPolicy = SchedulingPolicy.fcfs
     # the deprecated spelling of max_num_seqs (task=check leaves out a renamed_to field)
     max_batch_size: int | None = field(default=None, metadata={"renamed_to": "max_num_seqs"})
@@ -159,4 +164,6 @@ class ContinuousBatching(BatchingStage):
 
     mode: ClassVar[str] = "continuous"
     enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0
+    long_prefill_token_threshold: int = tunable(
+        0, choices=(0, 64, 128, 256, 512),
+        note="one prompt's tokens per step (0: no cap): decodes keep flowing beside long prompts")

@@ -11,6 +11,7 @@ from abc import abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from inferflow.config.tunable import tunable
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ class CacheStage(EngineStage):
     """
 
     kind: ClassVar[str] = "cache"
-    block_size: int = 16
+    block_size: int = tunable(16, choices=(8, 16, 32, 64), simulated=False,
+                              note="tokens per KV block: prefix-hit granularity, attention reads")
     num_blocks: int = 0
 
     def __post_init__(self) -> None:

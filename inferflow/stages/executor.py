@@ -14,6 +14,7 @@ from abc import abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from inferflow.config.tunable import tunable
 from inferflow.runtimes.config import GraphForm, OrtSettings, Precision
 from inferflow.stages.engine_slot import EngineStage
 
@@ -218,9 +219,13 @@ class OnnxRuntimeExecutor(ExecutorStage):
     runtime_package: ClassVar[str] = "onnxruntime"
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
     returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the graph returns any rows' logits
-    precision: Precision = Precision.fp32
-    graph_form: GraphForm = GraphForm.auto  # paged where the op builds, else gqa (slots)
-    intra_op_threads: int = 0
+    precision: Precision = tunable(Precision.fp32, choices=("fp32", "int8", "int4"),
+                                   note="weight precision: int8/int4 trade accuracy for speed")
+    # paged where the op builds, else gqa (slots)
+    graph_form: GraphForm = tunable(GraphForm.auto, choices=("paged", "gqa"),
+                                    note="KV layout: a paged pool or one buffer per slot")
+    intra_op_threads: int = tunable(0, low=0, high=None,
+                                    note="ONNX Runtime's threads per step (0: one per core)")
     inter_op_threads: int = 1
     allow_spinning: bool = True  # within a call only: the spin stops when it returns
     cache_dir: str | None = None

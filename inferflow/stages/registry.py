@@ -62,6 +62,14 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
 }
 
 
+# Slot groups whose option ``inferflow tune`` may choose (each option's own tunable fields then
+# join the search space: ``speculative.num_speculative_tokens`` exists with ``ngram`` only).
+TUNABLE_OPTIONS: dict[str, tuple[str, ...]] = {
+    "cache": ("prefix", "none"),
+    "speculative": ("none", "ngram"),
+}
+
+
 def schema_name(group: str, option: str) -> str:
     """ConfigStore name of a built-in option's schema (a root-level config, so it is not listed
     as a selectable group option): referenced as ``- /<name>@_here_`` in the option's YAML."""

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from inferflow.config.tunable import tunable
 from inferflow.scheduling.speculation import DraftProposer, DraftRequest
 from inferflow.stages.engine_slot import EngineStage
 
@@ -57,9 +58,12 @@ class NgramSpeculation(SpeculativeStage):
     """Prompt lookup (:class:`NgramProposer`; vLLM's ``method: ngram``). Costs no model; pays
     off where output repeats its context (code edits, extraction, quoting)."""
 
-    num_speculative_tokens: int = 4
+    # (the tuner's engine model cannot know how often drafts are accepted: real runs decide)
+    num_speculative_tokens: int = tunable(4, low=1, high=8, simulated=False,
+                                          note="draft length (speculative=ngram only)")
     prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
+    prompt_lookup_max: int = tunable(4, low=2, high=6, simulated=False,
+                                     note="longest n-gram looked up (>= prompt_lookup_min)")
 
     def __post_init__(self) -> None:
         self.proposer()  # the range checks, at config time

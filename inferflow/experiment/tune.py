@@ -1,0 +1,970 @@
+"""``inferflow tune``: the config with the most goodput for a workload and its SLOs.
+
+::
+
+    inferflow tune [OVERRIDES...] --slo ttft:2000 tpot:100 --request-rate 4 \\
+        --input-len 256 --output-len 64 --num-prompts 64 \\
+        --space batching.max_num_seqs=2:64:log executor.precision=fp32,int8 \\
+        --budget-s 1800 --name mine          # then: python -m inferflow OVERRIDES +tuned=mine
+
+``OVERRIDES`` compose the base config (the model, anything fixed); the knobs come from the
+config schema (``inferflow/config/tunable.py``; ``--list`` prints them), narrowed or re-ranged
+by ``--space``. Measurement time is spent where it tells most:
+
+1. **Engine model.** The base config's engine steps are timed on this machine for a few batch
+   shapes and a step-time model is fitted (``simulate.profile_engine``; once per distinct
+   executor setting, ``--max-profiles``). The default config is measured once, served, with a
+   short load; the model is calibrated on it (step-time scale, a per-request overhead).
+2. **Simulated search.** Optuna's TPE draws ``--sim-trials`` points (define-by-run: a knob of
+   ``speculative=ngram`` only with it); each is composed and checked as ``task=check`` would
+   (a point the graph refuses is infeasible, never measured), then the real scheduler replays
+   the workload on the model's step times (``simulate.simulate``): predicted goodput, with
+   ``--slo-attainment`` as a constraint (``constraints_func``).
+3. **Successive halving on served runs** (``served.measure_served``): the best predicted points
+   get a short run (a third of the prompts, one repeat); the best third of those, and the
+   default, a full-length confirmation with ``--repeats``. A server that does not start, a load
+   whose requests all fail: infeasible, never "slow". The winner is the best confirmed goodput.
+
+Output in ``--out`` (default ``tune/NAME``): ``trials.csv`` (every point: predicted and measured
+figures, state), ``summary.{csv,md,png}`` of the measured runs (``summary.write_summary``),
+``runs/*/results.json``, ``report.{md,json}`` (winner beside the default, which SLO binds,
+measurement time, the commands), ``tuned.yaml``; and ``$INFERFLOW_HOME/conf/tuned/NAME.yaml``,
+which ``python -m inferflow +tuned=NAME`` selects. Exit codes: 0 done, 1 nothing measured, 2 bad
+arguments or base config (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hydra.errors import HydraException
+from omegaconf.errors import OmegaConfBaseException
+
+from inferflow.config import ConfigError
+from inferflow.experiment.simulate import CostModel, Profile, Workload, profile_engine, simulate
+from inferflow.experiment.space import Point, SearchSpace, format_value
+
+PROG = "inferflow tune"
+SLO_NAMES = ("ttft", "tpot", "e2el")
+# measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
+Measure = Callable[
+    [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
+]
+
+
+class ArgumentError(ValueError):
+    """A bad command line: one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # (argparse would print usage and exit)
+        raise ArgumentError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog=PROG,
+        description="Search the composed config for the most goodput under "
+        "SLOs (see inferflow/experiment/tune.py).",
+    )
+    p.add_argument("overrides", nargs="*", help="Hydra overrides of the base config")
+    p.add_argument(
+        "--slo",
+        nargs="+",
+        default=[],
+        metavar="NAME:MS",
+        help="SLOs in ms: ttft:2000 tpot:100 e2el:...",
+    )
+    p.add_argument(
+        "--slo-attainment",
+        type=float,
+        default=None,
+        metavar="P",
+        help="constraint: at least this share of requests meets every SLO (0..1)",
+    )
+    p.add_argument("--request-rate", type=float, default=None, help="req/s (inf: all at once)")
+    p.add_argument("--max-concurrency", type=int, default=None)
+    p.add_argument("--input-len", type=int, default=None)
+    p.add_argument("--output-len", type=int, default=None)
+    p.add_argument("--num-prompts", type=int, default=None)
+    p.add_argument("--burstiness", type=float, default=None)
+    p.add_argument(
+        "--space",
+        nargs="+",
+        action="extend",
+        default=[],
+        metavar="KEY=RANGE",
+        help="KEY=LOW:HIGH[:log], KEY=a,b,c or KEY",
+    )
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=900.0,
+        help="measurement time (engine profiles and served runs), seconds",
+    )
+    p.add_argument("--name", default="tuned", help="the override file: +tuned=NAME")
+    p.add_argument("--out", default=None, help="output folder (default tune/NAME)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sim-trials", type=int, default=200, help="points ranked on the model")
+    p.add_argument("--top", type=int, default=6, help="most candidates given a short run")
+    p.add_argument("--repeats", type=int, default=2, help="repeats of a confirmation run")
+    p.add_argument(
+        "--max-profiles",
+        type=int,
+        default=3,
+        help="distinct executor settings whose steps are timed",
+    )
+    p.add_argument(
+        "--grid",
+        action="store_true",
+        help="measure every point of the space instead (the exhaustive baseline)",
+    )
+    p.add_argument(
+        "--simulate-only", action="store_true", help="rank on the engine model, measure nothing"
+    )
+    p.add_argument("--list", action="store_true", help="print the search space and exit")
+    return p
+
+
+def parse_slos(items: Sequence[str]) -> dict[str, float]:
+    slos: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition(":")
+        if not sep or name not in SLO_NAMES:
+            raise ArgumentError(
+                f"--slo {item}: expected NAME:MS with NAME one of {', '.join(SLO_NAMES)}"
+            )
+        try:
+            slos[name] = float(value)
+        except ValueError:
+            raise ArgumentError(f"--slo {item}: {value!r} is not a number of ms") from None
+        if not slos[name] > 0:
+            raise ArgumentError(f"--slo {item}: must be > 0 ms")
+    return slos
+
+
+@dataclass
+class Options:
+    """The parsed command line."""
+
+    overrides: list[str]
+    slos: dict[str, float]
+    attainment: float | None
+    workload: dict[str, Any]
+    space_items: list[str]
+    budget_s: float
+    name: str
+    out: Path
+    seed: int
+    sim_trials: int
+    top: int
+    repeats: int
+    max_profiles: int
+    grid: bool
+    simulate_only: bool
+    list_space: bool
+    argv: list[str]
+
+
+def parse_args(argv: Sequence[str]) -> Options:
+    args = build_parser().parse_args(list(argv))
+    slos = parse_slos(args.slo)
+    if not slos and not args.list:
+        raise ArgumentError("--slo: give at least one SLO, e.g. --slo ttft:2000 tpot:100")
+    if args.slo_attainment is not None and not 0 < args.slo_attainment <= 1:
+        raise ArgumentError("--slo-attainment: must be in (0, 1]")
+    for name in (
+        "max_concurrency",
+        "input_len",
+        "output_len",
+        "num_prompts",
+        "top",
+        "repeats",
+        "max_profiles",
+    ):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ArgumentError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
+    if args.request_rate is not None and not args.request_rate > 0:
+        raise ArgumentError("--request-rate: must be > 0 (or inf)")
+    if args.budget_s <= 0 or args.sim_trials < 0:
+        raise ArgumentError("--budget-s must be > 0 and --sim-trials >= 0")
+    if not args.name.replace("-", "").replace("_", "").isalnum():
+        raise ArgumentError(f"--name {args.name!r}: letters, digits, - and _ only")
+    for o in args.overrides:
+        if "=" not in o:
+            raise ArgumentError(f"{o!r}: not an override (KEY=VALUE); options start with --")
+    workload = {
+        k: getattr(args, k)
+        for k in (
+            "request_rate",
+            "max_concurrency",
+            "input_len",
+            "output_len",
+            "num_prompts",
+            "burstiness",
+        )
+        if getattr(args, k) is not None
+    }
+    if args.request_rate is not None and args.max_concurrency is None:
+        workload["max_concurrency"] = None  # an open loop at that rate
+    return Options(
+        overrides=list(args.overrides),
+        slos=slos,
+        attainment=args.slo_attainment,
+        workload=workload,
+        space_items=list(args.space),
+        budget_s=args.budget_s,
+        name=args.name,
+        out=Path(args.out or f"tune/{args.name}"),
+        seed=args.seed,
+        sim_trials=args.sim_trials,
+        top=args.top,
+        repeats=args.repeats,
+        max_profiles=args.max_profiles,
+        grid=args.grid,
+        simulate_only=args.simulate_only,
+        list_space=args.list,
+        argv=list(argv),
+    )
+
+
+# ---------------------------------------------------------------------- trials
+
+
+@dataclass
+class Trial:
+    """One point: its knobs, what the model predicted, what the served runs measured."""
+
+    number: int
+    point: Point
+    overrides: list[str]
+    label: str = ""
+    state: str = "ok"  # ok | infeasible | failed | skipped
+    reason: str = ""
+    predicted: dict[str, Any] = field(default_factory=dict)
+    measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> results
+    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time
+
+    def goodput(self, stage: str) -> float | None:
+        result = self.measured.get(stage)
+        if not result or result.get("failed"):
+            return None
+        value = result.get("request_goodput")
+        return float(value) if value is not None else None
+
+
+def _log(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr, flush=True)
+
+
+class Tuner:
+    """The search (module doc); ``measure`` is the served measurement (``served.py``'s
+    ``measure_served``, or a stand-in in tests)."""
+
+    def __init__(
+        self, opts: Options, measure: Measure | None = None, log: Callable[[str], None] = _log
+    ) -> None:
+        from inferflow.compose import compose_config
+
+        self.opts = opts
+        self.log = log
+        self.measure_fn = measure
+        self.base = compose_config(opts.overrides)
+        space = SearchSpace.declared(self.base)
+        self.space = space.narrowed(opts.space_items, self.base) if opts.space_items else space
+        wl = dict(self.base.experiment.workload)
+        wl.update(opts.workload)
+        self.workload = wl
+        self.exp = self.base.experiment
+        self.trials: list[Trial] = []
+        self.profiles: dict[tuple[str, ...], Profile] = {}
+        self.scale, self.overhead_s = 1.0, 0.0
+        self.measure_s = 0.0  # profiles + served runs
+        self.model_s = 0.0  # the simulated search
+        self._checked: dict[tuple[str, ...], tuple[Any, Any, str]] = {}
+        self.started = time.perf_counter()
+        if self.check([])[0] is None:
+            raise ConfigError(f"the base config: {self.check([])[2]}")
+
+    # ------------------------------------------------------------ checking points
+    def check(self, overrides: Sequence[str]) -> tuple[Any, Any, str]:
+        """(graph, layout, "") for a point the graph accepts, else (None, None, reason)."""
+        key = tuple(overrides)
+        if key not in self._checked:
+            from inferflow.compose import compose_config
+            from inferflow.graph import build_graph
+
+            try:
+                graph = build_graph(compose_config([*self.opts.overrides, *overrides]))
+                layout = graph.check_engine_settings()
+                self._checked[key] = (graph, layout, "")
+            except Exception as exc:  # ConfigError, Hydra's, a stage's ValueError
+                from inferflow.cli import describe_hydra_error
+
+                text = str(exc) if isinstance(exc, ConfigError) else describe_hydra_error(exc)
+                self._checked[key] = (None, None, text.splitlines()[0] if text else repr(exc))
+        return self._checked[key]
+
+    # ------------------------------------------------------------ the engine model
+    def executor_key(self, point: Mapping[str, Any]) -> tuple[str, ...]:
+        """The executor settings of ``point`` that differ from the base's (one step-time model
+        each; the base's own values share the base's)."""
+        from omegaconf import OmegaConf
+
+        return tuple(
+            sorted(
+                f"{k}={format_value(v)}"
+                for k, v in point.items()
+                if k.startswith("executor.")
+                and format_value(v) != format_value(OmegaConf.select(self.base, k, default=None))
+            )
+        )
+
+    def max_rows(self) -> int:
+        seqs = [int(self.base.batching.max_num_seqs)] if self.base.get("batching") else [1]
+        for knob in self.space.knobs:
+            if knob.key == "batching.max_num_seqs":
+                seqs = [int(v) for v in knob.values(256)]
+        cap = self.workload.get("max_concurrency") or int(self.workload["num_prompts"])
+        return max(1, min(max(seqs), int(cap), 64))
+
+    def profile(self, key: tuple[str, ...]) -> Profile | None:
+        """The step-time model of executor setting ``key`` (timed here once; None once
+        ``--max-profiles`` are spent or when the engine does not start)."""
+        if key in self.profiles:
+            return self.profiles[key]
+        if len(self.profiles) >= self.opts.max_profiles:
+            return None
+        rows = self.max_rows()
+        tokens = max(
+            rows,
+            int(self.base.batching.max_num_batched_tokens) if self.base.get("batching") else rows,
+        )
+        sized = [*key, f"batching.max_num_seqs={rows}", f"batching.max_num_batched_tokens={tokens}"]
+        graph, _, reason = self.check(sized)
+        if graph is None:
+            self.log(f"profile {' '.join(key) or 'base'}: {reason}")
+            return None
+        self.log(f"timing engine steps ({' '.join(key) or 'base executor'}; up to {rows} rows)")
+        started = time.perf_counter()
+        try:
+            prof = profile_engine(graph, input_len=int(self.workload["input_len"]), max_rows=rows)
+        except Exception as exc:  # (an engine that does not load: its points are infeasible)
+            self.log(f"profile {' '.join(key) or 'base'} failed: {exc}".splitlines()[0])
+            prof = Profile(CostModel((math.inf, 0, 0, 0)), seconds=time.perf_counter() - started)
+        finally:
+            del self._checked[tuple(sized)]  # the loaded engine goes with its graph
+            del graph
+        self.measure_s += prof.seconds
+        if math.isinf(prof.cost.coef[0]):
+            self.profiles[key] = prof
+            return prof
+        self.profiles[key] = prof
+        c = prof.cost.coef
+        self.log(
+            f"step model: {1000 * c[0]:.2f} ms + {1000 * c[1]:.3f} ms/row + "
+            f"{1000 * c[2]:.4f} ms/token + {1000 * c[3]:.3f} ms/1k context "
+            f"({prof.cost.samples} steps, rmse {1000 * prof.cost.rmse_s:.2f} ms, "
+            f"{prof.seconds:.0f} s)"
+        )
+        return prof
+
+    def predict(self, point: Point, overrides: Sequence[str]) -> tuple[dict[str, Any], str]:
+        """(predicted figures, "") or ({}, why not)."""
+        graph, layout, reason = self.check(overrides)
+        if graph is None:
+            return {}, reason
+        prof = self.profile(self.executor_key(point)) or self.profile(())
+        if prof is None or math.isinf(prof.cost.coef[0]):
+            return {}, "the engine did not start for its step profile"
+        figures = simulate(
+            graph,
+            Workload.of(self.workload),
+            prof.cost.scaled(self.scale),
+            self.opts.slos,
+            overhead_s=self.overhead_s,
+            layout=layout,
+        )
+        return figures, ""
+
+    def calibrate(self, measured: Mapping[str, Any]) -> None:
+        """Fit the model to the default's short run: a step-time scale from the mean end-to-end
+        latency (TPOT is no guide where the server streams several tokens per chunk), then a
+        per-request overhead from the median TTFT."""
+        predicted, reason = self.predict({}, [])
+        if reason or not predicted:
+            return
+        sim_e2el, real_e2el = predicted.get("mean_e2el_ms"), measured.get("mean_e2el_ms")
+        if sim_e2el and real_e2el:
+            self.scale = min(4.0, max(0.25, float(real_e2el) / float(sim_e2el)))
+        predicted, _ = self.predict({}, [])
+        sim_ttft, real_ttft = predicted.get("median_ttft_ms"), measured.get("median_ttft_ms")
+        if sim_ttft is not None and real_ttft is not None:
+            self.overhead_s = min(1.0, max(0.0, (float(real_ttft) - float(sim_ttft)) / 1000))
+        self.log(
+            f"model calibrated on the default's run: step times x{self.scale:.2f}, "
+            f"+{1000 * self.overhead_s:.0f} ms per request"
+        )
+
+    # ------------------------------------------------------------ served runs
+    def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
+        fn = self.measure_fn or _served_measure
+        run_dir = self.opts.out / "runs" / f"{len(self._run_dirs()):03d}_{stage}_{trial.label}"
+        started = time.perf_counter()
+        try:
+            result = fn(
+                [*self.opts.overrides, *trial.overrides],
+                workload,
+                self.opts.slos,
+                repeats,
+                int(self.exp.warmup),
+                run_dir,
+            )
+        except KeyboardInterrupt:
+            raise
+        except Exception as exc:  # a measurement that broke is this point's failure
+            result = {"task": "bench", "failed": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+        seconds = time.perf_counter() - started
+        self.measure_s += seconds
+        result = {"overrides": [*trial.overrides], **result}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+        trial.measured[stage], trial.seconds[stage] = result, seconds
+        if result.get("failed"):
+            trial.state, trial.reason = "failed", str(result["failed"])
+            self.log(f"{stage} {trial.label}: failed ({trial.reason}) [{seconds:.0f} s]")
+        else:
+            self.log(
+                f"{stage} {trial.label}: goodput {_fmt(result.get('request_goodput'))} req/s,"
+                f" p99 ttft {_fmt(result.get('p99_ttft_ms'))} ms, p99 tpot "
+                f"{_fmt(result.get('p99_tpot_ms'))} ms [{seconds:.0f} s]"
+            )
+
+    def _run_dirs(self) -> list[Path]:
+        runs = self.opts.out / "runs"
+        return sorted(runs.iterdir()) if runs.is_dir() else []
+
+    def left_s(self) -> float:
+        return self.opts.budget_s - self.measure_s
+
+    # ------------------------------------------------------------ the search
+    def new_trial(self, point: Point, label: str = "") -> Trial:
+        trial = Trial(len(self.trials), dict(point), SearchSpace.overrides(point))
+        trial.label = label or f"t{trial.number}"
+        self.trials.append(trial)
+        return trial
+
+    def simulated_search(self) -> list[Trial]:
+        """Rank points on the engine model (Optuna TPE, constraints); the feasible ones, best
+        predicted first, each point once."""
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        started = time.perf_counter()
+        # optuna 5: Trial.set_constraint; 4.x: the sampler's constraints_func
+        new_api = hasattr(optuna.trial.Trial, "set_constraint")
+        sampler = optuna.samplers.TPESampler(
+            seed=self.opts.seed,
+            n_startup_trials=min(20, max(5, self.opts.sim_trials // 5)),
+            constraints_func=None if new_api else lambda t: t.user_attrs.get("constraint", (1.0,)),
+        )
+        study = optuna.create_study(direction="maximize", sampler=sampler)
+        default = self.space.default_point(self.base)
+        if self.space.contains(default):
+            study.enqueue_trial({k: v for k, v in default.items()}, skip_if_exists=True)
+        seen: dict[tuple[str, ...], Trial] = {}
+        for _ in range(self.opts.sim_trials):
+            ot = study.ask()
+            point = self.space.suggest(ot)
+            overrides = SearchSpace.overrides(point)
+            key = tuple(overrides)
+            if key in seen:
+                trial = seen[key]
+            else:
+                trial = self.new_trial(point)
+                figures, reason = self.predict(point, overrides)
+                trial.predicted = figures
+                if reason:
+                    trial.state, trial.reason = "infeasible", reason
+                seen[key] = trial
+            value, violation = self._objective(trial)
+            if new_api:
+                ot.set_constraint("slo_attainment", violation)
+            else:
+                ot.set_user_attr("constraint", (violation,))
+            study.tell(ot, value)
+        self.model_s += time.perf_counter() - started
+        ranked = [t for t in seen.values() if t.state == "ok"]
+        ranked.sort(key=self._rank_key, reverse=True)
+        return ranked
+
+    def _objective(self, trial: Trial) -> tuple[float, float]:
+        if trial.state != "ok":
+            return 0.0, 1.0
+        goodput = float(trial.predicted.get("request_goodput") or 0.0)
+        need = self.opts.attainment
+        attained = float(trial.predicted.get("slo_attainment") or 0.0)
+        return goodput, (need - attained) if need is not None else 0.0
+
+    def _rank_key(self, trial: Trial) -> tuple[float, float, float]:
+        """Feasible first; then goodput (to 2%: points that all meet the SLOs at a fixed rate
+        tie); then the margin to the nearest SLO."""
+        goodput, violation = self._objective(trial)
+        slack = -max(
+            (trial.predicted.get(f"p99_{m}_ms") or 0.0) / limit
+            for m, limit in self.opts.slos.items()
+        )
+        bucket = math.floor(math.log(goodput) / math.log(1.02)) if goodput > 0 else -math.inf
+        return (0.0 if violation > 0 else 1.0), bucket, slack
+
+    def run(self) -> dict[str, Any]:
+        """The whole search (module doc); returns the report."""
+        opts = self.opts
+        opts.out.mkdir(parents=True, exist_ok=True)
+        short_wl = {**self.workload, "num_prompts": max(4, int(self.workload["num_prompts"]) // 3)}
+        default = self.new_trial({}, "default")
+        default.point = self.space.default_point(self.base)  # (its overrides stay empty)
+        if opts.grid:
+            return self._grid(default)
+        if opts.simulate_only:
+            self.profile(())
+            default.predicted, _ = self.predict({}, [])
+            ranked = self.simulated_search()
+            return self.finish(default, ranked[:1], stage=None)
+        self.profile(())
+        self.measure(default, "short", short_wl, 1)
+        if default.state == "ok":
+            self.calibrate(default.measured["short"])
+        short_cost = default.seconds.get("short", 60.0)
+        ranked = self.simulated_search()
+        # (the default is measured already, also where the space spells its values out)
+        ranked = [t for t in ranked if t.overrides and t.point != default.point]
+        k = self._how_many(short_cost)
+        self.log(f"{len(ranked)} feasible points ranked on the model; short runs for {k}")
+        for trial in ranked[:k]:
+            if self.left_s() < short_cost:
+                trial.state, trial.reason = "skipped", "measurement budget spent"
+                continue
+            self.measure(trial, "short", short_wl, 1)
+        shorts = [t for t in ranked[:k] if t.goodput("short") is not None]
+        shorts.sort(key=lambda t: t.goodput("short") or 0.0, reverse=True)
+        finalists = shorts[: max(1, math.ceil(len(shorts) / 3))]
+        for trial in [default, *finalists]:
+            self.measure(trial, "confirm", self.workload, opts.repeats)
+        return self.finish(default, finalists, stage="confirm")
+
+    def _how_many(self, short_cost: float) -> int:
+        """Candidates whose short runs, with the confirmations after them, fit the budget."""
+        ratio = max(
+            1.0, int(self.workload["num_prompts"]) / max(4, int(self.workload["num_prompts"]) // 3)
+        )
+        confirm_cost = short_cost * ratio * self.opts.repeats / 2 + short_cost / 2
+        for k in range(self.opts.top, 0, -1):
+            finalists = max(1, math.ceil(k / 3))
+            if k * short_cost + (finalists + 1) * confirm_cost <= self.left_s():
+                return k
+        return 1
+
+    def _grid(self, default: Trial) -> dict[str, Any]:
+        """Every point of the space, full-length runs (the baseline the tuner is judged by)."""
+        self.measure(default, "confirm", self.workload, self.opts.repeats)
+        best: list[Trial] = []
+        for point in self.space.grid():
+            if point == default.point:
+                continue  # the default, measured above
+            trial = self.new_trial(point)
+            _, _, reason = self.check(trial.overrides)
+            if reason:
+                trial.state, trial.reason = "infeasible", reason
+                continue
+            self.measure(trial, "confirm", self.workload, self.opts.repeats)
+            best.append(trial)
+        return self.finish(default, best, stage="confirm")
+
+    # ------------------------------------------------------------ output
+    def finish(
+        self, default: Trial, finalists: Sequence[Trial], stage: str | None
+    ) -> dict[str, Any]:
+        opts = self.opts
+        if stage is None:  # simulate-only: the model's best
+            winner = finalists[0] if finalists else default
+        else:
+            measured = [t for t in [default, *finalists] if t.goodput(stage) is not None]
+            winner = max(measured, key=lambda t: t.goodput(stage) or 0.0, default=default)
+        self.write_trials()
+        summary = self.write_summary()
+        tuned_path = write_tuned(opts.name, winner.overrides, self._header(winner))
+        (opts.out / "tuned.yaml").write_text(tuned_path.read_text())
+        report = self.report(default, winner, stage, tuned_path, summary)
+        (opts.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        (opts.out / "report.md").write_text(report_markdown(report))
+        return report
+
+    def _header(self, winner: Trial) -> list[str]:
+        return [
+            f"inferflow tune: the best point for {workload_text(self.workload)} under "
+            f"{slo_text(self.opts.slos)}",
+            f"tuned on the base: {' '.join(self.opts.overrides) or '(the default config)'}",
+            f"serve it: {serve_command(self.opts)}",
+            f"reproduce: {reproduce_command(self.opts)}",
+        ]
+
+    def report(
+        self, default: Trial, winner: Trial, stage: str | None, tuned_path: Path, summary: Any
+    ) -> dict[str, Any]:
+        def figures(trial: Trial) -> dict[str, Any]:
+            result = trial.measured.get(stage or "", {}) if stage else trial.predicted
+            keys = (
+                "request_goodput",
+                "output_throughput",
+                "p99_ttft_ms",
+                "p99_tpot_ms",
+                "p99_e2el_ms",
+                "median_ttft_ms",
+                "mean_tpot_ms",
+                "failed",
+            )
+            out = {k: result.get(k) for k in keys if result.get(k) is not None}
+            spread = result.get("figures", {}).get("request_goodput") if stage else None
+            if spread:
+                out["request_goodput_std"] = spread.get("std")
+            return out
+
+        win, dflt = figures(winner), figures(default)
+        ratio = None
+        if win.get("request_goodput") is not None and dflt.get("request_goodput"):
+            ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
+        clear = None  # a win larger than the two runs' spreads together (repeats' std)
+        if ratio is not None and winner is not default:
+            spread = float(win.get("request_goodput_std") or 0.0) + float(
+                dflt.get("request_goodput_std") or 0.0
+            )
+            clear = float(win["request_goodput"]) - float(dflt["request_goodput"]) > spread
+        binds = binding_slo(win, self.opts.slos)
+        counts: dict[str, int] = {}
+        for t in self.trials:
+            counts[t.state] = counts.get(t.state, 0) + 1
+        return {
+            "name": self.opts.name,
+            "workload": self.workload,
+            "slo_ms": self.opts.slos,
+            "slo_attainment": self.opts.attainment,
+            "stage": stage or "simulated",
+            "winner": {"overrides": winner.overrides, "label": winner.label, **win},
+            "default": dflt,
+            "goodput_ratio": ratio,
+            "clear_win": clear,
+            "binding_slo": binds,
+            "measurement_s": round(self.measure_s, 1),
+            "model_s": round(self.model_s, 1),
+            "wall_s": round(time.perf_counter() - self.started, 1),
+            "budget_s": self.opts.budget_s,
+            "served_runs": sum(len(t.measured) for t in self.trials),
+            "trials": counts,
+            "engine_model": {" ".join(k) or "base": p.to_dict() for k, p in self.profiles.items()},
+            "calibration": {"step_scale": self.scale, "overhead_ms": 1000 * self.overhead_s},
+            "tuned_file": str(tuned_path),
+            "serve_command": serve_command(self.opts),
+            "reproduce": reproduce_command(self.opts),
+            "summary": {k: str(v) for k, v in summary.items()} if summary else None,
+            "out": str(self.opts.out),
+        }
+
+    def write_trials(self) -> Path:
+        keys = list(dict.fromkeys(k for t in self.trials for k in t.point))
+        figures = (
+            "request_goodput",
+            "slo_attainment",
+            "p99_ttft_ms",
+            "p99_tpot_ms",
+            "p99_e2el_ms",
+            "output_throughput",
+        )
+        path = self.opts.out / "trials.csv"
+        with path.open("w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(
+                [
+                    "trial",
+                    "label",
+                    "state",
+                    *keys,
+                    *(f"predicted_{k}" for k in figures),
+                    *(f"short_{k}" for k in figures[:1] + figures[2:4]),
+                    *(f"confirm_{k}" for k in figures[:1] + figures[2:4]),
+                    "measured_s",
+                    "reason",
+                ]
+            )
+            for t in self.trials:
+                short, confirm = t.measured.get("short", {}), t.measured.get("confirm", {})
+                w.writerow(
+                    [
+                        t.number,
+                        t.label,
+                        t.state,
+                        *(format_value(t.point[k]) if k in t.point else "" for k in keys),
+                        *(_cell(t.predicted.get(k)) for k in figures),
+                        *(_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
+                        *(_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
+                        _cell(sum(t.seconds.values()) if t.seconds else None),
+                        t.reason,
+                    ]
+                )
+        return path
+
+    def write_summary(self) -> dict[str, Path | None] | None:
+        """``summary.{csv,md,png}`` of every served run (summary.py; skipped without it)."""
+        try:
+            from inferflow.experiment.summary import SummaryRow, write_summary
+        except ImportError:
+            self.log("summary module not available: trials.csv only")
+            return None
+        rows = []
+        for t in self.trials:
+            for stage, result in t.measured.items():
+                params = {k: format_value(v) for k, v in t.point.items()}
+                failed = result.get("failed")
+                rows.append(
+                    SummaryRow.from_result(
+                        {**params, "stage": stage},
+                        None if failed else result,
+                        label=f"{t.label} {stage}",
+                        **({"error": failed} if failed else {}),
+                    )
+                )
+        if not rows:
+            return None
+        files = write_summary(rows, self.opts.out, title=f"inferflow tune {self.opts.name}")
+        return {"csv": files.csv, "md": files.md, "png": files.png}
+
+
+def _served_measure(
+    overrides: Sequence[str],
+    workload: Mapping[str, Any],
+    goodput: Mapping[str, float],
+    repeats: int,
+    warmup: int,
+    log_dir: Path,
+) -> dict[str, Any]:
+    from inferflow.experiment.served import measure_served
+
+    return measure_served(
+        overrides,
+        workload,
+        goodput,
+        repeats=repeats,
+        warmup=warmup,
+        max_spread=0.10,
+        log_dir=log_dir,
+    )
+
+
+# ---------------------------------------------------------------------- files and text
+
+
+def tuned_text(overrides: Sequence[str], header: Sequence[str] = ()) -> str:
+    """A ``# @package _global_`` config holding ``overrides``: group options as defaults-list
+    overrides (``override /cache: none``), values as nested keys."""
+    groups: list[dict[str, str]] = []
+    values: dict[str, Any] = {}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if "." not in key:
+            groups.append({f"override /{key}": raw})
+            continue
+        node = values
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw else raw
+    lines = ["# @package _global_", *(f"# {h}" for h in header)]
+    body: dict[str, Any] = {}
+    if groups:
+        body["defaults"] = [*groups, "_self_"]
+    body.update(values)
+    text = "\n".join(lines) + "\n"
+    if body:
+        text += yaml.safe_dump(body, sort_keys=False)
+    return text
+
+
+def tuned_dir() -> Path:
+    from inferflow.compose import home_conf_dir
+
+    return home_conf_dir() / "tuned"
+
+
+def write_tuned(name: str, overrides: Sequence[str], header: Sequence[str] = ()) -> Path:
+    """``$INFERFLOW_HOME/conf/tuned/NAME.yaml`` (``+tuned=NAME``); returns its path."""
+    path = tuned_dir() / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tuned_text(overrides, header))
+    return path
+
+
+def binding_slo(figures: Mapping[str, Any], slos: Mapping[str, float]) -> dict[str, Any] | None:
+    """The SLO nearest to (or furthest past) its limit at p99: it is what binds."""
+    ratios = {
+        m: float(figures[f"p99_{m}_ms"]) / limit
+        for m, limit in slos.items()
+        if figures.get(f"p99_{m}_ms") is not None
+    }
+    if not ratios:
+        return None
+    name = max(ratios, key=lambda m: ratios[m])
+    return {
+        "slo": name,
+        "p99_ms": figures[f"p99_{name}_ms"],
+        "limit_ms": slos[name],
+        "p99_over_limit": round(ratios[name], 3),
+    }
+
+
+def workload_text(wl: Mapping[str, Any]) -> str:
+    rate = wl.get("request_rate")
+    load = f"{rate} req/s" if rate is not None and not math.isinf(float(rate)) else "all at once"
+    if wl.get("max_concurrency"):
+        load += f", at most {wl['max_concurrency']} in flight"
+    return (
+        f"{wl.get('num_prompts')} prompts of {wl.get('input_len')} -> "
+        f"{wl.get('output_len')} tokens, {load}"
+    )
+
+
+def slo_text(slos: Mapping[str, float]) -> str:
+    return ", ".join(f"{m} <= {v:g} ms" for m, v in slos.items()) or "no SLO"
+
+
+def reproduce_command(opts: Options) -> str:
+    argv = list(opts.argv)
+    if "--seed" not in argv:
+        argv += ["--seed", str(opts.seed)]
+    return "inferflow tune " + _join(argv)
+
+
+def serve_command(opts: Options) -> str:
+    return " ".join(["python -m inferflow", _join(opts.overrides), f"+tuned={opts.name}"]).replace(
+        "  ", " "
+    )
+
+
+def _join(items: Sequence[str]) -> str:
+    return " ".join(shlex.quote(i) for i in items)
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.3g}"
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def report_markdown(report: Mapping[str, Any]) -> str:
+    win, dflt = report["winner"], report["default"]
+    rows = [
+        ("request_goodput", "goodput (req/s)"),
+        ("output_throughput", "output tok/s"),
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("p99_tpot_ms", "p99 TPOT (ms)"),
+        ("p99_e2el_ms", "p99 E2EL (ms)"),
+    ]
+    lines = [
+        f"# inferflow tune: {report['name']}",
+        "",
+        f"Workload: {workload_text(report['workload'])}; SLO: {slo_text(report['slo_ms'])}.",
+        "",
+        f"Winner ({report['stage']}): `{' '.join(win['overrides']) or '(the default config)'}`",
+        "",
+        "| figure | default | winner |",
+        "|---|---|---|",
+        *(f"| {label} | {_fmt(dflt.get(k))} | {_fmt(win.get(k))} |" for k, label in rows),
+        "",
+    ]
+    if report.get("goodput_ratio") is not None:
+        lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
+    if report.get("clear_win") is False:
+        lines.append("The difference is within the runs' spread: no clear win over the default.")
+    if report.get("binding_slo"):
+        b = report["binding_slo"]
+        lines.append(f"Binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms).")
+    lines += [
+        f"Measurement time: {report['measurement_s']:.0f} s of a {report['budget_s']:.0f} s "
+        f"budget ({report['served_runs']} served runs); engine model: {report['model_s']:.0f} s.",
+        f"Trials: {report['trials']}.",
+        "",
+        f"Serve it: `{report['serve_command']}` (file: `{report['tuned_file']}`)",
+        f"Reproduce: `{report['reproduce']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def print_report(report: Mapping[str, Any]) -> None:
+    win = report["winner"]
+    print(f"winner: {' '.join(win['overrides']) or '(the default config)'}")
+    print(
+        f"  goodput {_fmt(win.get('request_goodput'))} req/s vs default "
+        f"{_fmt(report['default'].get('request_goodput'))}"
+        + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else "")
+        + (" - within the runs' spread" if report.get("clear_win") is False else "")
+    )
+    if report.get("binding_slo"):
+        b = report["binding_slo"]
+        print(f"  binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms)")
+    print(
+        f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
+        f" {report['served_runs']} served runs, model {report['model_s']:.0f} s"
+    )
+    print(f"  serve: {report['serve_command']}")
+    print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        opts = parse_args(list(sys.argv[1:] if argv is None else argv))
+        tuner = Tuner(opts)
+    except (ArgumentError, ConfigError) as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except (HydraException, OmegaConfBaseException) as exc:  # composing the base overrides
+        from inferflow.cli import describe_hydra_error
+
+        print(f"{PROG}: {describe_hydra_error(exc)}", file=sys.stderr)
+        return 2
+    if opts.list_space:
+        print("\n".join(tuner.space.describe()))
+        return 0
+    try:
+        import optuna  # noqa: F401
+    except ModuleNotFoundError:
+        print(f"{PROG}: needs optuna (pip install 'optuna>=4.5')", file=sys.stderr)
+        return 1
+    try:
+        report = tuner.run()
+    except ConfigError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # (a server being measured was stopped by measure_served)
+        if tuner.trials:
+            tuner.write_trials()
+        print(f"{PROG}: interrupted; trials so far in {opts.out / 'trials.csv'}", file=sys.stderr)
+        return 130
+    print_report(report)
+    measured = report["stage"] == "simulated" or report["winner"].get("request_goodput") is not None
+    return 0 if measured else 1

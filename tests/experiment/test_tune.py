@@ -1,0 +1,425 @@
+"""``inferflow tune``: the search space the schema declares, the engine model (the real scheduler
+on a step-time model), the ``+tuned=NAME`` file, the search with a stand-in measurement, and
+one small real run through the command line (slow)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+from child_env import pythonpath
+from omegaconf import OmegaConf
+
+from inferflow.compose import compose_config
+from inferflow.config import ConfigError
+from inferflow.config.tunable import Tunable, tunable, tunables
+from inferflow.experiment import tune
+from inferflow.experiment.simulate import CostModel, Profile, Workload, simulate
+from inferflow.experiment.space import SearchSpace, parse_range
+from inferflow.graph import build_graph
+from inferflow.stages.batching import ContinuousBatching
+from inferflow.stages.registry import BUILTIN_OPTIONS, TUNABLE_OPTIONS
+
+
+@pytest.fixture(scope="module")
+def home() -> Path:
+    """The suite's INFERFLOW_HOME, with the embedded tiny model generated there."""
+    from inferflow.models.tiny import tiny_llama_path
+
+    tiny_llama_path()
+    return Path(os.environ["INFERFLOW_HOME"])
+
+
+@pytest.fixture(scope="module")
+def base(home: Path) -> Any:
+    return compose_config([])
+
+
+@pytest.fixture
+def home_conf(home: Path) -> Iterator[Path]:
+    """``$INFERFLOW_HOME/conf`` (where tune writes ``tuned/``), as it was after the test: once
+    it exists it joins every later composition's search path."""
+    conf = home / "conf"
+    existed, tuned_existed = conf.exists(), (conf / "tuned").exists()
+    yield conf
+    if not existed:
+        shutil.rmtree(conf, ignore_errors=True)
+    elif not tuned_existed:
+        shutil.rmtree(conf / "tuned", ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the declared space
+
+
+def test_declared_knobs_exist_in_the_composed_config(base: Any) -> None:
+    space = SearchSpace.declared(base)
+    keys = {k.key for k in space.knobs}
+    assert {
+        "batching.max_num_seqs",
+        "batching.max_num_batched_tokens",
+        "cache",
+        "speculative",
+        "speculative.num_speculative_tokens",
+        "executor.precision",
+        "executor.intra_op_threads",
+        "server.num_api_servers",
+    } <= keys
+    for knob in space.knobs:
+        if knob.group:
+            assert knob.key in TUNABLE_OPTIONS and set(knob.spec.choices) <= set(
+                BUILTIN_OPTIONS[knob.key]
+            )
+            continue
+        # a knob of one option exists once that option is selected
+        cfg = base if knob.options is None else compose_config([f"{knob.slot}={knob.options[0]}"])
+        assert OmegaConf.select(cfg, knob.key, default="<absent>") != "<absent>", knob.key
+
+
+def test_tunable_metadata_is_on_the_stage_field() -> None:
+    knobs = tunables(ContinuousBatching)
+    assert knobs["max_num_seqs"].log and knobs["max_num_seqs"].low == 1
+    assert "policy" not in knobs  # not declared: not searched
+
+    with pytest.raises(ValueError, match="either low"):
+        Tunable(low=1, choices=(1, 2))
+    assert tunable(3, choices=(1, 3)).default == 3
+
+
+def test_a_knob_of_an_option_exists_only_with_that_option(base: Any) -> None:
+    space = SearchSpace.declared(base).narrowed(
+        ["speculative=none,ngram", "speculative.num_speculative_tokens=2:3"], base
+    )
+    points = space.grid()
+    assert {"speculative": "none"} in points
+    assert {"speculative": "ngram", "speculative.num_speculative_tokens": 2} in points
+    assert len(points) == 3  # none, ngram x {2, 3}: the draft length never without ngram
+    # optuna's define-by-run draws agree
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=1))
+    for _ in range(20):
+        point = space.suggest(study.ask())
+        assert ("speculative.num_speculative_tokens" in point) == (point["speculative"] == "ngram")
+
+
+def test_every_drawn_point_composes_and_the_invalid_ones_are_infeasible(
+    home: Path, base: Any, tmp_path: Path
+) -> None:
+    opts = tune.parse_args(["--slo", "ttft:1000", "--out", str(tmp_path)])
+    tuner = tune.Tuner(opts)
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=3))
+    reasons = []
+    for _ in range(12):
+        point = tuner.space.suggest(study.ask())
+        overrides = SearchSpace.overrides(point)
+        compose_config(overrides)  # the space never yields an override Hydra refuses
+        graph, _layout, reason = tuner.check(overrides)
+        assert (graph is None) == bool(reason)
+        if graph is not None:
+            assert graph.batching.max_num_seqs == point["batching.max_num_seqs"]
+        else:
+            reasons.append(reason)
+            assert "\n" not in reason
+    # the base's own executor values share the base's step-time model
+    assert tuner.executor_key({"executor.precision": "fp32", "batching.max_num_seqs": 2}) == ()
+    assert tuner.executor_key({"executor.precision": "int8"}) == ("executor.precision=int8",)
+    # max_num_batched_tokens below max_num_seqs is what task=check refuses
+    _, _, reason = tuner.check(["batching.max_num_seqs=128", "batching.max_num_batched_tokens=64"])
+    assert reason.startswith("batching.max_num_batched_tokens:")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1:64:log", Tunable(low=1, high=64, log=True)),
+        ("2:8", Tunable(low=2, high=8)),
+        ("fp32,int8", Tunable(choices=("fp32", "int8"))),
+        ("4,8,16", Tunable(choices=(4, 8, 16))),
+        ("true", Tunable(choices=(True,))),
+    ],
+)
+def test_space_ranges_parse(text: str, expected: Tunable) -> None:
+    assert parse_range("k", text) == expected
+
+
+@pytest.mark.parametrize(
+    ("items", "message"),
+    [
+        (["batching.max_num_seqs=8:2"], "HIGH < LOW"),
+        (["batching.max_num_seqs=0:8:log"], "LOW >= 1"),
+        (["batching.max_num_seqs=a:b"], "integers"),
+        (["batching.max_num_seqs=1:2:lin"], "LOW:HIGH:log"),
+        (["batching.nope=1:2"], "no such key"),
+        (["server.host"], "not a declared knob"),
+        (["cache=prefix,lru"], "unknown option lru"),
+        (["speculative.num_speculative_tokens=1:4"], "exists with speculative=ngram only"),
+    ],
+)
+def test_space_errors_are_one_line(base: Any, items: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as info:
+        SearchSpace.declared(base).narrowed(items, base)
+    assert "\n" not in str(info.value)
+
+
+def test_undeclared_key_of_the_config_may_be_searched(base: Any) -> None:
+    space = SearchSpace.declared(base).narrowed(["server.max_waiting_requests=64,128"], base)
+    assert space.grid() == [
+        {"server.max_waiting_requests": 64},
+        {"server.max_waiting_requests": 128},
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--slo", "ttfb:10"],
+        ["--slo", "ttft:-1"],
+        [],  # no SLO
+        ["--slo", "ttft:10", "--bogus"],
+        ["--slo", "ttft:10", "--max-concurrency", "0"],
+        ["--slo", "ttft:10", "--slo-attainment", "1.5"],
+        ["--slo", "ttft:10", "--name", "a/b"],
+        ["--slo", "ttft:10", "--space", "batching.max_num_seqs=x"],
+        ["--slo", "ttft:10", "batching.max_num_seqs=0"],
+        ["--slo", "ttft:10", "nokey"],
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    home: Path, argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tune.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("inferflow tune: ") and "\n" not in err, err
+
+
+# ------------------------------------------------------------------ the engine model
+
+
+def _synthetic() -> CostModel:
+    return CostModel((0.004, 0.002, 0.0002, 0.0))
+
+
+def test_simulator_more_seqs_less_queueing_at_high_load(home: Path) -> None:
+    load = Workload(
+        num_prompts=48, input_len=64, output_len=32, request_rate=math.inf, max_concurrency=None
+    )
+    p99 = {}
+    for seqs in (2, 8, 32):
+        graph = build_graph(compose_config([f"batching.max_num_seqs={seqs}"]))
+        figures = simulate(graph, load, _synthetic(), {"ttft": 1000.0})
+        assert figures["completed"] == 48 and figures["failed"] == 0
+        p99[seqs] = figures["p99_ttft_ms"]
+    assert p99[2] > p99[8] > p99[32]  # the scheduler admits more at once: less queueing
+
+
+def test_simulator_is_deterministic_for_a_seed(home: Path) -> None:
+    graph = build_graph(compose_config(["batching.max_num_seqs=4"]))
+    load = Workload(
+        num_prompts=24, input_len=32, output_len=16, request_rate=30.0, max_concurrency=None, seed=7
+    )
+    one = simulate(graph, load, _synthetic(), {"tpot": 50.0})
+    two = simulate(graph, load, _synthetic(), {"tpot": 50.0})
+    assert one == two
+    other = simulate(graph, Workload(**{**load.__dict__, "seed": 8}), _synthetic(), {"tpot": 50.0})
+    assert other["duration"] != one["duration"]  # another arrival process
+
+
+def test_cost_model_fit_recovers_the_step_times() -> None:
+    truth = (0.003, 0.001, 0.0001, 0.002)
+    samples = [
+        ((1.0, float(r), float(t), c), sum(a * b for a, b in zip(truth, (1, r, t, c), strict=True)))
+        for r in (1, 4, 16)
+        for t in (16, 64, 512)
+        for c in (0.1, 1.0)
+    ]
+    fitted = CostModel.fit(samples)
+    assert fitted.coef == pytest.approx(truth, abs=1e-9)
+
+
+# ------------------------------------------------------------------ the +tuned=NAME file
+
+
+def test_tuned_file_composes_as_plus_tuned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERFLOW_HOME", str(tmp_path))
+    path = tune.write_tuned(
+        "mine",
+        [
+            "cache=none",
+            "speculative=ngram",
+            "batching.max_num_seqs=8",
+            "speculative.num_speculative_tokens=3",
+            "executor.precision=int8",
+        ],
+        ["a header line"],
+    )
+    assert path == tmp_path / "conf" / "tuned" / "mine.yaml"
+    assert path.read_text().startswith("# @package _global_\n# a header line\n")
+    cfg = compose_config(["+tuned=mine"])
+    assert cfg.cache._target_.endswith("NoPrefixCache")
+    assert cfg.speculative.num_speculative_tokens == 3
+    assert cfg.batching.max_num_seqs == 8 and cfg.executor.precision == "int8"
+    # the command line still wins over the tuned file
+    assert compose_config(["+tuned=mine", "batching.max_num_seqs=2"]).batching.max_num_seqs == 2
+
+
+# ------------------------------------------------------------------ the search, measured by a stand-in
+
+
+def test_search_measures_the_promising_points_and_records_failures(
+    home: Path, home_conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole search with the served measurement replaced by the engine model itself (a
+    point with max_num_seqs 3 "fails to start"): short runs, confirmations, the files."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    cost = CostModel((0.004, 0.002, 0.0002, 0.0))
+    monkeypatch.setattr(tune, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0))
+    calls: list[tuple[list[str], int]] = []
+
+    def stand_in(
+        overrides: Sequence[str],
+        workload: Mapping[str, Any],
+        goodput: Mapping[str, float],
+        repeats: int,
+        warmup: int,
+        log_dir: Path,
+    ) -> dict[str, Any]:
+        calls.append((list(overrides), int(workload["num_prompts"])))
+        if "batching.max_num_seqs=3" in overrides:
+            return {"task": "bench", "failed": "server did not start: boom"}
+        graph = build_graph(compose_config(list(overrides)))
+        figures = simulate(graph, Workload.of(workload), cost, goodput)
+        return {"task": "bench", "repeats": repeats, **figures}
+
+    out = tmp_path / "out"
+    argv = [
+        "--slo",
+        "ttft:300",
+        "tpot:40",
+        "--request-rate",
+        "inf",
+        "--max-concurrency",
+        "32",
+        "--num-prompts",
+        "36",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--space",
+        "batching.max_num_seqs=1,2,3,16,32",
+        "--sim-trials",
+        "20",
+        "--top",
+        "5",
+        "--budget-s",
+        "1000",
+        "--out",
+        str(out),
+        "--name",
+        "standin",
+    ]
+    tuner = tune.Tuner(tune.parse_args(argv), measure=stand_in, log=lambda m: None)
+    report = tuner.run()
+    short = [c for c in calls if c[1] == 12]
+    confirm = [c for c in calls if c[1] == 36]
+    assert short and confirm and len(confirm) < len(short)  # successive halving
+    assert confirm[0][0] == []  # the default, confirmed in the same run
+    states = {t.label: t.state for t in tuner.trials}
+    assert "failed" in states.values()  # recorded, not "slow"
+    assert report["winner"]["overrides"] in (
+        ["batching.max_num_seqs=16"],
+        ["batching.max_num_seqs=32"],
+    )
+    assert report["goodput_ratio"] is not None and report["goodput_ratio"] >= 1.0
+    assert report["clear_win"] is not None  # judged against the runs' spread
+    assert report["binding_slo"]["slo"] in ("ttft", "tpot")
+    tuned = home_conf / "tuned" / "standin.yaml"
+    assert tuned.is_file() and (out / "tuned.yaml").read_text() == tuned.read_text()
+    rows = (out / "trials.csv").read_text().splitlines()
+    assert rows[0].startswith("trial,label,state,batching.max_num_seqs")
+    assert len(rows) == len(tuner.trials) + 1
+    assert "server did not start" in (out / "trials.csv").read_text()
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["reproduce"].startswith("inferflow tune ") and "--seed 0" in saved["reproduce"]
+    assert (out / "report.md").read_text().startswith("# inferflow tune: standin")
+
+
+# ------------------------------------------------------------------ the real command
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_inferflow_tune_end_to_end_on_the_tiny_model(
+    home: Path, home_conf: Path, tmp_path: Path
+) -> None:
+    pytest.importorskip("inferflow.experiment.served")
+    out = tmp_path / "out"
+    env = {
+        **os.environ,
+        "PYTHONPATH": pythonpath(base=dict(os.environ)),
+        "INFERFLOW_HOME": str(home),
+    }
+    args = [
+        "tune",
+        "tracing=off",
+        "--slo",
+        "ttft:2000",
+        "tpot:200",
+        "--max-concurrency",
+        "4",
+        "--num-prompts",
+        "9",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        "--space",
+        "batching.max_num_seqs=2,8",
+        "--sim-trials",
+        "4",
+        "--top",
+        "1",
+        "--repeats",
+        "1",
+        "--budget-s",
+        "120",
+        "--name",
+        "e2e",
+        "--out",
+        str(out),
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "inferflow", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=580,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "winner:" in proc.stdout and "+tuned=e2e" in proc.stdout
+    tuned = home_conf / "tuned" / "e2e.yaml"
+    assert tuned.read_text().startswith("# @package _global_")
+    report = json.loads((out / "report.json").read_text())
+    assert report["default"].get("request_goodput") is not None
+    assert (out / "trials.csv").is_file()
+    if report["summary"]:
+        assert Path(report["summary"]["csv"]).is_file()
+    check = subprocess.run(
+        [sys.executable, "-m", "inferflow", "+tuned=e2e", "task=check"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert check.returncode == 0, check.stderr
