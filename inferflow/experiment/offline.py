@@ -52,7 +52,7 @@ def wait_resident(engine: LLMEngine, timeout_s: float = 600.0) -> None:
     executors that do not say are taken as resident)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        stats = getattr(engine.executor, "stats", dict)()
+        stats: dict[str, float] = getattr(engine.executor, "stats", dict)()
         if stats.get("kv_resident", 1):
             return
         time.sleep(0.05)

@@ -102,6 +102,8 @@ class SummaryRow:
         values = {str(k): _text(v) for k, v in params.items()}
         if result is None:
             return cls(label, values, note=error or "no results", failed=True)
+        if isinstance(result.get("failed"), str):  # a point that did not run (served.py, cli)
+            return cls(label, values, note=error or result["failed"], failed=True)
         spread, machine = _mapping(result.get("spread")), _mapping(result.get("machine"))
         notes = [n for n in (spread.get("note"), error) if n]
         ok = spread.get("ok")
