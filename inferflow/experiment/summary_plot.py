@@ -8,16 +8,29 @@ display needed); without matplotlib nothing is drawn.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from inferflow.experiment.summary import Table
+
+class PlotTable(Protocol):
+    """What the plot reads of ``summary.Table`` (a protocol: this module imports nothing of
+    ``summary``, which imports it)."""
+
+    @property
+    def rows(self) -> Sequence[Any]: ...  # SummaryRow: .failed, .figures{name: Figure}, ...
+
+    @property
+    def x(self) -> str | None: ...
+
+    @property
+    def pareto(self) -> Sequence[int]: ...
+
+    def point_label(self, row: Any) -> str: ...
 
 
 def plot(
-    table: Table, path: Path, title: str, y_name: str, headers: Mapping[str, str]
+    table: PlotTable, path: Path, title: str, y_name: str, headers: Mapping[str, str]
 ) -> Path | None:
     """Draw the table's runs (x: ``table.x``, y: ``y_name``; axis titles from ``headers``) into
     ``path``; None (nothing written) without matplotlib or without a run that has both."""
