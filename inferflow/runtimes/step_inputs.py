@@ -25,6 +25,8 @@ class EngineRow:
     # prompt logprobs: the logits of every token of the row come back, sampling or not (the
     # sampling row, if any, is the last of them)
     prompt_logits: bool = False
+    # multi-LoRA: the engine slot of the row's adapter (``inferflow.lora``); -1 = the base model
+    lora_slot: int = -1
 
     @property
     def logits_count(self) -> int:

@@ -103,6 +103,9 @@ class ScheduledChunk:
     prompt_logprob_ids: tuple[int, ...] = ()
     # rows that sample: the request's prompt and output so far (references, see TokenHistory)
     history: TokenHistory | None = None
+    # multi-LoRA: the adapter this request runs with (None: the base model); the executor maps
+    # it to one of its slots (``inferflow.lora.slots``). A plan mixes at most ``max_loras``.
+    lora: str | None = None
 
     @property
     def num_logits(self) -> int:
