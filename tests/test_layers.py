@@ -25,7 +25,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"paths", "json_types"},  # leaves
         {"config"},  # schemas, SLOTS, ConfigError: imports only the leaves
         {"sampling_params", "outputs", "guided"},  # what a request carries in and out
-        {"models", "lora"},  # checkpoints, tokenizers, the models' ONNX graphs; LoRA adapters
+        {"models"},  # checkpoints, tokenizers, the models' ONNX graphs
         {"scheduling", "speculative"},  # block pool -> KV manager -> scheduler
         {"sampling"},  # sampling a scheduler plan's logits
         {"runtimes"},  # compiled runners (ONNX Runtime, TensorRT, torch)

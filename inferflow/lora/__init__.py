@@ -13,9 +13,6 @@ stack the ``S = max_loras`` slots, each padded to ``R = max_lora_rank`` (zero pa
 ``mask`` (N, S*R) holds, for each packed token, its adapter's scaling on that slot's R columns
 and 0 elsewhere (a base-model token: all 0). So one step mixes adapters and the base model, for
 prefill chunks and decode rows alike.
-
-Layer: beside ``models/`` (docs/architecture.md); it imports only ``models/`` (the safetensors
-reader, ``ModelArch``) and numpy, no torch; ``scheduling/`` and above may import it.
 """
 
 from inferflow.lora.adapter import LORA_TARGETS, LoraAdapter, LoraError, LoraSpec, load_peft_adapter
