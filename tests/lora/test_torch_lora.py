@@ -236,14 +236,15 @@ def test_each_adapter_alone_matches_its_merged_weights(root: Path, tmp_path: Pat
         runner.set_lora(slot, adapter)
     prompt = prompts(base)[0]
     base_ref = reference(base, prompt)
-    for slot, adapter in [(-1, None), (0, adapters[0]), (1, adapters[1])]:
-        path = base if adapter is None else merged_checkpoint(base, adapter,
-                                                              root / f"{name}-{adapter.name}")
+    cases: list[tuple[int, LoraAdapter | None]] = [(-1, None), (0, adapters[0]), (1, adapters[1])]
+    for slot, maybe in cases:
+        path = base if maybe is None else merged_checkpoint(base, maybe,
+                                                            root / f"{name}-{maybe.name}")
         ref = reference(path, prompt)
         seq = Seq(prompt, slot, tuple(range(8)), chunk=len(prompt))
         drive(runner, [seq])
         check(seq, ref, f"{name} slot {slot}")
-        if adapter is not None:
+        if maybe is not None:
             assert ref[0] != base_ref[0], "the adapter does not change the greedy output"
 
 
