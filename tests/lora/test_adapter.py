@@ -51,7 +51,7 @@ def _peft_modules(base: Path, adapter: Path) -> dict[tuple[int, str], Any]:
     from peft import PeftModel
 
     model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    peft_model = PeftModel.from_pretrained(model, adapter)
+    peft_model: Any = PeftModel.from_pretrained(model, adapter)
     out = {}
     for i, layer in enumerate(peft_model.base_model.model.model.layers):
         for target in LORA_TARGETS:
