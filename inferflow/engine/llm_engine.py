@@ -106,7 +106,8 @@ class LLMEngine:
                 raise ValueError(f"lora: the scheduler caps {scheduler.max_loras} adapters, the "
                                  f"engine has {lora.spec.max_loras} slots")
             self.lora_slots = LoraSlots(executor.runner, lora)
-            executor.use_lora_slots(self.lora_slots)
+            # (the adapters of running requests keep their slots, in the step or not)
+            executor.use_lora_slots(self.lora_slots, lambda: scheduler.running_loras)
 
     @property
     def engine(self) -> Runner | None:
@@ -247,7 +248,7 @@ class LLMEngine:
                 return stats
             return dataclasses.replace(stats, lora_loads=self.lora.loads,
                                        lora_unloads=self.lora.unloads,
-                                       lora_slot_loads=self.lora_slots.loads)
+                                       lora_slot_loads=self.lora_slots.loads_into_engine)
 
     # -- multi-LoRA ----------------------------------------------------------------------------
     def lora_names(self) -> list[str]:
@@ -301,7 +302,7 @@ class LLMEngine:
         live = self.scheduler.live_loras()
         for name in [n for n in self._unloading if n not in live]:
             self.lora.remove(name)
-            self.lora_slots.evict(name)
+            self.lora_slots.free(name)
             self._unloading.discard(name)
 
     def step(self) -> list[RequestOutput]:

@@ -184,11 +184,10 @@ class ServingGraph:
 
         for name, path in self.lora.adapters.items():
             try:
-                load_peft_adapter(Path(path).expanduser(), name, self.model_arch, spec)
+                load_peft_adapter(Path(path).expanduser(), name, self.model_arch, spec,
+                                  field_name=f"lora.adapters.{name}")
             except LoraError as exc:
-                message = str(exc).removeprefix(f"{exc.field}: ")
-                raise ConfigError(f"lora.adapters.{name}: {message}",
-                                  f"lora.adapters.{name}") from None
+                raise ConfigError(str(exc), exc.field) from None
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
@@ -366,11 +365,9 @@ class ServingGraph:
         registry = LoraRegistry(spec, self.model_arch, self.lora.cpu_loras)
         for name, path in self.lora.adapters.items():
             try:
-                registry.add(name, str(Path(path).expanduser()))
+                registry.add(name, Path(path).expanduser(), field_name=f"lora.adapters.{name}")
             except LoraError as exc:
-                message = str(exc).removeprefix(f"{exc.field}: ")
-                raise ConfigError(f"lora.adapters.{name}: {message}",
-                                  f"lora.adapters.{name}") from None
+                raise ConfigError(str(exc), exc.field) from None
         return registry
 
 
