@@ -197,7 +197,8 @@ class LLMEngine:
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
                           priority=priority, prompt_leader=prompt_leader, lora=lora)
         with self._lock:
-            if lora is not None and lora not in self.lora_names():
+            if lora is not None and (self.lora is None or lora not in self.lora
+                                     or lora in self._unloading):
                 raise RequestRejected("model", f"the model {lora!r} does not exist (no LoRA "
                                       "adapter of that name is loaded)")
             if params.guided is not None:
