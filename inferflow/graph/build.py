@@ -182,6 +182,7 @@ class ServingGraph:
     def check_lora_adapters(self) -> None:
         """Read and check every ``lora.adapters`` folder as the engine will (one line naming
         ``lora.adapters.NAME`` and the problem; nothing stays loaded)."""
+        self._check_lora_settings()  # (a name clash before the folders are read)
         spec = self.lora.spec()
         if spec is None:
             return
