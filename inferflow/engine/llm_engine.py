@@ -197,10 +197,13 @@ class LLMEngine:
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
                           priority=priority, prompt_leader=prompt_leader, lora=lora)
         with self._lock:
-            if lora is not None and (self.lora is None or lora not in self.lora
-                                     or lora in self._unloading):
-                raise RequestRejected("model", f"the model {lora!r} does not exist (no LoRA "
-                                      "adapter of that name is loaded)")
+            if lora is not None:
+                if self.lora is None or lora not in self.lora or lora in self._unloading:
+                    raise RequestRejected("model", f"the model {lora!r} does not exist (no LoRA "
+                                          "adapter of that name is loaded)")
+                # the prefix cache keys blocks by adapter *version*: a name unloaded and loaded
+                # again from another folder never reads the old weights' KV
+                request.cache_extra_keys = ("lora", lora, self.lora.version(lora) or 0)
             if params.guided is not None:
                 self._start_guided(request, params)
             try:
