@@ -16,7 +16,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from inferflow.engine.step import Executor
 from inferflow.engine.step import step as engine_step
@@ -33,7 +33,7 @@ from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
 
 if TYPE_CHECKING:
     from inferflow.lora.registry import LoraRegistry
-    from inferflow.lora.slots import LoraSlots
+    from inferflow.lora.slots import LoraRunner, LoraSlots
     from inferflow.runtimes.plan_runner import Runner
 
 
@@ -105,7 +105,10 @@ class LLMEngine:
             if scheduler.max_loras != lora.spec.max_loras:
                 raise ValueError(f"lora: the scheduler caps {scheduler.max_loras} adapters, the "
                                  f"engine has {lora.spec.max_loras} slots")
-            self.lora_slots = LoraSlots(executor.runner, lora)
+            runner = executor.runner
+            if not hasattr(runner, "set_lora"):
+                raise ValueError(f"lora: {type(runner).__name__} has no adapter slots (set_lora)")
+            self.lora_slots = LoraSlots(cast("LoraRunner", runner), lora)
             # (the adapters of running requests keep their slots, in the step or not)
             executor.use_lora_slots(self.lora_slots, lambda: scheduler.running_loras)
 
