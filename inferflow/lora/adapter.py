@@ -146,8 +146,10 @@ def _check_config(raw: dict[str, Any], spec: LoraSpec, fail: _Fail) -> tuple[int
         raise fail(f"r={rank} exceeds lora.max_lora_rank={spec.max_lora_rank}")
     targets = raw.get("target_modules")
     if isinstance(targets, (list, tuple)):  # a string is a regex: the tensors' keys decide
-        for target in targets:
-            _check_target(str(target), spec, fail)
+        # peft matches a name by its last components ("self_attn.q_proj"); it writes them in set
+        # order: sorted here, so the same adapter always gets the same message
+        for target in sorted(str(t) for t in targets):
+            _check_target(target.rsplit(".", 1)[-1], spec, fail)
     scaling = alpha / math.sqrt(rank) if raw.get("use_rslora") else alpha / rank
     return rank, float(scaling)
 

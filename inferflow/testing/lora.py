@@ -67,6 +67,8 @@ def make_peft_adapter(base_dir: Path, out_dir: Path, *, rank: int = 8, alpha: fl
     rng = np.random.default_rng(seed)
     with torch.no_grad():
         for name, param in sorted(peft_model.named_parameters()):
+            if not name.endswith(".weight"):  # lora_bias: lora_B's bias stays as peft made it
+                continue
             if ".lora_A." in name:
                 std = 1.0 / np.sqrt(param.shape[1])
             elif ".lora_B." in name:

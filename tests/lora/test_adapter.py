@@ -156,6 +156,14 @@ def test_a_regex_target_modules_is_decided_by_the_tensors(root: Path, base: Path
     assert "'gate_proj' is not in lora.target_modules" in str(_refused(path, arch, spec))
 
 
+def test_dotted_target_names(root: Path, base: Path, arch: ModelArch) -> None:
+    path = make_peft_adapter(base, root / "dotted", targets=("self_attn.v_proj", "mlp.up_proj"), seed=9)
+    adapter = load_peft_adapter(path, "x", arch, SPEC)
+    assert {t for _, t in adapter.weights} == {"v_proj", "up_proj"}
+    variant = _variant(path, root / "dotted_bad", target_modules=["model.embed_tokens", "v_proj"])
+    assert "target module 'embed_tokens' is not supported" in str(_refused(variant, arch))
+
+
 def test_rank_equal_to_max_lora_rank_and_an_attention_only_adapter_on_moe(
         root: Path, base: Path, arch: ModelArch) -> None:
     path = make_peft_adapter(base, root / "r16", rank=16, targets=("q_proj", "o_proj"), seed=5)
@@ -225,7 +233,7 @@ def test_a_bad_r_or_alpha(root: Path, arch: ModelArch, adapter_dir: Path, r: obj
 def test_a_target_the_engine_was_not_built_with(arch: ModelArch, adapter_dir: Path) -> None:
     spec = LoraSpec(4, 16, ("q_proj", "k_proj", "v_proj", "o_proj"))
     err = _refused(adapter_dir, arch, spec, field_name="lora.adapters.ad")
-    assert "target module 'gate_proj' is not in lora.target_modules (q_proj, k_proj, v_proj, o_proj)" in str(err)
+    assert "target module 'down_proj' is not in lora.target_modules (q_proj, k_proj, v_proj, o_proj)" in str(err)
 
 
 def test_shapes_of_another_base_model(arch: ModelArch, adapter_dir: Path) -> None:
