@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from inferflow.lora import LORA_TARGETS, LoraAdapter, LoraSpec
+from inferflow.lora.adapter import load_peft_adapter
 from inferflow.models.checkpoint import load_checkpoint
 from inferflow.models.config import ModelArch
 from inferflow.models.tiny import TinySpec, make_checkpoint
@@ -272,6 +273,53 @@ def test_mixed_steps_of_base_and_two_adapters_equal_each_alone(root: Path,
         check(seq, ref, f"sequence {k}")
 
 
+# -- PEFT adapters against transformers + peft --------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["gqa8x2", "mha"])
+def test_peft_adapters_match_peft_model_alone_and_mixed(root: Path, tmp_path: Path,
+                                                        name: str) -> None:
+    pytest.importorskip("peft")
+    from inferflow.testing.lora import make_peft_adapter, merged_reference, peft_reference
+
+    base = model(root, name)
+    arch = load_checkpoint(base).config
+    spec = LoraSpec(max_loras=2, max_lora_rank=8)
+    dirs = [make_peft_adapter(base, root / f"{name}-peft-one", rank=8, alpha=16, seed=1),
+            # rank 4 padded to 8, rsLoRA scaling, attention and down_proj only
+            make_peft_adapter(base, root / f"{name}-peft-two", rank=4, alpha=8, seed=2,
+                              rslora=True, targets=(*ATTN, "down_proj"))]
+    adapters = [load_peft_adapter(d, d.name, arch, spec) for d in dirs]
+    p = prompts(base)
+    refs = {-1: [reference(base, q)[0] for q in p]}
+    for slot, d in enumerate(dirs):
+        refs[slot] = peft_reference(base, d, p, N_NEW)
+        assert merged_reference(base, d, p, N_NEW) == refs[slot], "peft: merged != unmerged"
+        assert refs[slot] != refs[-1], "the adapter does not change the greedy output"
+    runner = make_runner(base, tmp_path, spec)
+    for slot, adapter in enumerate(adapters):
+        runner.set_lora(slot, adapter)
+    for slot in (-1, 0, 1):  # alone, one prompt after the other
+        for k, prompt in enumerate(p):
+            seq = Seq(prompt, slot, tuple(range(8)), chunk=len(prompt))
+            drive(runner, [seq])
+            assert seq.tokens == refs[slot][k], f"{name}: slot {slot} alone, prompt {k}"
+    # mixed: every (prompt, slot) pair at once, joining at different steps, prefilling in chunks
+    pairs = [(k, slot) for slot in (-1, 0, 1) for k in range(len(p))]
+    seqs = [Seq(p[k], slot, tuple(range(8 * j, 8 * j + 8)), chunk=3 + j % 4, start_step=j % 3)
+            for j, (k, slot) in enumerate(pairs)]
+    runner = make_runner(base, tmp_path, spec, num_blocks=8 * len(seqs))
+    runner.set_lora(1, adapters[0])  # slots swapped: the mask follows the rows' slots
+    runner.set_lora(0, adapters[1])
+    swap = {-1: -1, 0: 1, 1: 0}
+    for s in seqs:
+        s.lora_slot = swap[s.lora_slot]
+    shape = drive(runner, seqs)
+    assert any(pre and dec for pre, dec in shape), "no step mixed prefill chunks and decodes"
+    for s, (k, slot) in zip(seqs, pairs, strict=True):
+        assert s.tokens == refs[slot][k], f"{name}: slot {slot} mixed, prompt {k}"
+
+
 # -- slots ---------------------------------------------------------------------------------
 
 
@@ -359,6 +407,7 @@ def test_moe_layers_refuse_mlp_targets(tmp_path: Path) -> None:
 # -- Inductor ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # Inductor compiles two graphs on CPU (~50 s on 2 cores)
 def test_inductor_engine_mixes_adapters_and_set_lora_needs_no_recompile(
         root: Path, tmp_path: Path) -> None:
     from torch._dynamo.utils import counters

@@ -377,7 +377,9 @@ class TorchLlama(nn.Module):
                 out = self._norm(out, layer.attn_out_norm)
             x = x + out
             h = self._norm(x, layer.mlp_norm)
-            out = layer.mlp(h) if lora is None else layer.mlp(h, lora)
+            # (a sparse layer's MoE takes no LoRA: MLP targets are refused with MoE)
+            out = layer.mlp(h, lora) if lora is not None and isinstance(layer.mlp, DenseMLP) \
+                else layer.mlp(h)
             if layer.mlp_out_norm is not None:
                 out = self._norm(out, layer.mlp_out_norm)
             x = x + out
