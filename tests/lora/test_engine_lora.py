@@ -202,3 +202,15 @@ def test_refusals(setup: Setup) -> None:
         plain.engine.add_request("x", setup.prompts[0], GREEDY, lora="a")
     with pytest.raises(LoraError, match="serves no LoRA adapters"):
         plain.engine.load_lora("a", str(setup.adapters["a"]))
+
+
+@pytest.mark.parametrize("executor", ["gqa", "torch"])
+def test_speculative_decoding_with_adapters(setup: Setup, executor: str) -> None:
+    """Draft rows of adapter requests are verified with the adapter: output unchanged."""
+    llm = LLM(setup.base, lora_adapters=setup.adapters, max_loras=2, max_lora_rank=8,
+              max_num_seqs=9, max_model_len=128,
+              speculative_config={"method": "ngram", "num_speculative_tokens": 3,
+                                  "prompt_lookup_min": 1}, **executor_kw(executor))
+    prompts, loras, want = mixed(setup)
+    assert ids(llm.generate(prompts, GREEDY, lora=loras)) == want
+    assert llm.engine.scheduler.spec_stats.num_draft_tokens > 0
