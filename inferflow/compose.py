@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.resources
 import os
+import re
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -132,6 +133,10 @@ def defaulted_groups() -> list[str]:
     ]
 
 
+# Keys of a dict that names its own entries (``lora.adapters.NAME=PATH``): set with ``++`` so
+# that no ``+`` is needed for a new entry, and a given one is replaced (both spellings work).
+OPEN_DICT_KEY = re.compile(r"(?:models\.[^.=]+\.)?lora\.adapters\.[^.=]+")
+
 # Old spelling -> the key's name now (vLLM's names); the old one keeps working on the command line.
 RENAMED_KEYS = {"batching.max_batch_size": "batching.max_num_seqs"}
 
@@ -153,6 +158,8 @@ def prepare_overrides(
        ``--cfg job`` shows the value under the name that is in effect.
     4. Several ``+stages=NAME`` (or ``stages=NAME``) become one ``+stages=[A,B]``: Hydra takes
        one value per group, and each name adds one entry to the ``stages:`` dict.
+    5. ``lora.adapters.NAME=PATH`` (:data:`OPEN_DICT_KEY`) -> ``++lora.adapters.NAME=PATH``:
+       an adapter is a new key of that dict, which Hydra's struct mode refuses without ``+``.
     """
     groups = set(defaulted_groups())
     out: list[str] = []
@@ -161,6 +168,8 @@ def prepare_overrides(
         key, sep, value = item.partition("=")
         if sep and key.startswith("+") and not key.startswith("++") and key[1:] in groups:
             item = f"{key[1:]}={value}"
+        if sep and OPEN_DICT_KEY.fullmatch(key.removeprefix("+")) and not key.startswith("++"):
+            item = f"++{key.removeprefix('+')}={value}"
         if sep and key in RENAMED_KEYS:
             warnings.warn(
                 f"{key} is deprecated: use {RENAMED_KEYS[key]}", FutureWarning, stacklevel=2

@@ -43,6 +43,11 @@ KEYWORDS: dict[str, str] = {
     "max_model_len": "model.max_model_len",
     "generation_config": "model.generation_config",
     "speculative_config": "speculative",  # {"method": "ngram", ...}: speculative=ngram ...
+    "lora_adapters": "lora.adapters",  # {"NAME": PATH}: lora.adapters.NAME=PATH each
+    "enable_lora": "lora.allow_runtime_updates",  # LoRA on with no adapter yet (load_lora)
+    "max_loras": "lora.max_loras",
+    "max_lora_rank": "lora.max_lora_rank",
+    "max_cpu_loras": "lora.max_cpu_loras",
 }
 
 
@@ -57,7 +62,10 @@ class LLM:
     ``intra_op_threads``, ``kv_cache_memory``; torch: ``device``, ``dtype``, ``compile``).
     ``LLM(path, backend="torch", device="cuda", dtype="bfloat16", kv_cache_memory="0.9")``.
     ``speculative_config={"method": "ngram", "num_speculative_tokens": 4}`` (vLLM's form) turns
-    speculative decoding on. ``generation_config``: ``"auto"`` (default) takes the checkpoint's
+    speculative decoding on. ``lora_adapters={"sql": "/adapters/sql"}`` serves PEFT adapters
+    (``lora.adapters``; with ``max_loras``, ``max_lora_rank``, ``max_cpu_loras``;
+    ``enable_lora=True`` turns LoRA on without adapters, for :meth:`load_lora`), selected with
+    ``generate(..., lora="sql")``. ``generation_config``: ``"auto"`` (default) takes the checkpoint's
     generation_config.json as the default sampling parameters and adds its EOS ids, ``"none"``
     ignores it, a folder reads that folder's (vLLM's ``generation_config``). A bad value is a
     ValueError whose message starts with the keyword.
@@ -83,18 +91,24 @@ class LLM:
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+                 use_tqdm: bool = False,
+                 lora: str | Sequence[str | None] | None = None) -> list[RequestOutput]:
         """Outputs in prompt order. A prompt is text or a list of token ids; ``use_tqdm`` shows a
         progress bar of finished requests (on stderr). Without ``sampling_params``: the
         model's defaults (``get_default_sampling_params``). ``n`` > 1 (or ``best_of``): a
         prompt's output holds ``n`` sequences, generated as engine requests that share the
-        prompt's KV (``inferflow.engine.choices``)."""
+        prompt's KV (``inferflow.engine.choices``). ``lora``: the LoRA adapter (a loaded
+        adapter's name; None: the base model) of every prompt, or one per prompt (a list: the
+        prompts of different adapters and the base model run in the same steps)."""
         batch: list[Any] = [prompts] if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)) \
             else list(prompts)
         params = sampling_params or self.get_default_sampling_params()
         per_prompt = list(params) if isinstance(params, Sequence) else [params] * len(batch)
+        adapters = [lora] * len(batch) if lora is None or isinstance(lora, str) else list(lora)
+        if len(adapters) != len(batch):
+            raise ValueError(f"lora: {len(adapters)} adapters for {len(batch)} prompts")
         order: list[tuple[str, SamplingParams, list[Choice]]] = []
-        for prompt, given in zip(batch, per_prompt, strict=True):
+        for prompt, given, adapter in zip(batch, per_prompt, adapters, strict=True):
             # only the final outputs are returned: none is built while a request runs
             p = dataclasses.replace(given, output_kind=RequestOutputKind.FINAL_ONLY)
             rid = str(next(self._ids))
@@ -103,7 +117,7 @@ class LLM:
             choices = fan_out(rid, p)  # n / best_of: one engine request per sequence
             for choice in choices:
                 self.engine.add_request(choice.request_id, ids, choice.params, prompt=text,
-                                        prompt_leader=choice.prompt_leader)
+                                        prompt_leader=choice.prompt_leader, lora=adapter)
             order.append((rid, p, choices))
         final = iter(self._run([c.request_id for _, _, cs in order for c in cs], use_tqdm))
         outputs = []
@@ -111,6 +125,14 @@ class LLM:
             outs = [next(final) for _ in choices]
             outputs.append(outs[0] if len(choices) == 1 else merge(rid, p, outs))
         return outputs
+
+    def load_lora(self, name: str, path: str | Path) -> None:
+        """Serve the PEFT adapter at ``path`` as ``name`` (``LLMEngine.load_lora``)."""
+        self.engine.load_lora(name, str(path))
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter ``name`` (``LLMEngine.unload_lora``)."""
+        self.engine.unload_lora(name)
 
     def chat(self, messages: Sequence[dict[str, Any]] | Sequence[Sequence[dict[str, Any]]],
              sampling_params: SamplingParams | None = None) -> list[RequestOutput]:
@@ -161,6 +183,8 @@ def _overrides(keyword: str, value: Any) -> list[str]:
         if not isinstance(method, str) or not method.isidentifier():
             raise ValueError(f"speculative_config.method: got {method!r}")
         return [f"speculative={method}", *(f"speculative.{k}={_value(v)}" for k, v in settings.items())]
+    if keyword == "lora_adapters":
+        return [f"{key}.{name}={_value(str(path))}" for name, path in dict(value or {}).items()]
     if "." not in key:  # a group: the value names its option
         return [f"{key}={value}"]
     return [f"{key}={_value(value)}"]

@@ -30,6 +30,7 @@ SLOTS: dict[str, str] = {
     "batching": "engine",
     "speculative": "engine",
     "guided": "engine",
+    "lora": "engine",
     "executor": "engine",
     "detokenizer": "engine",
     "reasoning_parser": "response",
@@ -122,6 +123,7 @@ class ModelEntryConfig:
     detokenizer: Any = None
     guided: Any = None
     speculative: Any = None
+    lora: Any = None
     reasoning_parser: Any = None
     tool_parser: Any = None
 
@@ -194,6 +196,7 @@ class InferflowConfig:
     detokenizer: Any = None
     guided: Any = None
     speculative: Any = None
+    lora: Any = None
     reasoning_parser: Any = None
     tool_parser: Any = None
     pipeline: list[str] = field(default_factory=lambda: list(SLOTS))

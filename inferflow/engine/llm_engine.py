@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from inferflow.engine.step import Executor
@@ -32,7 +32,10 @@ from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, LLGuidanceDecoding
 
 if TYPE_CHECKING:
+    from inferflow.lora.registry import LoraRegistry
+    from inferflow.lora.slots import LoraSlots
     from inferflow.runtimes.plan_runner import Runner
+
 
 class RequestRejected(ValueError):
     """A request the engine can never run; ``field`` names the offending request field."""
@@ -62,10 +65,18 @@ class _Pending:
 class LLMEngine:
     def __init__(self, checkpoint: Checkpoint, executor: ExecutorStage, scheduler: Scheduler,
                  detokenizer: DetokenizerStage, wrap_executor: ExecutorWrapper | None = None,
-                 guided: GuidedDecodingStage | None = None) -> None:
+                 guided: GuidedDecodingStage | None = None, lora: LoraRegistry | None = None,
+                 reserved_names: Collection[str] = ()) -> None:
         """An engine over a loaded ``executor`` and a ``scheduler`` built for the same layout;
         ``wrap_executor`` wraps what the step calls (telemetry), once, here; ``guided``: the
-        structured-output stage (default: llguidance)."""
+        structured-output stage (default: llguidance).
+
+        Multi-LoRA: ``lora`` is the registry of the adapters requests may select (None: LoRA
+        off); the executor was built with its ``LoraSpec`` (``ExecutorStage.enable_lora``) and
+        the scheduler with its ``max_loras``. The engine owns the registry and the
+        :class:`~inferflow.lora.slots.LoraSlots` over the executor's runner.
+        ``reserved_names``: the served models' names, which no adapter loaded at run time may
+        take."""
         self.checkpoint = checkpoint
         self.model_config = checkpoint.config
         self.tokenizer = checkpoint.tokenizer
@@ -84,6 +95,18 @@ class LLMEngine:
         self.guided = guided if guided is not None else LLGuidanceDecoding()
         self._guided_bound = False  # bound to the tokenizer at the first constrained request
         self._lock = threading.RLock()
+        self.lora = lora
+        self.lora_slots: LoraSlots | None = None
+        self._reserved_names = frozenset(reserved_names)
+        self._unloading: set[str] = set()  # unloaded, still used by live requests
+        if lora is not None:
+            from inferflow.lora.slots import LoraSlots
+
+            if scheduler.max_loras != lora.spec.max_loras:
+                raise ValueError(f"lora: the scheduler caps {scheduler.max_loras} adapters, the "
+                                 f"engine has {lora.spec.max_loras} slots")
+            self.lora_slots = LoraSlots(executor.runner, lora)
+            executor.use_lora_slots(self.lora_slots)
 
     @property
     def engine(self) -> Runner | None:
@@ -117,7 +140,15 @@ class LLMEngine:
                             **self.detokenizer.settings()},
             "guided": {"class": type(self.guided).__name__, **self.guided.settings()},
             "speculative": self._describe_speculation(),
+            "lora": self._describe_lora(),
         }
+
+    def _describe_lora(self) -> dict[str, Any]:
+        if self.lora is None:
+            return {"enabled": False}
+        spec = self.lora.spec
+        return {"enabled": True, "max_loras": spec.max_loras, "max_lora_rank": spec.max_lora_rank,
+                "targets": list(spec.targets), "adapters": self.lora_names()}
 
     def _describe_speculation(self) -> dict[str, Any]:
         drafts = self.scheduler.drafts
@@ -129,9 +160,12 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: Sequence[int], params: SamplingParams,
                     arrival_time: float | None = None, priority: int = 0, prompt: str | None = None,
-                    prompt_leader: str | None = None) -> None:
+                    prompt_leader: str | None = None, lora: str | None = None) -> None:
         """Queue a request. Raises :class:`RequestRejected` if it can never run here (also for a
         non-default ``priority`` under an order that ignores it: ``batching.policy=fcfs``).
+
+        ``lora``: the LoRA adapter to run with (None: the base model); one not loaded (or being
+        unloaded) is refused with ``field`` "model" (the API's 404).
 
         ``prompt_leader`` (n > 1): the id of a request added before with the same prompt; this
         one starts once the leader has computed the prompt, whose full blocks it then reads
@@ -160,8 +194,11 @@ class LLMEngine:
         request = Request(request_id, list(prompt_token_ids), params,
                           eos_token_ids=self.checkpoint.eos_token_ids,
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
-                          priority=priority, prompt_leader=prompt_leader)
+                          priority=priority, prompt_leader=prompt_leader, lora=lora)
         with self._lock:
+            if lora is not None and lora not in self.lora_names():
+                raise RequestRejected("model", f"the model {lora!r} does not exist (no LoRA "
+                                      "adapter of that name is loaded)")
             if params.guided is not None:
                 self._start_guided(request, params)
             try:
@@ -195,6 +232,7 @@ class LLMEngine:
             done = self.scheduler.finish_requests([request_id], RequestStatus.FINISHED_ABORTED)
             self.guided.finish([request_id])
             self._aborted.extend(done)
+            self._finish_unloads()
             return bool(done)
 
     def has_unfinished_requests(self) -> bool:
@@ -202,8 +240,69 @@ class LLMEngine:
             return self.scheduler.has_unfinished_requests() or bool(self._aborted)
 
     def stats(self) -> SchedulerStats:
+        """The scheduler's counters, with the LoRA registry's and slots' (loads, unloads)."""
         with self._lock:
-            return self.scheduler.stats
+            stats = self.scheduler.stats
+            if self.lora is None or self.lora_slots is None:
+                return stats
+            return dataclasses.replace(stats, lora_loads=self.lora.loads,
+                                       lora_unloads=self.lora.unloads,
+                                       lora_slot_loads=self.lora_slots.loads)
+
+    # -- multi-LoRA ----------------------------------------------------------------------------
+    def lora_names(self) -> list[str]:
+        """The adapters requests may select now (sorted; none with LoRA off)."""
+        with self._lock:
+            if self.lora is None:
+                return []
+            return sorted(n for n in self.lora.names() if n not in self._unloading)
+
+    def load_lora(self, name: str, path: str) -> None:
+        """Read and check the PEFT adapter at ``path`` and serve it as ``name`` (no engine
+        rebuild: it enters a slot on its first request). Raises ``LoraError`` (``field``
+        ``lora_name`` or ``lora_path``): LoRA off, a bad or taken name, a bad adapter."""
+        from inferflow.lora.adapter import LoraError
+        from inferflow.stages.lora import check_adapter_name
+
+        with self._lock:
+            if self.lora is None:
+                raise LoraError("lora_name", "this engine serves no LoRA adapters (start it "
+                                "with lora.adapters.NAME=PATH or lora.allow_runtime_updates=true)")
+            try:
+                check_adapter_name(name, "lora_name")
+            except ValueError as exc:
+                raise LoraError("lora_name", str(exc).removeprefix("lora_name: ")) from None
+            if name in self._reserved_names:
+                raise LoraError("lora_name", f"{name!r} is the name of a served model")
+            if name in self._unloading:
+                raise LoraError("lora_name", f"the adapter {name!r} is being unloaded: requests "
+                                "still run with it; load it again once they finished")
+            if name in self.lora:
+                raise LoraError("lora_name", f"the adapter {name!r} is already loaded")
+            self.lora.add(name, path)
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter ``name``: new requests for it are refused at once, the live ones
+        finish with it, then it leaves the registry and its engine slot. Raises ``LoraError``
+        (``lora_name``) for an adapter that is not loaded."""
+        from inferflow.lora.adapter import LoraError
+
+        with self._lock:
+            if self.lora is None or name not in self.lora or name in self._unloading:
+                raise LoraError("lora_name", f"the adapter {name!r} is not loaded")
+            self._unloading.add(name)
+            self._finish_unloads()
+
+    def _finish_unloads(self) -> None:
+        """Remove the unloaded adapters no live request uses any more."""
+        if not self._unloading:
+            return
+        assert self.lora is not None and self.lora_slots is not None
+        live = self.scheduler.live_loras()
+        for name in [n for n in self._unloading if n not in live]:
+            self.lora.remove(name)
+            self.lora_slots.evict(name)
+            self._unloading.discard(name)
 
     def step(self) -> list[RequestOutput]:
         """One engine step; an output for every request that finished or, every
@@ -216,6 +315,7 @@ class LLMEngine:
                 assert out is not None  # a finished request always reports
                 outputs.append(out)
             self._aborted.clear()
+            self._finish_unloads()
             return outputs
 
     def _detokenize_each(self, request: Request, detok: RequestDetokenizer,

@@ -39,6 +39,7 @@ from inferflow.stages.detokenizer import DetokenizerStage, StreamingDetokenizer
 from inferflow.stages.engine_slot import EngineStage
 from inferflow.stages.executor import ExecutorStage
 from inferflow.stages.guided import GuidedDecodingStage, NoGuidedDecoding
+from inferflow.stages.lora import LoraStage
 from inferflow.stages.reasoning_parser import AutoReasoningParser, ReasoningParserStage
 from inferflow.stages.response import ResponseStage
 from inferflow.stages.speculative import NoSpeculation, SpeculativeStage
@@ -46,6 +47,7 @@ from inferflow.stages.tool_parser import AutoToolParser, ToolParserStage
 
 if TYPE_CHECKING:
     from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
+    from inferflow.lora.registry import LoraRegistry
     from inferflow.models.config import ModelArch
     from inferflow.models.tokenizer import Tokenizer
     from inferflow.scheduling.kv_budget import ServedContext
@@ -65,7 +67,7 @@ _ADVICE = {
 ENGINE_STAGE_KINDS: dict[str, type[EngineStage]] = {
     contract.kind: contract
     for contract in (CacheStage, BatchingStage, ExecutorStage, DetokenizerStage,
-                     GuidedDecodingStage, SpeculativeStage)
+                     GuidedDecodingStage, SpeculativeStage, LoraStage)
 }
 # Response-side slot -> its contract (read the engine's output in the API process; a removed
 # slot, ``~tool_parser``, holds the default: ``auto``).
@@ -100,6 +102,7 @@ class ServingGraph:
     response_stages: list[ResponseStage] = field(default_factory=list)
     guided: GuidedDecodingStage = field(default_factory=NoGuidedDecoding)
     speculative: SpeculativeStage = field(default_factory=NoSpeculation)
+    lora: LoraStage = field(default_factory=LoraStage)  # (no adapters: LoRA off)
     reasoning_parser: ReasoningParserStage = field(default_factory=AutoReasoningParser)
     tool_parser: ToolParserStage = field(default_factory=AutoToolParser)
     present_slots: tuple[str, ...] = ENGINE_SLOTS
@@ -157,6 +160,35 @@ class ServingGraph:
             _ = self.tokenizer
             checkpoint.config.check_context(
                 self.model_path / "config.json", self.max_model_len, "model.max_model_len")
+        self.check_lora_adapters()
+
+    def served_model_names(self) -> set[str]:
+        """The names requests select models by: this model's, ``extra_models``' and the model
+        repository's (``models:``) entries'."""
+        from inferflow.embeddings.models import embedding_specs
+        from inferflow.graph.repository import llm_entries
+
+        names = {self.model_name, *(s.name for s in embedding_specs(self))}
+        if self.config.get("models"):
+            names |= {entry.model.name or resolve_model(entry.model)[1]
+                      for entry in llm_entries(self.config)}
+        return names
+
+    def check_lora_adapters(self) -> None:
+        """Read and check every ``lora.adapters`` folder as the engine will (one line naming
+        ``lora.adapters.NAME`` and the problem; nothing stays loaded)."""
+        spec = self.lora.spec()
+        if spec is None:
+            return
+        from inferflow.lora.adapter import LoraError, load_peft_adapter
+
+        for name, path in self.lora.adapters.items():
+            try:
+                load_peft_adapter(Path(path).expanduser(), name, self.model_arch, spec)
+            except LoraError as exc:
+                message = str(exc).removeprefix(f"{exc.field}: ")
+                raise ConfigError(f"lora.adapters.{name}: {message}",
+                                  f"lora.adapters.{name}") from None
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
@@ -271,6 +303,7 @@ class ServingGraph:
             raise ConfigError(
                 f"batching.{exc}{_ADVICE.get(exc.field, '')}", f"batching.{exc.field}"
             ) from None
+        self._check_lora_settings()
         if self.speculative.enabled and not self.executor.verifies_drafts:
             raise ConfigError(
                 f"speculative: the {self.executor.backend or type(self.executor).__name__} "
@@ -284,6 +317,20 @@ class ServingGraph:
             raise ConfigError(f"executor.{message}", "executor") from None
         return layout
 
+    def _check_lora_settings(self) -> None:
+        """With LoRA on: an executor that serves adapters, and adapter names no model has."""
+        if self.lora.spec() is None:
+            return
+        if not self.executor.serves_lora:
+            name = self.executor.backend or type(self.executor).__name__
+            raise ConfigError(f"lora: executor={name} does not serve LoRA adapters (use "
+                              "executor=onnxruntime or executor=torch, or ~lora)", "lora")
+        try:
+            self.lora.check_names(self.served_model_names())
+        except ValueError as exc:
+            key = str(exc).partition(": ")[0]
+            raise ConfigError(f"lora.{exc}", f"lora.{key}") from None
+
     def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
         builds (or loads the cached) compiled model, the batching stage is the scheduler's
@@ -295,12 +342,36 @@ class ServingGraph:
         layout = self.check_engine_settings()
         checkpoint = load_checkpoint(self.model_path, self.model.generation_config)
         self.executor.limit_steps(self.batching.max_num_batched_tokens)
+        lora = self.lora_registry()
+        if lora is not None:
+            self.executor.enable_lora(lora.spec)
         self.executor.load(checkpoint, layout)
         scheduler = Scheduler(self.batching, layout, kv=self.cache.create(layout),
-                              proposer=self.speculative.proposer())
+                              proposer=self.speculative.proposer(),
+                              max_loras=lora.spec.max_loras if lora is not None else None)
         return LLMEngine(
-            checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided
+            checkpoint, self.executor, scheduler, self.detokenizer, wrap_executor, self.guided,
+            lora=lora, reserved_names=self.served_model_names() if lora is not None else (),
         )
+
+    def lora_registry(self) -> LoraRegistry | None:
+        """The adapters of ``lora.adapters``, read and checked (None: LoRA off). A bad adapter
+        is a ConfigError naming ``lora.adapters.NAME``."""
+        spec = self.lora.spec()
+        if spec is None:
+            return None
+        from inferflow.lora.adapter import LoraError
+        from inferflow.lora.registry import LoraRegistry
+
+        registry = LoraRegistry(spec, self.model_arch, self.lora.cpu_loras)
+        for name, path in self.lora.adapters.items():
+            try:
+                registry.add(name, str(Path(path).expanduser()))
+            except LoraError as exc:
+                message = str(exc).removeprefix(f"{exc.field}: ")
+                raise ConfigError(f"lora.adapters.{name}: {message}",
+                                  f"lora.adapters.{name}") from None
+        return registry
 
 
 @contextlib.contextmanager
@@ -372,7 +443,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
                 RESPONSE_SLOT_KINDS.get(name) or ENGINE_STAGE_KINDS[name]
             )
             built[name] = instantiate_stage(cfg[name], name, kind, prefixes)
-    late = {"speculative": SpeculativeStage, **RESPONSE_SLOT_KINDS}
+    late = {"speculative": SpeculativeStage, "lora": LoraStage, **RESPONSE_SLOT_KINDS}
     for name, kind in late.items():
         if name not in pipeline and cfg.get(name) is not None:
             # (a pipeline list written before the slot existed: the slot still applies)
@@ -398,6 +469,7 @@ def _build(cfg: DictConfig) -> ServingGraph:
         detokenizer=engine_stage("detokenizer", StreamingDetokenizer),
         guided=engine_stage("guided", NoGuidedDecoding),
         speculative=engine_stage("speculative", NoSpeculation),
+        lora=engine_stage("lora", LoraStage),
         reasoning_parser=built.get("reasoning_parser") or AutoReasoningParser(),
         tool_parser=built.get("tool_parser") or AutoToolParser(),
         present_slots=tuple(n for n in ENGINE_SLOTS if n in built),

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -14,12 +14,19 @@ from inferflow.sampling.sampler import Sampler, SampleRow
 from inferflow.scheduling.plan import ExecutorOutput, KVBlockCopy, ScheduledChunk, SchedulerOutput
 from inferflow.scheduling.plan import SampledToken as SampledToken
 
+if TYPE_CHECKING:
+    from inferflow.lora.slots import LoraSlots
 
-def engine_rows(chunks: Sequence[ScheduledChunk]) -> list[EngineRow]:
+
+def engine_rows(chunks: Sequence[ScheduledChunk],
+                lora_slot: Mapping[str, int] | None = None) -> list[EngineRow]:
     """The engine's view of a plan's chunks (a row with drafts wants logits for each of them, a
-    chunk with prompt logprobs for every token)."""
+    chunk with prompt logprobs for every token); ``lora_slot`` maps each chunk's adapter
+    (``ScheduledChunk.lora``) to its engine slot (a base-model row: -1)."""
+    slots = lora_slot or {}
     return [EngineRow(c.slot, c.token_ids, c.start_pos, c.sample, c.block_table, c.num_logits,
-                      bool(c.prompt_logprob_ids)) for c in chunks]
+                      bool(c.prompt_logprob_ids),
+                      -1 if c.lora is None else slots[c.lora]) for c in chunks]
 
 
 def sample_plan(sampler: Sampler, plan: SchedulerOutput, logits: np.ndarray) -> ExecutorOutput:
@@ -78,11 +85,17 @@ class PlanRunner:
 
     Order within a step: prefix-cache loads, the forward pass, sampling, then saves of the blocks
     that became full (so their KV is complete when copied to the pool).
+
+    Multi-LoRA: ``lora_slots`` (the engine's, set once it is built) makes the adapters of each
+    plan's chunks resident in the runner's slots before the forward pass, and each row carries
+    its adapter's slot (``EngineRow.lora_slot``). A plan with adapters needs it.
     """
 
-    def __init__(self, runner: Runner, sampler: Sampler) -> None:
+    def __init__(self, runner: Runner, sampler: Sampler,
+                 lora_slots: LoraSlots | None = None) -> None:
         self.runner = runner
         self.sampler = sampler
+        self.lora_slots = lora_slots
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         self.sampler.forget(plan.finished_request_ids)
@@ -90,11 +103,22 @@ class PlanRunner:
             self._slots().load_blocks(plan.kv_loads)
         output = ExecutorOutput()
         if plan.chunks:
-            logits = self.runner.forward(engine_rows(plan.chunks))  # (R, V)
+            logits = self.runner.forward(engine_rows(plan.chunks, self._assign_lora(plan)))  # (R, V)
             output = sample_plan(self.sampler, plan, logits)
         if plan.kv_saves:
             self._slots().save_blocks(plan.kv_saves)
         return output
+
+    def _assign_lora(self, plan: SchedulerOutput) -> dict[str, int]:
+        """Each adapter of the plan's chunks -> its engine slot (loaded now where it is not
+        resident; the scheduler keeps a plan within ``max_loras`` adapters)."""
+        names = {c.lora for c in plan.chunks if c.lora is not None}
+        if not names:
+            return {}
+        if self.lora_slots is None:
+            raise ValueError(f"a plan with LoRA adapters ({', '.join(sorted(names))}) on an "
+                             "engine built without LoRA")
+        return self.lora_slots.assign(names)
 
     def _slots(self) -> SlotRunner:
         if not isinstance(self.runner, SlotRunner):

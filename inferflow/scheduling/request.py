@@ -64,11 +64,16 @@ class Request:
     # n > 1: the sibling request with the same prompt, submitted first; this one is admitted
     # once the leader's prompt is computed, so its full blocks are prefix-cache hits
     prompt_leader: str | None = None
+    # multi-LoRA: the adapter it runs with (None: the base model); its prefix-cache blocks are
+    # keyed by it (``cache_extra_keys`` defaults to ("lora", name))
+    lora: str | None = None
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.prompt_token_ids = list(self.prompt_token_ids)
         self.eos_token_ids = tuple(self.eos_token_ids)
+        if self.lora is not None and not self.cache_extra_keys:
+            self.cache_extra_keys = ("lora", self.lora)  # never a block of another adapter's
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id!r}: empty prompt")
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

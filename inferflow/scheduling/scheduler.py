@@ -22,6 +22,11 @@ Under a sliding window (``layout.freeing_window``) each step first frees the blo
 request's next chunk sees (``KVCacheManager.free_outside_window``): a sequence then holds at most
 ``window_blocks`` blocks, so more run at once, and ``check_fits`` bounds a request by that.
 
+Multi-LoRA (``max_loras``; ``inferflow.lora``): the running requests use at most ``max_loras``
+distinct adapters (the engine's slots), so every plan mixes at most that many. Admission skips
+a waiting request whose adapter would be one too many (later requests may go ahead, as vLLM
+does); it waits until a running request of an adapter finishes. Preemption only lowers the count.
+
 Speculative decoding (``proposer``; ``scheduling/speculation.py``): decode rows carry drafts
 within what the budget and free blocks leave every decode; ``update`` rolls rejected ones back.
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -77,7 +83,9 @@ class Scheduler:
     the frozen ``layout``; ``policy`` orders admission and preemption (default: ``budgets``);
     ``kv`` is the block accounting and prefix cache (default: a ``KVCacheManager`` over the
     layout's pool, prefix caching on); ``proposer`` drafts tokens for speculative decoding (None:
-    no speculation). Budgets the layout cannot honour are a ``SchedulerConfigError``."""
+    no speculation); ``max_loras`` caps the distinct LoRA adapters of the running requests
+    (None: LoRA off, a request with ``lora`` is refused). Budgets the layout cannot honour are a
+    ``SchedulerConfigError``."""
 
     def __init__(
         self,
@@ -87,8 +95,13 @@ class Scheduler:
         kv: KVCacheManager | None = None,
         proposer: DraftProposer | None = None,
         clock: Callable[[], float] = time.time,
+        max_loras: int | None = None,
     ) -> None:
         check_budgets(budgets, layout)
+        if max_loras is not None and max_loras < 1:
+            raise ValueError(f"max_loras: must be >= 1, got {max_loras}")
+        self.max_loras = max_loras
+        self._running_loras: Counter[str] = Counter()  # adapter -> running requests using it
         self.budgets, self.layout = budgets, layout
         self.max_running = max_running(budgets, layout)
         self.drafts = None if proposer is None else DraftPlanner(proposer, layout.max_model_len)
@@ -124,6 +137,9 @@ class Scheduler:
             or request.output_token_ids
         ):
             raise ValueError(f"request {request.request_id!r} is not fresh")
+        if request.lora is not None and self.max_loras is None:
+            raise ValueError(f"request {request.request_id!r}: LoRA adapter {request.lora!r} "
+                             "but this engine serves no adapters")
         check_fits(request, self.layout, self.budgets)
         self._requests[request.request_id] = request
         self._keys[request.request_id] = self.policy.sort_key(request, next(self._seq))
@@ -227,8 +243,10 @@ class Scheduler:
             and len(self.running) < self.max_running
             and self.slots.num_free
         ):
-            # (a request waiting for its prompt leader is passed over, blocking nobody)
-            request = next((r for r in self.waiting if not self._waits_for_leader(r)), None)
+            # (a request waiting for its prompt leader, or whose adapter would exceed
+            # max_loras, is passed over, blocking nobody)
+            request = next((r for r in self.waiting if not self._waits_for_leader(r)
+                            and self._lora_admissible(r)), None)
             if request is None:
                 break
             if request.request_id in self._preempted:
@@ -243,6 +261,22 @@ class Scheduler:
             self._admit(request, hit, n, step)
         if step.budget > 0:  # static mode: stopped by seqs/slots/memory/queue, not by the budget
             self._batch_open = False
+
+    def _lora_admissible(self, request: Request) -> bool:
+        """Running ``request`` keeps the distinct adapters of the running requests within
+        ``max_loras`` (the base model and an adapter already running always fit)."""
+        return (request.lora is None or self.max_loras is None
+                or request.lora in self._running_loras
+                or len(self._running_loras) < self.max_loras)
+
+    @property
+    def running_loras(self) -> set[str]:
+        """The adapters of the running requests (at most ``max_loras``)."""
+        return set(self._running_loras)
+
+    def live_loras(self) -> set[str]:
+        """The adapters of every live request, waiting or running."""
+        return {r.lora for r in self._requests.values() if r.lora is not None}
 
     def _prefix_hit(self, request: Request) -> PrefixHit:
         """The cached prefix ``request`` reuses: none while it computes prompt logprobs (a
@@ -270,6 +304,9 @@ class Scheduler:
         self.kv.record_lookup(request.num_tokens, hit)
         request.slot, request.status = slot, RequestStatus.RUNNING
         request.num_computed_tokens = hit.num_tokens
+        if request.lora is not None:
+            self._running_loras[request.lora] += 1
+            assert self.max_loras is None or len(self._running_loras) <= self.max_loras
         if request.metrics.first_scheduled_time is None:
             request.metrics.first_scheduled_time = self._clock()
             request.metrics.num_cached_prompt_tokens = min(
@@ -320,6 +357,7 @@ class Scheduler:
                 draft_token_ids=drafts,
                 prompt_logprob_ids=prompt_ids,
                 history=history,
+                lora=request.lora,
             )
         )
         step.saves += self.kv.take_saves(rid, request.all_token_ids, end, request.slot)
@@ -347,6 +385,8 @@ class Scheduler:
         if not self.waiting or not self._admission_open():
             return
         head = self.waiting.peek()
+        if not self._lora_admissible(head):
+            return  # (its adapter waits for a running one's requests to end, not for room)
         while not self._head_fits(head):
             victim = priority_victim(head, self.running, self._key)
             if victim is None:
@@ -381,6 +421,10 @@ class Scheduler:
         if self.drafts is not None:
             self.drafts.forget([request.request_id])
         self.running.remove(request)
+        if request.lora is not None:
+            self._running_loras[request.lora] -= 1
+            if not self._running_loras[request.lora]:
+                del self._running_loras[request.lora]
         self.kv.free(request.request_id)
         assert request.slot is not None
         self.slots.free(request.slot)
@@ -495,4 +539,7 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             num_steps=self._num_steps,
             num_scheduled_tokens=self._num_scheduled_tokens,
+            running_loras=tuple(sorted(self._running_loras)),
+            waiting_loras=tuple(sorted({r.lora for r in self.waiting if r.lora is not None})),
+            max_loras=self.max_loras or 0,
         )

@@ -46,6 +46,13 @@ class SchedulerStats:
     num_preemptions: int
     num_steps: int
     num_scheduled_tokens: int  # all tokens computed so far (prefill + decode)
+    # multi-LoRA (vLLM's ``vllm:lora_requests_info``): the adapters of running / waiting requests
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
+    max_loras: int = 0  # the engine's slots (0: LoRA off)
+    lora_loads: int = 0  # adapters read from disk (registry: at start, runtime loads, re-reads)
+    lora_unloads: int = 0  # adapters unloaded at run time
+    lora_slot_loads: int = 0  # adapters written into an engine slot (LoraSlots)
 
     @property
     def kv_usage(self) -> float:

@@ -19,6 +19,8 @@ from inferflow.runtimes.config import GraphForm, OrtSettings, Precision
 from inferflow.stages.engine_slot import EngineStage
 
 if TYPE_CHECKING:
+    from inferflow.lora.adapter import LoraSpec
+    from inferflow.lora.slots import LoraSlots
     from inferflow.models.checkpoint import Checkpoint
     from inferflow.models.config import ModelArch
     from inferflow.runtimes.plan_runner import PlanRunner, Runner
@@ -63,6 +65,11 @@ class ExecutorStage(EngineStage):
       :meth:`load` and :meth:`execute` themselves.
     - :meth:`estimate_bytes`: the host memory a loaded engine holds (a model repository's
       admission check).
+    - :meth:`enable_lora` (multi-LoRA, ``inferflow.lora``) is called before :meth:`load` when the
+      ``lora`` slot is on, with the engine's :class:`~inferflow.lora.LoraSpec`: the runner is
+      built with LoRA inputs (every target projection gains ``((x @ A_all) * mask) @ B_all``)
+      and implements :class:`~inferflow.lora.slots.LoraRunner`. ``serves_lora`` says an
+      executor can (the built-in ONNX Runtime and torch ones); others refuse in one line.
     - ``logits_processors``: extra :class:`~inferflow.sampling.logits_processors.LogitsProcessor`
       objects (``_target_`` nodes, allowlisted like every target) the sampler applies after the
       built-in penalties and ``logit_bias``, to the rows they say they apply to (a plugin's
@@ -74,11 +81,14 @@ class ExecutorStage(EngineStage):
     pages_kv: ClassVar[bool] = False
     verifies_drafts: ClassVar[bool] = False
     returns_prompt_logprobs: ClassVar[bool] = False
+    serves_lora: ClassVar[bool] = False
     backend: ClassVar[str] = ""
     runtime_package: ClassVar[str] = ""  # distribution whose version runtime_version reports
     max_slots: int | None = None
     logits_processors: list[Any] = field(default_factory=list)
     step_token_budget: int = field(default=0, init=False, repr=False)  # from limit_steps; 0 = unset
+    # the LoraSpec from enable_lora (None: LoRA off; Any: the schema resolves fields' types)
+    lora_spec: Any = field(default=None, init=False, repr=False)
     # the PlanRunner once loaded (Any: the schema of a stage resolves its fields' types)
     _plan: Any = field(default=None, init=False, repr=False)
 
@@ -109,6 +119,23 @@ class ExecutorStage(EngineStage):
     def limit_steps(self, max_num_batched_tokens: int) -> None:
         """The scheduler's token budget per step (``batching.max_num_batched_tokens``)."""
         self.step_token_budget = max_num_batched_tokens
+
+    def enable_lora(self, spec: LoraSpec) -> None:
+        """Build the engine with LoRA inputs of shape ``spec`` (called before :meth:`load`);
+        ``ValueError`` where this executor does not serve adapters."""
+        if not self.serves_lora:
+            name = self.backend or type(self).__name__
+            raise ValueError(f"lora: executor={name} does not serve LoRA adapters")
+        self.lora_spec = spec
+
+    def use_lora_slots(self, slots: LoraSlots) -> None:
+        """The engine's adapter slots over this executor's loaded runner (``LLMEngine`` calls it
+        once, after :meth:`load`): every plan's adapters are made resident through them."""
+        self._loaded().lora_slots = slots
+
+    def _runner_lora(self) -> dict[str, Any]:
+        """The runner's ``lora=`` keyword when LoRA is on (none otherwise)."""
+        return {} if self.lora_spec is None else {"lora": self.lora_spec}
 
     def kv_budget(self, arch: ModelArch, model_bytes: int) -> KVBudget | None:
         """The KV memory this executor may reserve (None: unbounded); the graph caps the served
@@ -219,6 +246,7 @@ class OnnxRuntimeExecutor(ExecutorStage):
     runtime_package: ClassVar[str] = "onnxruntime"
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
     returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the graph returns any rows' logits
+    serves_lora: ClassVar[bool] = True  # both graph forms
     precision: Precision = tunable(Precision.fp32, choices=("fp32", "int8", "int4"),
                                    note="weight precision: int8/int4 trade accuracy for speed")
     # paged where the op builds, else gqa (slots)
@@ -314,10 +342,10 @@ class OnnxRuntimeExecutor(ExecutorStage):
         if settings.graph_form == GraphForm.paged.value:
             from inferflow.runtimes.onnxruntime_paged import PagedOnnxRuntimeRunner
 
-            return PagedOnnxRuntimeRunner(checkpoint, settings, layout)
+            return PagedOnnxRuntimeRunner(checkpoint, settings, layout, **self._runner_lora())
         from inferflow.runtimes.onnxruntime_runner import OnnxRuntimeRunner
 
-        return OnnxRuntimeRunner(checkpoint, settings, layout)
+        return OnnxRuntimeRunner(checkpoint, settings, layout, **self._runner_lora())
 
     def weight_scale(self) -> float:
         return _PRECISION_SCALE[Precision(self.precision)]
@@ -361,6 +389,7 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
     # its optimization profiles return one logits row per sequence (logits_index <= max_slots)
     verifies_drafts: ClassVar[bool] = False
     returns_prompt_logprobs: ClassVar[bool] = False
+    serves_lora: ClassVar[bool] = False
     precision: Precision = Precision.fp16
     graph_form: GraphForm = GraphForm.canonical
     device_id: int = 0

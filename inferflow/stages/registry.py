@@ -23,6 +23,7 @@ from inferflow.stages.cache import NoPrefixCache, PrefixCache
 from inferflow.stages.detokenizer import StreamingDetokenizer
 from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 from inferflow.stages.guided import LLGuidanceDecoding, NoGuidedDecoding
+from inferflow.stages.lora import LoraStage
 from inferflow.stages.reasoning_parser import (
     AutoReasoningParser,
     NoReasoningParser,
@@ -53,6 +54,7 @@ BUILTIN_OPTIONS: dict[str, dict[str, type]] = {
     "detokenizer": {"default": StreamingDetokenizer},
     "guided": {"llguidance": LLGuidanceDecoding, "none": NoGuidedDecoding},
     "speculative": {"none": NoSpeculation, "ngram": NgramSpeculation},
+    "lora": {"default": LoraStage},
     "reasoning_parser": {
         "auto": AutoReasoningParser,
         "think": ThinkReasoningParser,

@@ -65,6 +65,7 @@ class TorchExecutor(ExecutorStage):
     backend: ClassVar[str] = "torch"
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
     returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the model returns any rows' logits
+    serves_lora: ClassVar[bool] = True
     runtime_package: ClassVar[str] = "torch"
     pages_kv: ClassVar[bool] = True
     device: str = "cpu"
@@ -143,7 +144,7 @@ class TorchExecutor(ExecutorStage):
                                  compile=CompileMode(self.compile).value,
                                  cuda_graphs=self.cuda_graphs, threads=self.threads,
                                  cache_dir=self.cache_dir)  # (the sizes are the layout's)
-        return TorchRunner(checkpoint, settings, layout)
+        return TorchRunner(checkpoint, settings, layout, **self._runner_lora())
 
     def weight_scale(self) -> float:
         if self.on_cuda:
