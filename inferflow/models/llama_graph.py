@@ -41,11 +41,26 @@ Paged form (B rows, W block-table width, NB blocks of BS positions):
   present_value_{i} (NB, Hkv, BS, D), the caches after the write (bound to the inputs' memory).
 The slot buffers hold the whole context on every layer, windowed ones included
 (``graph_attention``).
+
+Multi-LoRA (``GraphSpec.lora``, the CPU forms; ``inferflow.lora``): with S = max_loras slots of
+rank R, SR = S * R, the graph also takes
+  lora_mask  (N, SR)  each packed token's adapter scaling on its slot's R columns, 0 elsewhere
+                      (a base-model token, the paged form's padding: all 0)
+  lora_a_{t}_{i} (d_in, SR), lora_b_{t}_{i} (SR, d_out) for each layer i and target t of
+                      ``LoraSpec.targets`` (PEFT's ``q_proj`` ... ``down_proj``), the slots'
+                      stacked A and B (slot s: columns / rows [s*R, (s+1)*R), zero where empty)
+all of the activations' type, and adds ``((x @ A) * lora_mask) @ B`` to each target's output.
+The fused projections take the three (two) deltas concatenated: q, k, v before the q/k norms (B's
+q and k columns permuted into the attention's head layout by the graph, where it has one); gate
+and up with the MLP's zero padding (``_ffn_padding``): there d_out of gate and up, and d_in of
+down, are the padded width I + pad, whose last pad columns (rows) the runner keeps zero. The
+runners allocate these buffers from the session's input shapes (``runtimes/ort_lora.py``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -58,6 +73,9 @@ from inferflow.models.graph_attention import Attention
 from inferflow.models.initializers import InitializerStore, InMemoryInitializers
 from inferflow.models.moe_graph import moe_mlp
 from inferflow.models.onnx_graph import PAGED_OP_DOMAIN, GraphSpec, _Graph
+
+if TYPE_CHECKING:
+    from inferflow.lora.adapter import LoraSpec
 
 # 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
 # windows, per-layer and partial rotary
@@ -88,6 +106,52 @@ def norm_weight(block: Block, w: np.ndarray) -> np.ndarray:
     return w if not block.norm_offset else block.norm_offset + w.astype(np.float32)
 
 
+MLP_TARGETS = ("gate_proj", "up_proj", "down_proj")
+
+
+class _Lora:
+    """Emits the multi-LoRA deltas of the target projections (module docstring) and collects
+    the graph inputs they read: ``lora_mask`` first, then each layer's A and B in the order the
+    layers use them."""
+
+    def __init__(self, g: _Graph, spec: LoraSpec) -> None:
+        self.g, self.targets = g, set(spec.targets)
+        self.width = spec.max_loras * spec.max_lora_rank  # SR
+        self.act = helper.np_dtype_to_tensor_dtype(g.spec.act_dtype)
+        self.inputs = [helper.make_tensor_value_info("lora_mask", self.act, ["N", self.width])]
+
+    def delta(self, i: int, target: str, x: str, d_in: int, d_out: int,
+              columns: np.ndarray | None = None) -> str:
+        """((x @ A) * mask) @ B of layer ``i``'s ``target``: x (N, d_in) -> (N, d_out); B's
+        columns taken in the order ``columns`` (a permutation) when given."""
+        g, v = self.g, helper.make_tensor_value_info
+        a, b = f"lora_a_{target}_{i}", f"lora_b_{target}_{i}"
+        self.inputs += [v(a, self.act, [d_in, self.width]), v(b, self.act, [self.width, d_out])]
+        if columns is not None:
+            b = g.op1("Gather", [b, g.const("lora_columns", columns.astype(np.int64))], axis=1)
+        return g.op1("MatMul", [g.op1("Mul", [g.op1("MatMul", [x, a]), "lora_mask"]), b])
+
+    def fused(self, i: int, x: str, parts: list[tuple[str, int, int, np.ndarray | None]]) -> str | None:
+        """The delta of a fused projection of x (N, d_in): ``parts`` (target, d_in, d_out,
+        B's column order or None) in column order; a part LoRA does not target is zeros.
+        None when it targets none of them."""
+        if not any(t in self.targets for t, *_ in parts):
+            return None
+        g, deltas = self.g, []
+        for target, d_in, d_out, columns in parts:
+            if target in self.targets:
+                deltas.append(self.delta(i, target, x, d_in, d_out, columns))
+            else:  # (N, d_out) zeros
+                rows = g.op1("Shape", [x], start=0, end=1)
+                shape = g.op1("Concat", [rows, g.const("shape", np.array([d_out], np.int64))], axis=0)
+                zero = helper.make_tensor("zero", self.act, [1], [0])
+                deltas.append(g.op1("ConstantOfShape", [shape], value=zero))
+        return deltas[0] if len(deltas) == 1 else g.op1("Concat", deltas, axis=-1)
+
+    def add(self, y: str, delta: str | None) -> str:
+        return y if delta is None else self.g.op1("Add", [y, delta])
+
+
 class _Layers:
     """Emits the decoder; the attention differs by form (``graph_attention``), everything else
     is shared."""
@@ -95,6 +159,7 @@ class _Layers:
     def __init__(self, g: _Graph, cfg: ModelArch, attention: bool = True) -> None:
         self.g, self.cfg = g, cfg
         self.attention = Attention(g, cfg) if attention else None
+        self.lora = _Lora(g, g.spec.lora) if g.spec.lora is not None else None
 
     def norm(self, x: str, w: np.ndarray) -> str:
         return self.g.rms_norm(x, norm_weight(self.cfg.block, w), self.cfg.rms_norm_eps)
@@ -107,6 +172,9 @@ class _Layers:
         """x + the output projection of layer ``i``'s attention ``attn`` (N, Hq * D), normed
         first with sandwich norms."""
         y = self.g.linear(attn, f"l{i}_o", lw.wo, lw.bo)
+        if self.lora is not None:
+            qw, h = self.cfg.num_heads * self.cfg.head_dim, self.cfg.hidden_size
+            y = self.lora.add(y, self.lora.fused(i, attn, [("o_proj", qw, h, None)]))
         if self.cfg.block.sandwich_norms:
             y = self.norm(y, lw.post_norm)
         return self.g.op1("Add", [x, y])
@@ -124,7 +192,19 @@ class _Layers:
                 bq, bk = self.attention.in_layout(bq, cfg.num_heads), self.attention.in_layout(bk, cfg.num_kv_heads)
         bias = np.concatenate([bq, bk, lw.bv]) if cfg.attention_bias else None  # type: ignore[list-item]
         qkv = g.linear(h, f"l{i}_qkv", np.concatenate([wq, wk, lw.wv], axis=1), bias)
+        if self.lora is not None:
+            qkv = self.lora.add(qkv, self.lora.fused(i, h, self._qkv_parts()))
         return self.qk_norm(qkv, lw) if cfg.block.qk_norm else qkv
+
+    def _qkv_parts(self) -> list[tuple[str, int, int, np.ndarray | None]]:
+        """The fused qkv projection's LoRA parts: q and k columns in the attention's layout."""
+        cfg = self.cfg
+        h, qw, kw = cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        q_cols = k_cols = None
+        if self.attention is not None and self.attention.layout is not None:
+            q_cols = self.attention.in_layout(np.arange(qw), cfg.num_heads)
+            k_cols = self.attention.in_layout(np.arange(kw), cfg.num_kv_heads)
+        return [("q_proj", h, qw, q_cols), ("k_proj", h, kw, k_cols), ("v_proj", h, kw, None)]
 
     def qk_norm(self, qkv: str, lw: LayerWeights) -> str:
         """RMSNorm over the D dims of each q and k head of packed (N, (Hq + 2*Hkv) * D)."""
@@ -166,12 +246,20 @@ class _Layers:
             b_gate, b_up, no_bias = lw.b_gate, lw.b_up, np.zeros(pad, g.spec.act_dtype)
             bias = np.concatenate([b_gate, no_bias, b_up, no_bias])  # type: ignore[list-item]
         width = np.array([inter + pad, inter + pad], np.int64)
-        gate, up = g.op("Split", [g.linear(h, f"l{i}_gate_up", gate_up, bias), g.const("split", width)],
-                        2, axis=-1)
+        y = g.linear(h, f"l{i}_gate_up", gate_up, bias)
+        if self.lora is not None:  # B of gate and up, A of down: I + pad wide (zero padding)
+            hid = cfg.hidden_size
+            y = self.lora.add(y, self.lora.fused(i, h, [("gate_proj", hid, inter + pad, None),
+                                                         ("up_proj", hid, inter + pad, None)]))
+        gate, up = g.op("Split", [y, g.const("split", width)], 2, axis=-1)
         w_down = lw.w_down
         if pad:
             w_down = np.concatenate([w_down, np.zeros((pad, cfg.hidden_size), w_down.dtype)])
-        return g.linear(g.op1("Mul", [self.activation(gate), up]), f"l{i}_down", w_down, lw.b_down)
+        x = g.op1("Mul", [self.activation(gate), up])
+        y = g.linear(x, f"l{i}_down", w_down, lw.b_down)
+        if self.lora is not None:
+            y = self.lora.add(y, self.lora.fused(i, x, [("down_proj", inter + pad, cfg.hidden_size, None)]))
+        return y
 
     def activation(self, x: str) -> str:
         """The MLP gate's activation (``ModelArch.hidden_act``), as transformers' ACT2FN."""
@@ -250,6 +338,23 @@ def _logits(g: _Graph, cfg: ModelArch, weights: ModelWeights, x: str) -> None:
     g.nodes.append(helper.make_node("Mul", [g.op1("Tanh", [scaled]), cap_value], ["logits"], name="logits_softcap"))
 
 
+def check_lora(cfg: ModelArch, spec: GraphSpec) -> None:
+    """Refuse a LoRA spec the graph cannot serve (one line): the canonical (TensorRT) form, a
+    target outside the projections, MLP targets of a model with sparse (MoE) layers."""
+    lora = spec.lora
+    if lora is None:
+        return
+    if not spec.cpu:
+        raise ValueError(f"multi-LoRA needs a CPU graph form (gqa, paged), not {spec.form}")
+    known = ("q_proj", "k_proj", "v_proj", "o_proj", *MLP_TARGETS)
+    if unknown := [t for t in lora.targets if t not in known]:
+        raise ValueError(f"LoRA targets {unknown}: not a projection of {cfg.architecture}")
+    sparse = [i for i in range(cfg.num_layers) if cfg.is_sparse(i)]
+    if sparse and (mlp := [t for t in lora.targets if t in MLP_TARGETS]):
+        raise ValueError(f"LoRA targets {mlp}: layers {sparse} are sparse (MoE); target the "
+                         "attention projections only")
+
+
 def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
                       store: InitializerStore | None = None) -> onnx.ModelProto:
     """The whole decoder as one ONNX model (see the module docstring for the I/O contract).
@@ -258,6 +363,8 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
     order; with an ``ExternalDataWriter`` the model returned is a skeleton pointing into its
     data file, and the build holds a few times the largest fused tensor, never the model.
     """
+    if spec.lora is not None:
+        check_lora(cfg, spec)
     g = _Graph(spec, store or InMemoryInitializers())
     layers = _Layers(g, cfg)
     x = _embed(g, cfg, weights)  # (N, H)
@@ -265,6 +372,8 @@ def build_llama_graph(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec,
         x = layers.layer(i, x, lw)
     _logits(g, cfg, weights, x)
     inputs, outputs = _io(cfg, spec)
+    if layers.lora is not None:
+        inputs += layers.lora.inputs
     graph = helper.make_graph(g.nodes, f"inferflow_{cfg.architecture}_{spec.form}", inputs, outputs, g.inits)
     opsets = [helper.make_opsetid("", 24 if spec.form == "canonical" else 21)]
     if spec.cpu:
@@ -288,6 +397,8 @@ def build_llama_segments(cfg: ModelArch, weights: ModelWeights, spec: GraphSpec)
     """
     if spec.form != "gqa":
         raise ValueError("segments are cut from the CPU (gqa) form")
+    if spec.lora is not None:
+        raise ValueError("segments are cut from graphs without LoRA")
     if (cfg.block != Block() or cfg.layer_windows or cfg.local_rope or cfg.rotary_dim != cfg.head_dim
             or cfg.moe):
         raise ValueError(f"segments are cut from Llama-like decoders only, not {cfg.architecture}'s")

@@ -5,7 +5,7 @@ nodes and initializers. Imports only ``models/`` leaves (initializers, quantize)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import onnx
@@ -13,6 +13,9 @@ from onnx import TensorProto, helper
 
 from inferflow.models.initializers import InitializerStore
 from inferflow.models.quantize import quantize_blocked
+
+if TYPE_CHECKING:
+    from inferflow.lora.adapter import LoraSpec
 
 GraphForm = Literal["gqa", "paged", "canonical"]
 
@@ -29,6 +32,9 @@ class GraphSpec:
     # activations (faster on CPU, ~1e-1 logit error). ORT's DequantizeLinear->MatMul fusion in the
     # canonical form takes it from the session, so the engine sets both to the same value.
     quant_accuracy_level: int = 4
+    # multi-LoRA (the CPU forms only): every target projection gains the stacked slots' delta,
+    # fed as graph inputs (``llama_graph``'s module docstring); None: the graph without LoRA
+    lora: LoraSpec | None = None
 
     @property
     def cpu(self) -> bool:

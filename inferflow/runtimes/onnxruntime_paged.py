@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -27,18 +28,22 @@ from inferflow.runtimes.onnxruntime_runner import OrtEngine
 from inferflow.runtimes.step_inputs import EngineRow, build_paged_arrays
 from inferflow.scheduling.layout import KVLayout
 
+if TYPE_CHECKING:
+    from inferflow.lora.adapter import LoraSpec
+
 log = logging.getLogger(__name__)
 
 
 class PagedOnnxRuntimeRunner(OrtEngine):
     """Runs steps of rows (prefill chunks and decode tokens mixed, one call) over the paged pool."""
 
-    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout,
+                 lora: LoraSpec | None = None) -> None:
         if not layout.paged:
             raise ValueError("graph_form=paged needs a paged KV layout (KVLayout.paged)")
         if settings.graph_form != "paged":
             raise ValueError(f"graph_form={settings.graph_form} runs on slots: OnnxRuntimeRunner")
-        super().__init__(checkpoint, settings, layout)
+        super().__init__(checkpoint, settings, layout, lora)
         cfg = self.model_config
         dtype = self.spec.act_dtype
         self.null_block = layout.num_blocks  # the scheduler's null block; also padding's scratch
@@ -57,6 +62,8 @@ class PagedOnnxRuntimeRunner(OrtEngine):
                 args = ("cpu", 0, buf.dtype, list(buf.shape), buf.ctypes.data)
                 self._binding.bind_input(f"{kind}_cache_{i}", *args)
                 self._binding.bind_output(f"present_{kind}_{i}", *args)  # same memory: in place
+        if self.lora_slots is not None:  # the adapter slots, once (set_lora writes in place)
+            self.lora_slots.bind(self._binding)
 
     @property
     def kv_resident(self) -> bool:
@@ -74,7 +81,8 @@ class PagedOnnxRuntimeRunner(OrtEngine):
         a = build_paged_arrays(rows, self.layout.block_size, self.null_block)
         feeds = {"input_ids": a.input_ids, "positions": a.positions, "slot_mapping": a.slot_mapping,
                  "block_tables": a.block_tables, "seq_lens": a.seq_lens,
-                 "query_start": a.query_start, "logits_index": a.logits_index}
+                 "query_start": a.query_start, "logits_index": a.logits_index,
+                 **self.lora_feeds(rows, len(a.input_ids))}
         return self.run_bound(self._binding, feeds, len(a.logits_index))
 
     def describe(self) -> dict[str, object]:

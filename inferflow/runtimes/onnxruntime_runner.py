@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -31,6 +32,7 @@ from inferflow.runtimes.config import OrtSettings
 from inferflow.runtimes.engine_cache import CacheEntry, get_or_build
 from inferflow.runtimes.kv_memory import check_fits, kv_buffer, make_resident
 from inferflow.runtimes.llama_build import build_llama_engine
+from inferflow.runtimes.ort_lora import LoraSlotBuffers
 from inferflow.runtimes.step_inputs import (
     EngineRow,
     StepArrays,
@@ -42,6 +44,9 @@ from inferflow.runtimes.step_inputs import (
 from inferflow.scheduling.layout import KVLayout
 from inferflow.scheduling.plan import KVBlockCopy
 
+if TYPE_CHECKING:
+    from inferflow.lora.adapter import LoraAdapter, LoraSpec
+
 log = logging.getLogger(__name__)
 
 MAX_BINDINGS = 64  # slot windows whose IOBinding is kept (binding one is ~50 calls into ORT)
@@ -51,9 +56,17 @@ class OrtEngine:
     """What every ONNX Runtime engine shares: the checkpoint checked against the served context,
     the compiled graph (built once, cached in ``compiled_engines/``) and the session with its
     options. The KV memory and ``forward`` are the layout's (slots here, the paged pool in
-    ``onnxruntime_paged``)."""
+    ``onnxruntime_paged``).
 
-    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
+    With ``lora`` (multi-LoRA, issue 43) the graph takes the stacked adapter slots as inputs
+    (``models/llama_graph``): the engine owns them (``ort_lora.LoraSlotBuffers``), binds them by
+    pointer, fills them through :meth:`set_lora` (the ``LoraRunner`` protocol) and builds each
+    call's ``lora_mask`` from its rows' ``lora_slot``. ``lora_spec`` is None without."""
+
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout,
+                 lora: LoraSpec | None = None) -> None:
+        if lora is not None and settings.graph_form not in ("gqa", "paged"):
+            raise ValueError(f"multi-LoRA needs graph_form gqa or paged, not {settings.graph_form}")
         cfg = checkpoint.config
         cfg.check_context(checkpoint.path / "config.json",
                           min(layout.max_model_len, cfg.max_position_embeddings), "max_model_len")
@@ -64,12 +77,15 @@ class OrtEngine:
         self.model_config, self.settings, self.layout = cfg, settings, layout
         self.capacity = min(layout.max_model_len, cfg.max_position_embeddings)
         self.spec = GraphSpec(settings.graph_form, settings.precision, self.capacity,  # type: ignore[arg-type]
-                              settings.quant_block_size, settings.quant_accuracy_level)
+                              settings.quant_block_size, settings.quant_accuracy_level, lora)
+        self.lora_spec = lora
         self.cache_entry: CacheEntry = get_or_build(
             settings.engine_dir, self.cache_fields(checkpoint),
             lambda folder: build_llama_engine(checkpoint, self.spec, folder))
         self.session = ort.InferenceSession(str(self.cache_entry.model_path), self.session_options(),
                                             providers=["CPUExecutionProvider"])
+        self.lora_slots = None if lora is None else \
+            LoraSlotBuffers(self.session, lora, cfg, self.spec.act_dtype)
 
     def cache_fields(self, checkpoint: Checkpoint) -> dict[str, object]:
         return {"weights_digest": checkpoint.weights_digest, "builder_version": GRAPH_BUILDER_VERSION,
@@ -77,7 +93,8 @@ class OrtEngine:
                 "graph_form": self.spec.form, "precision": self.spec.precision,
                 "max_model_len": self.capacity, "quant_block_size": self.spec.quant_block_size,
                 "quant_accuracy_level": self.spec.quant_accuracy_level,
-                "architecture": self.model_config.architecture}
+                "architecture": self.model_config.architecture,
+                **(self.lora_spec.cache_fields() if self.lora_spec is not None else {})}
 
     def session_options(self) -> ort.SessionOptions:
         """The options every session of this engine runs with (threads, spinning, quantization,
@@ -112,6 +129,22 @@ class OrtEngine:
         """(R, V) float32 logits: each row's ``logits_count`` rows, in row order."""
         raise NotImplementedError
 
+    def set_lora(self, slot: int, adapter: LoraAdapter | None) -> None:
+        """Write ``adapter``'s A/B (zero-padded to the engine's rank) into LoRA ``slot`` in place
+        and remember its scaling; None clears the slot. No rebuild, no rebinding."""
+        if self.lora_slots is None:
+            raise ValueError("this engine was built without LoRA (lora_spec None)")
+        self.lora_slots.set(slot, adapter)
+
+    def lora_feeds(self, rows: Sequence[EngineRow], num_tokens: int) -> dict[str, np.ndarray]:
+        """``{"lora_mask": (num_tokens, S*R)}`` for a call packing ``rows`` (then padding), or
+        nothing without LoRA (where a row naming a LoRA slot is refused)."""
+        if self.lora_slots is None:
+            if any(r.lora_slot >= 0 for r in rows):
+                raise ValueError("a row has a lora_slot but this engine was built without LoRA")
+            return {}
+        return {"lora_mask": self.lora_slots.mask(rows, num_tokens)}
+
     def run_bound(self, binding: ort.IOBinding, feeds: dict[str, np.ndarray],
                   num_logits: int) -> np.ndarray:
         """One call on ``binding`` (its KV already bound) with ``feeds`` as the step's inputs;
@@ -127,10 +160,11 @@ class OrtEngine:
 class OnnxRuntimeRunner(OrtEngine):
     """Runs steps of rows (prefill chunks and decode tokens mixed) over slot KV buffers."""
 
-    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
+    def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout,
+                 lora: LoraSpec | None = None) -> None:
         if settings.graph_form == "paged":
             raise ValueError("graph_form=paged runs on the paged pool: PagedOnnxRuntimeRunner")
-        super().__init__(checkpoint, settings, layout)
+        super().__init__(checkpoint, settings, layout, lora)
         cfg = self.model_config
         dtype = self.spec.act_dtype
         shape = (layout.max_slots, cfg.num_kv_heads, self.capacity, cfg.head_dim)
@@ -207,8 +241,10 @@ class OnnxRuntimeRunner(OrtEngine):
             calls = [part for call in calls for part in split_padding(rows, call)]
         results = []
         for call in calls:
-            arrays = build_step_arrays([rows[i] for i in call], slot_range=gqa, window=gqa)
-            results.append(self._run_gqa(arrays) if gqa else self._run_canonical(arrays))
+            call_rows = [rows[i] for i in call]
+            arrays = build_step_arrays(call_rows, slot_range=gqa, window=gqa)
+            lora = self.lora_feeds(call_rows, len(arrays.input_ids))
+            results.append(self._run_gqa(arrays, lora) if gqa else self._run_canonical(arrays))
         return merge_call_logits(rows, calls, results, self.model_config.vocab_size)
 
     def _binding(self, lo: int, batch: int) -> ort.IOBinding:
@@ -223,16 +259,18 @@ class OnnxRuntimeRunner(OrtEngine):
                     args = ("cpu", 0, buf.dtype, list(view.shape), view.ctypes.data)
                     binding.bind_input(f"past_{kind}_{i}", *args)
                     binding.bind_output(f"present_{kind}_{i}", *args)  # same memory: in place
+            if self.lora_slots is not None:
+                self.lora_slots.bind(binding)
         self._bindings[(lo, batch)] = binding  # most recently used last
         while len(self._bindings) > MAX_BINDINGS:
             del self._bindings[next(iter(self._bindings))]
         return binding
 
-    def _run_gqa(self, a: StepArrays) -> np.ndarray:
+    def _run_gqa(self, a: StepArrays, lora: dict[str, np.ndarray]) -> np.ndarray:
         binding = self._binding(int(a.slots[0]), len(a.slots))
         feeds = {"input_ids": a.input_ids, "pad_index": a.pad_index, "unpad_index": a.unpad_index,
                  "logits_index": a.logits_index, "seqlens_k": a.seqlens_k,
-                 "total_seq_len": self._total_seq_len, "query_seqlens": a.query_seqlens}
+                 "total_seq_len": self._total_seq_len, "query_seqlens": a.query_seqlens, **lora}
         return self.run_bound(binding, feeds, len(a.logits_index))
 
     def _run_canonical(self, a: StepArrays) -> np.ndarray:
