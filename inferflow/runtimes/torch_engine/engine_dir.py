@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from inferflow.json_types import JSONObject
+from inferflow.lora.adapter import LoraSpec
 from inferflow.models.checkpoint import Checkpoint
 from inferflow.runtimes.config import TorchSettings, default_engine_dir
 from inferflow.runtimes.engine_cache import MANIFEST, cache_key
@@ -70,8 +71,9 @@ class TorchEngineDir:
 
 
 def engine_fields(checkpoint: Checkpoint, settings: TorchSettings,
-                  device: torch.device) -> JSONObject:
-    return {
+                  device: torch.device, lora: LoraSpec | None = None) -> JSONObject:
+    """The key's fields; a LoRA engine's add its ``LoraSpec`` (one without: today's key)."""
+    fields: JSONObject = {
         "weights_digest": checkpoint.weights_digest,
         "builder_version": TORCH_ENGINE_VERSION,
         "torch_version": torch.__version__,
@@ -81,11 +83,14 @@ def engine_fields(checkpoint: Checkpoint, settings: TorchSettings,
         "compile": settings.compile,
         "architecture": checkpoint.config.architecture,
     }
+    if lora is not None:
+        fields.update(lora.cache_fields())  # type: ignore[arg-type]
+    return fields
 
 
-def open_engine_dir(checkpoint: Checkpoint, settings: TorchSettings,
-                    device: torch.device) -> TorchEngineDir:
-    fields = engine_fields(checkpoint, settings, device)
+def open_engine_dir(checkpoint: Checkpoint, settings: TorchSettings, device: torch.device,
+                    lora: LoraSpec | None = None) -> TorchEngineDir:
+    fields = engine_fields(checkpoint, settings, device, lora)
     root = Path(settings.cache_dir).expanduser() if settings.cache_dir else default_engine_dir()
     path = root / f"torch-{cache_key(fields)}"
     path.mkdir(parents=True, exist_ok=True)

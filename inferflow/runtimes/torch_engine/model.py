@@ -24,12 +24,23 @@ this model reads nothing outside a window, so what those table entries point at 
 
 A step is *packed*: N tokens of all rows back to back (shapes as in ``attention.py``); the
 forward returns logits only for ``sample_index`` (R,), the last token of each sampled row.
+
+Multi-LoRA (``inferflow.lora``, built only with a ``LoraSpec``): every target projection of every
+layer gains ``((x @ A_all) * mask) @ B_all`` with ``A_all`` (d_in, S*R), ``B_all`` (S*R, d_out)
+(S slots of rank R) and the step's ``lora_mask`` (N, S*R) (each token's adapter scaling on its
+slot's R columns). The stacks are *inputs* of the forward (``TorchLlama.lora_weights``), not
+parameters or buffers: Inductor's freezing (CPU) folds parameters and buffers into the compiled
+code as constants, which would hide the in-place writes of ``set_lora``; graph inputs are read
+on every call (and a CUDA graph reads them at their fixed addresses). Targets that share an
+input share one ``A`` (q|k|v: ``A`` (H, T*S*R) with T of them; gate|up alike), so a layer runs
+one ``x @ A`` per input. Without a spec the forward is exactly the plain one.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
@@ -37,6 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferflow.lora.adapter import LoraSpec
 from inferflow.models.checkpoint import LayerWeights, ModelWeights
 from inferflow.models.config import ModelArch
 from inferflow.models.rope import RotarySettings, cos_sin_cache
@@ -100,6 +112,44 @@ def rotary_tables(rope: RotarySettings, rotary_dim: int, max_positions: int, dty
             torch.from_numpy(np.concatenate([sin, sin], -1)).to(device, dtype))
 
 
+# LoRA targets by the input they read: q|k|v the attention's normed input, o the attention output,
+# gate|up the MLP's normed input, down the MLP's intermediate activation
+LORA_GROUPS: dict[str, tuple[str, ...]] = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",),
+                                           "gate_up": ("gate_proj", "up_proj"),
+                                           "down": ("down_proj",)}
+MLP_TARGETS = frozenset(("gate_proj", "up_proj", "down_proj"))
+
+
+@dataclass(frozen=True)
+class LoraGroup:
+    """The LoRA targets of one layer that read the same input: their shared ``A`` is
+    ``TorchLlama.lora_weights[a]`` (d_in, T*S*R), target t's columns ``[t*S*R, (t+1)*S*R)``;
+    target t's ``B`` (S*R, d_out_t) is ``lora_weights[b[t]]``."""
+
+    targets: tuple[str, ...]
+    a: int
+    b: tuple[int, ...]
+
+
+# one step's LoRA inputs: the mask (N, S*R) and TorchLlama.lora_weights
+LoraInputs = tuple[torch.Tensor, list[torch.Tensor]]
+
+
+def lora_deltas(x: torch.Tensor, group: LoraGroup | None,
+                lora: LoraInputs | None) -> dict[str, torch.Tensor]:
+    """x (N, d_in) -> {target: ((x @ A_t) * mask) @ B_t (N, d_out_t)} for the group's targets
+    (empty without LoRA or without targets here)."""
+    if group is None or lora is None:
+        return {}
+    mask, weights = lora
+    z = x @ weights[group.a]  # (N, T*S*R)
+    if len(group.targets) == 1:
+        return {group.targets[0]: (z * mask) @ weights[group.b[0]]}
+    z = z.reshape(x.shape[0], len(group.targets), mask.shape[1]) * mask[:, None, :]
+    return {t: z[:, j] @ weights[b] for j, (t, b) in enumerate(zip(group.targets, group.b,
+                                                                   strict=True))}
+
+
 class DenseMLP(nn.Module):
     """``act(h W_gate + b) * (h W_up + b) W_down + b``, gate|up fused (in, out) layout."""
 
@@ -114,13 +164,24 @@ class DenseMLP(nn.Module):
             self.b_gate_up = _param(np.concatenate([w.b_gate, w.b_up]), dtype, device)
         self.w_down = _param(w.w_down, dtype, device)
         self.b_down = _param(w.b_down, dtype, device) if arch.mlp_bias else None
+        # LoRA (TorchLlama with a LoraSpec): gate|up's and down's targets, None: none
+        self.lora_gate_up: LoraGroup | None = None
+        self.lora_down: LoraGroup | None = None
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:  # (N, H) -> (N, H)
+    def forward(self, h: torch.Tensor, lora: LoraInputs | None = None) -> torch.Tensor:
+        """(N, H) -> (N, H); with ``lora`` the gate/up/down adapters' deltas added."""
         gate_up = h @ self.w_gate_up
         if self.b_gate_up is not None:
             gate_up = gate_up + self.b_gate_up
         gate, up = gate_up.chunk(2, dim=-1)
-        down = (self.act(gate) * up) @ self.w_down
+        if lora is not None:
+            delta = lora_deltas(h, self.lora_gate_up, lora)
+            gate = gate + delta["gate_proj"] if "gate_proj" in delta else gate
+            up = up + delta["up_proj"] if "up_proj" in delta else up
+        inner = self.act(gate) * up
+        down = inner @ self.w_down
+        if lora is not None and (delta := lora_deltas(inner, self.lora_down, lora)):
+            down = down + delta["down_proj"]
         return down if self.b_down is None else down + self.b_down
 
 
@@ -156,6 +217,9 @@ class DecoderLayer(nn.Module):
         self.mlp: nn.Module = (
             SparseMoE(arch.moe, w, dtype, device, ACTIVATIONS[arch.hidden_act])
             if arch.moe and arch.is_sparse(i) else DenseMLP(arch, w, dtype, device))
+        # LoRA (TorchLlama with a LoraSpec): q|k|v's and o's targets, None: none
+        self.lora_qkv: LoraGroup | None = None
+        self.lora_o: LoraGroup | None = None
 
 
 class TorchLlama(nn.Module):
@@ -163,7 +227,8 @@ class TorchLlama(nn.Module):
     ``(num_blocks + 1, block_size, Hkv, D)``; the last block is scratch for padding tokens)."""
 
     def __init__(self, arch: ModelArch, weights: ModelWeights, num_blocks: int, block_size: int,
-                 max_positions: int, dtype: torch.dtype, device: torch.device) -> None:
+                 max_positions: int, dtype: torch.dtype, device: torch.device,
+                 lora: LoraSpec | None = None) -> None:
         super().__init__()
         block = arch.block
         self.arch = arch
@@ -197,6 +262,53 @@ class TorchLlama(nn.Module):
         weakref.finalize(self, KV_CACHES.release, self.cache_id)  # the blocks go with the model
         self.scratch_block = num_blocks
         self.block_size = block_size
+        self.lora = lora
+        # LoRA stacks (the forward's lora_weights) and, per (layer, target), its A (d_in, S*R)
+        # (a view into its group's A) and B (S*R, d_out): what set_lora writes in place
+        self.lora_weights: list[torch.Tensor] = []
+        self.lora_slots: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        if lora is not None:
+            self._allocate_lora(lora, dtype, device)
+
+    def _allocate_lora(self, spec: LoraSpec, dtype: torch.dtype, device: torch.device) -> None:
+        """Zeroed stacks for every target of every layer (see ``LoraGroup``)."""
+        arch = self.arch
+        mlp_targets = sorted(MLP_TARGETS.intersection(spec.targets))
+        sparse = [i for i in range(arch.num_layers) if arch.is_sparse(i)]
+        if mlp_targets and sparse:
+            raise ValueError(f"lora.target_modules: {', '.join(mlp_targets)} on the "
+                             f"mixture-of-experts layers of {arch.architecture}: not supported "
+                             "(attention targets only)")
+        width = spec.max_loras * spec.max_lora_rank  # S*R
+        hidden, attn = arch.hidden_size, arch.num_heads * arch.head_dim
+        kv = arch.num_kv_heads * arch.head_dim
+        for i, layer in enumerate(self.decoder_layers):
+            inner = (layer.mlp.w_down.shape[0] if isinstance(layer.mlp, DenseMLP)
+                     else arch.intermediate_size)
+            shapes = {"q_proj": (hidden, attn), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+                      "o_proj": (attn, hidden), "gate_proj": (hidden, inner),
+                      "up_proj": (hidden, inner), "down_proj": (inner, hidden)}
+            groups: dict[str, LoraGroup] = {}
+            for name, members in LORA_GROUPS.items():
+                targets = tuple(t for t in members if t in spec.targets)
+                if not targets:
+                    continue
+                d_in = shapes[targets[0]][0]
+                a = torch.zeros((d_in, len(targets) * width), dtype=dtype, device=device)
+                a_index = len(self.lora_weights)
+                self.lora_weights.append(a)
+                b_index = []
+                for t, target in enumerate(targets):
+                    b = torch.zeros((width, shapes[target][1]), dtype=dtype, device=device)
+                    b_index.append(len(self.lora_weights))
+                    self.lora_weights.append(b)
+                    self.lora_slots[(i, target)] = (a[:, t * width:(t + 1) * width], b)
+                groups[name] = LoraGroup(targets, a_index, tuple(b_index))
+            layer.lora_qkv, layer.lora_o = groups.get("qkv"), groups.get("o")
+            if isinstance(layer.mlp, DenseMLP):
+                layer.mlp.lora_gate_up, layer.mlp.lora_down = groups.get("gate_up"), groups.get("down")
+        for tensor in self.lora_weights:  # fixed sizes: no symbols for them under dynamic=True
+            torch._dynamo.mark_static(tensor)
 
     def kv_cache(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.kv_caches[layer]
@@ -220,9 +332,16 @@ class TorchLlama(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 slot_mapping: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
                 query_start: torch.Tensor, sample_index: torch.Tensor,
-                decode_only: bool) -> torch.Tensor:
-        """Packed step -> float32 logits (R, V) of ``sample_index``'s tokens."""
+                decode_only: bool, lora_mask: torch.Tensor | None = None,
+                lora_weights: list[torch.Tensor] | None = None) -> torch.Tensor:
+        """Packed step -> float32 logits (R, V) of ``sample_index``'s tokens. With LoRA (a model
+        built with a ``LoraSpec``): ``lora_mask`` (N, S*R) and ``lora_weights`` (this model's
+        ``lora_weights``) both given; without, neither."""
         arch = self.arch
+        lora: LoraInputs | None = None
+        if lora_mask is not None:
+            assert lora_weights is not None
+            lora = (lora_mask, lora_weights)
         hq, hkv, d = arch.num_heads, arch.num_kv_heads, arch.head_dim
         n = input_ids.shape[0]
         x = F.embedding(input_ids, self.embed)
@@ -235,6 +354,11 @@ class TorchLlama(nn.Module):
             if layer.bqkv is not None:
                 qkv = qkv + layer.bqkv
             q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=-1)
+            if lora is not None:
+                delta = lora_deltas(h, layer.lora_qkv, lora)
+                q = q + delta["q_proj"] if "q_proj" in delta else q
+                k = k + delta["k_proj"] if "k_proj" in delta else k
+                v = v + delta["v_proj"] if "v_proj" in delta else v
             q, k = q.reshape(n, hq, d), k.reshape(n, hkv, d)
             if layer.q_norm is not None and layer.k_norm is not None:
                 q, k = self._norm(q, layer.q_norm), self._norm(k, layer.k_norm)
@@ -243,13 +367,17 @@ class TorchLlama(nn.Module):
                                    slot_mapping, block_tables, seq_lens, query_start,
                                    self.cache_id, i, self.scale, decode_only, layer.window,
                                    self.attn_softcap)
-            out = attn.reshape(n, hq * d) @ layer.wo
+            attn = attn.reshape(n, hq * d)
+            out = attn @ layer.wo
+            if lora is not None and (delta := lora_deltas(attn, layer.lora_o, lora)):
+                out = out + delta["o_proj"]
             if layer.bo is not None:
                 out = out + layer.bo
             if layer.attn_out_norm is not None:
                 out = self._norm(out, layer.attn_out_norm)
             x = x + out
-            out = layer.mlp(self._norm(x, layer.mlp_norm))
+            h = self._norm(x, layer.mlp_norm)
+            out = layer.mlp(h) if lora is None else layer.mlp(h, lora)
             if layer.mlp_out_norm is not None:
                 out = self._norm(out, layer.mlp_out_norm)
             x = x + out
