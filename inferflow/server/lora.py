@@ -57,10 +57,13 @@ def lora_state(
     max_loras: int,
     loads: int,
     unloads: int,
+    slot_loads: int = 0,
 ) -> dict[str, Any]:
-    """The ``SharedState.lora`` blob the worker publishes: its adapters (name -> path, in load
-    order), the adapters of running and waiting requests, ``max_loras`` and the engine's
-    adapter load/unload counters."""
+    """The ``SharedState.lora`` blob the worker publishes: its adapters (name -> path), the
+    adapters of running and waiting requests, ``max_loras`` and the engine's counters:
+    ``loads`` (adapters read from disk: at start, runtime loads, re-reads after host-memory
+    eviction), ``unloads`` (runtime unloads), ``slot_loads`` (adapters written into an engine
+    slot)."""
     return {
         "adapters": [{"name": name, "path": path} for name, path in adapters.items()],
         "running": sorted(running),
@@ -68,6 +71,7 @@ def lora_state(
         "max_loras": max_loras,
         "loads": loads,
         "unloads": unloads,
+        "slot_loads": slot_loads,
         "updated_at": time.time(),
     }
 

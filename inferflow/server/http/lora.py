@@ -187,10 +187,13 @@ def lora_metrics(deployments: list[Deployment]) -> bytes:
         return b""
     info = ["# HELP vllm:lora_requests_info Running stats on lora requests.",
             "# TYPE vllm:lora_requests_info gauge"]
-    loads = ["# HELP inferflow:lora_loads_total Adapters loaded into the engine's LoRA slots.",
+    loads = ["# HELP inferflow:lora_loads_total Adapters read from disk (at start, runtime "
+             "loads, re-reads after host-memory eviction).",
              "# TYPE inferflow:lora_loads_total counter"]
-    unloads = ["# HELP inferflow:lora_unloads_total Adapters unloaded from the engine.",
+    unloads = ["# HELP inferflow:lora_unloads_total Adapters unloaded at run time.",
                "# TYPE inferflow:lora_unloads_total counter"]
+    slots = ["# HELP inferflow:lora_slot_loads_total Adapters written into an engine LoRA slot.",
+             "# TYPE inferflow:lora_slot_loads_total counter"]
     for d in served:
         assert d.lora is not None
         state = d.shared.lora()
@@ -203,5 +206,7 @@ def lora_metrics(deployments: list[Deployment]) -> bytes:
         info.append(f"vllm:lora_requests_info{{{labels}}} {float(state.get('updated_at', 0.0))}")
         loads.append(f"inferflow:lora_loads_total{{{model}}} {float(state.get('loads', 0))}")
         unloads.append(f"inferflow:lora_unloads_total{{{model}}} {float(state.get('unloads', 0))}")
-    return ("\n".join(info + loads + unloads) + "\n").encode()
+        slots.append(f"inferflow:lora_slot_loads_total{{{model}}} "
+                     f"{float(state.get('slot_loads', 0))}")
+    return ("\n".join(info + loads + unloads + slots) + "\n").encode()
 

@@ -200,6 +200,7 @@ class WorkerService:
                 self.lora.max_loras,
                 int(getattr(stats, "lora_loads", 0)),
                 int(getattr(stats, "lora_unloads", 0)),
+                int(getattr(stats, "lora_slot_loads", 0)),
             )
         )
 
