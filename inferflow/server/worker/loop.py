@@ -128,7 +128,7 @@ class EngineLoop:
                 arrival_time=now,
                 priority=request.priority,
                 prompt_leader=request.prompt_leader,
-                **({"lora": request.lora} if request.lora is not None else {}),
+                lora=request.lora,
             )
         except ValueError as exc:
             param = getattr(exc, "field", None)

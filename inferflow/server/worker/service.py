@@ -23,6 +23,7 @@ from typing import Any
 from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.updates import SchedulerStats
 from inferflow.server.lora import LoraServing, lora_state
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
@@ -153,7 +154,7 @@ class WorkerService:
             },
             executor=engine.model_executor.stats(),
         )
-        self.publish_lora()
+        self.publish_lora(stats)
         if self.telemetry is not None:
             self.telemetry.engine_state(
                 stats.num_running,
@@ -182,7 +183,7 @@ class WorkerService:
             return []
         return list(self.live_engine.lora_names())
 
-    def publish_lora(self) -> None:
+    def publish_lora(self, stats: SchedulerStats | None = None) -> None:
         """The engine's adapters (with their paths), the adapters of its running and waiting
         requests and its load/unload counters into ``SharedState.lora`` (written only when
         something changed)."""
@@ -191,16 +192,16 @@ class WorkerService:
         engine = self.live_engine
         names = self.lora_names()
         adapters = {name: self.lora_paths.get(name, "") for name in names}
-        stats = engine.stats()
+        stats = stats if stats is not None else engine.stats()
         self.shared.publish_lora(
             lora_state(
                 adapters,
-                list(getattr(stats, "running_loras", ())),
-                list(getattr(stats, "waiting_loras", ())),
+                list(stats.running_loras),
+                list(stats.waiting_loras),
                 self.lora.max_loras,
-                int(getattr(stats, "lora_loads", 0)),
-                int(getattr(stats, "lora_unloads", 0)),
-                int(getattr(stats, "lora_slot_loads", 0)),
+                stats.lora_loads,
+                stats.lora_unloads,
+                stats.lora_slot_loads,
             )
         )
 
