@@ -15,6 +15,6 @@ and 0 elsewhere (a base-model token: all 0). So one step mixes adapters and the 
 prefill chunks and decode rows alike.
 """
 
-from inferflow.lora.adapter import LORA_TARGETS, LoraAdapter, LoraError, LoraSpec
+from inferflow.lora.adapter import LORA_TARGETS, LoraAdapter, LoraError, LoraSpec, load_peft_adapter
 
-__all__ = ["LORA_TARGETS", "LoraAdapter", "LoraError", "LoraSpec"]
+__all__ = ["LORA_TARGETS", "LoraAdapter", "LoraError", "LoraSpec", "load_peft_adapter"]

@@ -12,15 +12,21 @@ Needs torch, transformers and peft (the ``dev`` extra); nothing in the product i
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from inferflow.lora.adapter import LORA_TARGETS
+from inferflow.lora.adapter import LORA_TARGETS, projection_dims
+from inferflow.models.safetensors_writer import save_safetensors
 
-__all__ = ["base_reference", "make_peft_adapter", "merged_reference", "peft_reference"]
+if TYPE_CHECKING:
+    from inferflow.models.config import ModelArch
+
+__all__ = ["base_reference", "make_peft_adapter", "merged_reference", "peft_reference",
+           "write_lora_adapter"]
 
 
 def _base_model(base_dir: Path) -> Any:
@@ -53,8 +59,9 @@ def make_peft_adapter(base_dir: Path, out_dir: Path, *, rank: int = 8, alpha: fl
     from peft import LoraConfig, get_peft_model
 
     model = _base_model(Path(base_dir))
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0,
-                        use_rslora=rslora, task_type="CAUSAL_LM", **lora_config)
+    fields: dict[str, Any] = {"r": rank, "lora_alpha": alpha, "target_modules": list(targets),
+                              "lora_dropout": 0.0, "use_rslora": rslora, "task_type": "CAUSAL_LM"}
+    config = LoraConfig(**{**fields, **lora_config})  # lora_alpha: a float works (typed int)
     peft_model = get_peft_model(model, config)
     scaling = alpha / (np.sqrt(rank) if rslora else rank)
     rng = np.random.default_rng(seed)
@@ -72,7 +79,38 @@ def make_peft_adapter(base_dir: Path, out_dir: Path, *, rank: int = 8, alpha: fl
         peft_model.to(getattr(torch, dtype))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    peft_model.save_pretrained(out, safe_serialization=True)
+    peft_model.save_pretrained(str(out), safe_serialization=True)
+    return out
+
+
+def write_lora_adapter(out_dir: Path, arch: ModelArch, *, rank: int = 8, alpha: float = 16,
+                       targets: Sequence[str] = LORA_TARGETS, seed: int = 0,
+                       layers: Sequence[int] | None = None, strength: float = 0.1) -> Path:
+    """A random adapter in PEFT's layout for ``arch`` written with numpy alone (no torch, in
+    milliseconds): the same keys, shapes and config fields ``save_pretrained`` writes, values
+    drawn as ``make_peft_adapter`` draws them (not the same numbers). For unit tests that need
+    many adapters; oracle tests use ``make_peft_adapter``."""
+    rng = np.random.default_rng(seed)
+    scaling = alpha / rank
+    tensors: dict[str, np.ndarray] = {}
+    for layer in range(arch.num_layers) if layers is None else layers:
+        for target in targets:
+            d_in, d_out = projection_dims(arch, target)
+            block = "mlp" if target in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            key = f"base_model.model.model.layers.{layer}.{block}.{target}"
+            tensors[f"{key}.lora_A.weight"] = (rng.standard_normal((rank, d_in))
+                                               / np.sqrt(d_in)).astype(np.float32)
+            tensors[f"{key}.lora_B.weight"] = (rng.standard_normal((d_out, rank)) * strength
+                                               / scaling / np.sqrt(rank)).astype(np.float32)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": alpha,
+              "target_modules": list(targets), "bias": "none", "use_rslora": False,
+              "use_dora": False, "modules_to_save": None, "rank_pattern": {}, "alpha_pattern": {},
+              "layers_to_transform": list(layers) if layers is not None else None,
+              "base_model_name_or_path": None}
+    (out / "adapter_config.json").write_text(json.dumps(config, indent=2))
+    save_safetensors(tensors, out / "adapter_model.safetensors")
     return out
 
 
