@@ -33,5 +33,9 @@ def check_scheduler(scheduler: Scheduler) -> None:
     for r in scheduler.waiting:
         assert r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED), r.status
         assert r.slot is None and r.num_computed_tokens == 0 and not scheduler.kv.holds(r.request_id)
+    loras = [r.lora for r in scheduler.running if r.lora is not None]
+    if scheduler.max_loras is not None:  # multi-LoRA: the engine's slots hold every adapter
+        assert len(set(loras)) <= scheduler.max_loras, f"adapters {sorted(set(loras))} running"
+    assert scheduler.running_loras == set(loras), "adapter bookkeeping"
     live = [r.request_id for r in itertools.chain(scheduler.running, scheduler.waiting)]
     assert sorted(live) == sorted(scheduler._requests) == sorted(scheduler._keys), "a request got lost"

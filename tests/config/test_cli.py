@@ -27,6 +27,7 @@ def test_default_config_is_the_embedded_tiny_model(cli_env: dict[str, str], work
         "batching",
         "speculative",
         "guided",
+        "lora",
         "executor",
         "detokenizer",
         "reasoning_parser",
@@ -142,8 +143,9 @@ def test_check_task_builds_the_graph_without_litter(cli_env: dict[str, str], wor
     assert "batching: StaticBatching" in proc.stdout and "cache:" not in proc.stdout
     assert "response stages: none\n" in proc.stdout
     details = proc.stdout.split("(_target_, settings):\n", 1)[1].splitlines()
-    assert [line.split(":")[0].strip() for line in details[:7]] == [
-        "validator", "tokenizer", "batching", "speculative", "guided", "executor", "detokenizer"
+    assert [line.split(":")[0].strip() for line in details[:8]] == [
+        "validator", "tokenizer", "batching", "speculative", "guided", "lora", "executor",
+        "detokenizer"
     ]  # the pipeline's order, the removed cache slot left out
     assert "  executor: OnnxRuntimeExecutor _target_=inferflow.stages.executor." in proc.stdout
     assert "_executor" not in proc.stdout  # internals are not settings

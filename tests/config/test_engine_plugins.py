@@ -217,10 +217,10 @@ def test_task_check_names_every_stage_with_its_target_and_settings(
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     assert "response stages: shout (ShoutingResponse) -> chat_footer (ChatFooter)\n" in out
-    details = out.split("(_target_, settings):\n", 1)[1].splitlines()[:11]
+    details = out.split("(_target_, settings):\n", 1)[1].splitlines()[:12]
     assert [line.split(":")[0].strip() for line in details] == [
         "validator", "system_prompt", "tokenizer", "cache", "batching", "speculative", "guided",
-        "executor", "detokenizer", "shout", "chat_footer",
+        "lora", "executor", "detokenizer", "shout", "chat_footer",
     ]  # request stages, the engine's slots, response stages: the order a request meets them
     assert (
         "  batching: ShortestPromptFirst _target_=inferflow_examples.ShortestPromptFirst"

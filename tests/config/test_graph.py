@@ -31,7 +31,7 @@ def test_default_graph(tiny_checkpoint: Path) -> None:
     assert graph.model_name == "tiny-llama" and graph.model_path == tiny_checkpoint
     assert [s.name for s in graph.request_stages] == ["validator", "tokenizer"]
     assert list(graph.engine_slots) == [
-        "cache", "batching", "speculative", "guided", "executor", "detokenizer"
+        "cache", "batching", "speculative", "guided", "lora", "executor", "detokenizer"
     ]
     assert isinstance(graph.engine_slots["batching"], ContinuousBatching)
     assert graph.server.port == 8000 and graph.tracing.exporter == "file"

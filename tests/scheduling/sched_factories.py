@@ -81,10 +81,11 @@ def make_config(**overrides: object) -> TinyConfig:
 
 
 def make_scheduler(cfg: TinyConfig, clock: Callable[[], float] = FakeClock(),
-                   proposer: DraftProposer | None = None) -> Scheduler:
+                   proposer: DraftProposer | None = None, max_loras: int | None = None) -> Scheduler:
     kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching,
                         cfg.layout.freeing_window)
-    return Scheduler(cfg.budgets, cfg.layout, kv=kv, proposer=proposer, clock=clock)
+    return Scheduler(cfg.budgets, cfg.layout, kv=kv, proposer=proposer, clock=clock,
+                     max_loras=max_loras)
 
 
 def make_request(
@@ -94,9 +95,10 @@ def make_request(
     max_tokens: int = 8,
     arrival_time: float = 0.0,
     priority: int = 0,
+    lora: str | None = None,
     **params: object,
 ) -> Request:
-    """Greedy request; EOS = token 0 (the fake's vocabulary is 0..63)."""
+    """Greedy request; EOS = token 0 (the fake's vocabulary is 0..63); ``lora``: its adapter."""
     sp = SamplingParams(max_tokens=max_tokens, temperature=0.0, **params)  # type: ignore[arg-type]
     return Request(
         request_id,
@@ -105,6 +107,7 @@ def make_request(
         eos_token_ids=(EOS,),
         arrival_time=arrival_time,
         priority=priority,
+        lora=lora,
     )
 
 
@@ -126,6 +129,7 @@ class Harness:
 
     config: TinyConfig
     proposer: DraftProposer | None = None  # speculative decoding
+    max_loras: int | None = None  # multi-LoRA: the scheduler's cap on running adapters
     scheduler: Scheduler = field(init=False)
     executor: FakeExecutor = field(init=False)
     finished: dict[str, Request] = field(default_factory=dict)
@@ -133,7 +137,8 @@ class Harness:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.scheduler = make_scheduler(cfg, clock=FakeClock(), proposer=self.proposer)
+        self.scheduler = make_scheduler(cfg, clock=FakeClock(), proposer=self.proposer,
+                                        max_loras=self.max_loras)
         self.executor = FakeExecutor(
             cfg.max_slots, cfg.max_model_len, cfg.num_blocks, cfg.block_size, VOCAB, cfg.paged,
             cfg.sliding_window,
