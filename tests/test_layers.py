@@ -26,6 +26,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"config"},  # schemas, SLOTS, ConfigError: imports only the leaves
         {"sampling_params", "outputs", "guided"},  # what a request carries in and out
         {"models"},  # checkpoints, tokenizers, the models' ONNX graphs
+        {"lora"},  # PEFT adapters, their registry and the engine's adapter slots
         {"scheduling", "speculative"},  # block pool -> KV manager -> scheduler
         {"sampling"},  # sampling a scheduler plan's logits
         {"runtimes"},  # compiled runners (ONNX Runtime, TensorRT, torch)

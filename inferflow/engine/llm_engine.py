@@ -106,7 +106,8 @@ class LLMEngine:
                 raise ValueError(f"lora: the scheduler caps {scheduler.max_loras} adapters, the "
                                  f"engine has {lora.spec.max_loras} slots")
             self.lora_slots = LoraSlots(executor.runner, lora)
-            executor.use_lora_slots(self.lora_slots)
+            # (the adapters of running requests keep their slots, in the step or not)
+            executor.use_lora_slots(self.lora_slots, lambda: scheduler.running_loras)
 
     @property
     def engine(self) -> Runner | None:
@@ -196,7 +197,8 @@ class LLMEngine:
                           arrival_time=arrival_time if arrival_time is not None else time.time(),
                           priority=priority, prompt_leader=prompt_leader, lora=lora)
         with self._lock:
-            if lora is not None and lora not in self.lora_names():
+            if lora is not None and (self.lora is None or lora not in self.lora
+                                     or lora in self._unloading):
                 raise RequestRejected("model", f"the model {lora!r} does not exist (no LoRA "
                                       "adapter of that name is loaded)")
             if params.guided is not None:
@@ -247,7 +249,7 @@ class LLMEngine:
                 return stats
             return dataclasses.replace(stats, lora_loads=self.lora.loads,
                                        lora_unloads=self.lora.unloads,
-                                       lora_slot_loads=self.lora_slots.loads)
+                                       lora_slot_loads=self.lora_slots.loads_into_engine)
 
     # -- multi-LoRA ----------------------------------------------------------------------------
     def lora_names(self) -> list[str]:
@@ -301,7 +303,7 @@ class LLMEngine:
         live = self.scheduler.live_loras()
         for name in [n for n in self._unloading if n not in live]:
             self.lora.remove(name)
-            self.lora_slots.evict(name)
+            self.lora_slots.free(name)
             self._unloading.discard(name)
 
     def step(self) -> list[RequestOutput]:

@@ -165,13 +165,18 @@ class ServingGraph:
     def served_model_names(self) -> set[str]:
         """The names requests select models by: this model's, ``extra_models``' and the model
         repository's (``models:``) entries'."""
-        from inferflow.embeddings.models import embedding_specs
-        from inferflow.graph.repository import llm_entries
+        from inferflow.graph.repository import repository_entries
 
-        names = {self.model_name, *(s.name for s in embedding_specs(self))}
+        models = [typed_config(ModelConfig, node, f"extra_models.{key}")
+                  for key, node in (self.config.get("extra_models") or {}).items()]
         if self.config.get("models"):
-            names |= {entry.model.name or resolve_model(entry.model)[1]
-                      for entry in llm_entries(self.config)}
+            models += [entry.model for entry in repository_entries(self.config)]
+        names = {self.model_name}
+        for model in models:
+            try:
+                names.add(model.name or resolve_model(model)[1])
+            except ConfigError:
+                continue  # (a checkpoint not there: that entry's own error, where it loads)
         return names
 
     def check_lora_adapters(self) -> None:
@@ -184,11 +189,10 @@ class ServingGraph:
 
         for name, path in self.lora.adapters.items():
             try:
-                load_peft_adapter(Path(path).expanduser(), name, self.model_arch, spec)
+                load_peft_adapter(Path(path).expanduser(), name, self.model_arch, spec,
+                                  field_name=f"lora.adapters.{name}")
             except LoraError as exc:
-                message = str(exc).removeprefix(f"{exc.field}: ")
-                raise ConfigError(f"lora.adapters.{name}: {message}",
-                                  f"lora.adapters.{name}") from None
+                raise ConfigError(str(exc), exc.field) from None
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
@@ -318,18 +322,28 @@ class ServingGraph:
         return layout
 
     def _check_lora_settings(self) -> None:
-        """With LoRA on: an executor that serves adapters, and adapter names no model has."""
-        if self.lora.spec() is None:
-            return
-        if not self.executor.serves_lora:
-            name = self.executor.backend or type(self.executor).__name__
-            raise ConfigError(f"lora: executor={name} does not serve LoRA adapters (use "
-                              "executor=onnxruntime or executor=torch, or ~lora)", "lora")
-        try:
-            self.lora.check_names(self.served_model_names())
-        except ValueError as exc:
-            key = str(exc).partition(": ")[0]
-            raise ConfigError(f"lora.{exc}", f"lora.{key}") from None
+        """With LoRA on: an executor that serves adapters, and adapter names no model has (a
+        model repository's entries' adapters too)."""
+        from inferflow.graph.repository import repository_entries
+
+        if self.lora.spec() is not None:
+            if not self.executor.serves_lora:
+                name = self.executor.backend or type(self.executor).__name__
+                raise ConfigError(f"lora: executor={name} does not serve LoRA adapters (use "
+                                  "executor=onnxruntime or executor=torch, or ~lora)", "lora")
+            self._check_adapter_names(self.lora.adapters, "lora")
+        if self.config.get("models"):
+            for entry in repository_entries(self.config):
+                node = entry.config.get("lora") or {}
+                if node.get("adapters"):
+                    self._check_adapter_names(node["adapters"], f"models.{entry.key}.lora")
+
+    def _check_adapter_names(self, adapters: Mapping[str, Any], where: str) -> None:
+        clash = sorted(set(map(str, adapters)) & self.served_model_names())
+        if clash:
+            key = f"{where}.adapters.{clash[0]}"
+            raise ConfigError(f"{key}: the name of a served model; an adapter's name must "
+                              "differ from every model's", key)
 
     def create_engine(self, wrap_executor: ExecutorWrapper | None = None) -> LLMEngine:
         """Load the checkpoint and assemble the engine from the engine-side stages: the executor
@@ -366,11 +380,9 @@ class ServingGraph:
         registry = LoraRegistry(spec, self.model_arch, self.lora.cpu_loras)
         for name, path in self.lora.adapters.items():
             try:
-                registry.add(name, str(Path(path).expanduser()))
+                registry.add(name, Path(path).expanduser(), field_name=f"lora.adapters.{name}")
             except LoraError as exc:
-                message = str(exc).removeprefix(f"{exc.field}: ")
-                raise ConfigError(f"lora.adapters.{name}: {message}",
-                                  f"lora.adapters.{name}") from None
+                raise ConfigError(str(exc), exc.field) from None
         return registry
 
 

@@ -13,6 +13,9 @@ stack the ``S = max_loras`` slots, each padded to ``R = max_lora_rank`` (zero pa
 ``mask`` (N, S*R) holds, for each packed token, its adapter's scaling on that slot's R columns
 and 0 elsewhere (a base-model token: all 0). So one step mixes adapters and the base model, for
 prefill chunks and decode rows alike.
+
+Imports: ``models`` (the base model's architecture, checkpoint errors) and numpy/safetensors; the
+runtimes, stages, engine and graph import this package, never the other way round.
 """
 
 from inferflow.lora.adapter import LORA_TARGETS, LoraAdapter, LoraError, LoraSpec, load_peft_adapter

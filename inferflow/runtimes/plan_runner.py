@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
@@ -89,13 +89,16 @@ class PlanRunner:
     Multi-LoRA: ``lora_slots`` (the engine's, set once it is built) makes the adapters of each
     plan's chunks resident in the runner's slots before the forward pass, and each row carries
     its adapter's slot (``EngineRow.lora_slot``). A plan with adapters needs it.
+    ``lora_running`` (the scheduler's running adapters): their slots are not given to another
+    adapter even in a step they sit out.
     """
 
-    def __init__(self, runner: Runner, sampler: Sampler,
-                 lora_slots: LoraSlots | None = None) -> None:
+    def __init__(self, runner: Runner, sampler: Sampler, lora_slots: LoraSlots | None = None,
+                 lora_running: Callable[[], Collection[str]] | None = None) -> None:
         self.runner = runner
         self.sampler = sampler
         self.lora_slots = lora_slots
+        self.lora_running = lora_running
 
     def execute(self, plan: SchedulerOutput) -> ExecutorOutput:
         self.sampler.forget(plan.finished_request_ids)
@@ -118,7 +121,8 @@ class PlanRunner:
         if self.lora_slots is None:
             raise ValueError(f"a plan with LoRA adapters ({', '.join(sorted(names))}) on an "
                              "engine built without LoRA")
-        return self.lora_slots.assign(names)
+        running = self.lora_running() if self.lora_running is not None else ()
+        return self.lora_slots.assign(names, running)
 
     def _slots(self) -> SlotRunner:
         if not isinstance(self.runner, SlotRunner):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import abstractmethod
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -128,10 +129,13 @@ class ExecutorStage(EngineStage):
             raise ValueError(f"lora: executor={name} does not serve LoRA adapters")
         self.lora_spec = spec
 
-    def use_lora_slots(self, slots: LoraSlots) -> None:
+    def use_lora_slots(self, slots: LoraSlots,
+                       running: Callable[[], Collection[str]] | None = None) -> None:
         """The engine's adapter slots over this executor's loaded runner (``LLMEngine`` calls it
-        once, after :meth:`load`): every plan's adapters are made resident through them."""
-        self._loaded().lora_slots = slots
+        once, after :meth:`load`): every plan's adapters are made resident through them, never
+        in the slot of an adapter of ``running()`` (the running requests' adapters)."""
+        plan = self._loaded()
+        plan.lora_slots, plan.lora_running = slots, running
 
     def _runner_lora(self) -> dict[str, Any]:
         """The runner's ``lora=`` keyword when LoRA is on (none otherwise)."""

@@ -90,10 +90,3 @@ class LoraStage(EngineStage):
             return None
         targets = tuple(t for t in LORA_TARGETS if t in self.target_modules)
         return LoraSpec(self.max_loras, self.max_lora_rank, targets)
-
-    def check_names(self, model_names: set[str]) -> None:
-        """Refuse an adapter named like a served model (``model=NAME`` must mean one thing)."""
-        clash = sorted(set(self.adapters) & model_names)
-        if clash:
-            raise ValueError(f"adapters.{clash[0]}: the name of a served model; an adapter's "
-                             "name must differ from every model's")

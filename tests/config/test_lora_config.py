@@ -124,3 +124,21 @@ def test_llm_keywords() -> None:
     with pytest.raises(ConfigError) as info:
         graph_for(*_overrides("max_loras", 0))
     assert str(_keyword_error(info.value)).startswith("max_loras: must be >= 1")
+
+
+def test_adapters_are_read_at_start(cli_env: dict[str, str], workdir: Path,
+                                    tmp_path: Path) -> None:
+    proc = run_cli(["task=check", f"lora.adapters.sql={tmp_path / 'nowhere'}"], cli_env, workdir)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.startswith("inferflow: lora.adapters.sql: adapter 'sql': ")
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+
+
+@pytest.mark.usefixtures("config_env")
+def test_a_repository_entry_adapter_named_like_a_model_is_refused() -> None:
+    graph = graph_for("+models=tiny_canary", "models.int8.lora.adapters.tiny-llama=/adapters/x")
+    with pytest.raises(ConfigError) as info:
+        graph.check_engine_settings()
+    assert info.value.key == "models.int8.lora.adapters.tiny-llama"
+    fine = graph_for("+models=tiny_canary", "models.int8.lora.adapters.sql=/adapters/x")
+    fine.check_engine_settings()
