@@ -101,6 +101,32 @@ def test_lora_metrics_text_is_vllms_gauge_and_the_counters() -> None:
     assert families["inferflow:lora_slot_loads"].samples[0].value == 2
 
 
+def test_the_router_finds_an_adapters_base_among_versions_and_lists_it() -> None:
+    """A repository: ``model=ADAPTER`` reaches the version serving it (its worker's published
+    list, else its configured one); the card's parent is ``name@version`` when the name has
+    several versions."""
+    from types import SimpleNamespace
+
+    from inferflow.config import LoadMode
+    from inferflow.server.http.deployments import Deployment, DeploymentRouter
+
+    def version(key: str, name: str, v: str, lora: LoraServing | None) -> Deployment:
+        return Deployment(key, name, v, LoadMode.eager, SimpleNamespace(max_model_len=64),  # type: ignore[arg-type]
+                          SharedState(), None, lora=lora)  # type: ignore[arg-type]
+
+    chat1 = version("chat", "chat", "1", LoraServing({"sql": "/a/sql"}))
+    chat2 = version("chat2", "chat", "2", LoraServing({}, 2, True))
+    small = version("small", "small", "1", None)
+    router = DeploymentRouter([chat1, chat2, small])
+    assert router.route_adapter("sql") is chat1 and router.route_adapter("fr") is None
+    chat2.shared.publish_lora(lora_state({"fr": "/a/fr"}, [], [], 2, 1, 0))  # a runtime load
+    assert router.route_adapter("fr") is chat2
+    assert router.route("sql") is None  # models first: an adapter is never a model
+    cards = {c["id"]: c for c in router.adapter_cards(0)}
+    assert cards["sql"]["parent"] == "chat@1" and cards["fr"]["parent"] == "chat@2"
+    assert cards["fr"]["root"] == "/a/fr" and set(cards) == {"sql", "fr"}
+
+
 # --- a served model with adapters ---------------------------------------------------------------
 @pytest.fixture(scope="module")
 def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
