@@ -3,9 +3,15 @@
 ::
 
     API process --SubmitRequest/CancelRequest--> request queue (LitServe Manager) --> engine worker
+    API process --LoadLora/UnloadLora--> request queue --> engine worker (between two steps)
     engine worker --UpdateBatch--> response queue of that API process (one per API process)
     supervisor (main process) --WorkerLost--> every API response queue
     supervisor --StopWorker--> request queue
+
+A LoRA control message is answered like a request: the worker posts one final ``RequestUpdate``
+under the message's ``request_id`` (``finish_reason="stop"`` and a short ``text`` on success,
+``error`` otherwise) to the sender's response queue, so it travels, and fails on a lost worker,
+the way request updates do.
 
 Every queue put is a Manager round-trip, so the worker sends ONE ``UpdateBatch`` per API process
 per flush, carrying the new text of every request that advanced; ``RequestUpdate.merge`` folds
@@ -123,6 +129,32 @@ class SubmitRequest:
     # prompt tokens, submitted first); the engine starts this one once the leader's prompt KV is
     # cached, so the prompt is computed once
     prompt_leader: str | None = None
+    # the LoRA adapter (its served name) the request runs with; None: the base model
+    lora: str | None = None
+
+
+@dataclass(frozen=True)
+class LoadLora:
+    """Load the PEFT adapter at ``path`` under ``name`` (``POST /v1/load_lora_adapter``); the
+    worker answers ``request_id`` on ``consumer_id``'s response queue."""
+
+    request_id: str
+    consumer_id: int
+    name: str
+    path: str
+
+
+@dataclass(frozen=True)
+class UnloadLora:
+    """Stop serving adapter ``name`` (``POST /v1/unload_lora_adapter``): new requests for it are
+    refused at once, running ones finish; answered like ``LoadLora``."""
+
+    request_id: str
+    consumer_id: int
+    name: str
+
+
+LoraControl = LoadLora | UnloadLora
 
 
 @dataclass(frozen=True)
@@ -140,7 +172,7 @@ class StopWorker:
     error: ErrorInfo
 
 
-WorkerInbound = SubmitRequest | CancelRequest | StopWorker
+WorkerInbound = SubmitRequest | CancelRequest | StopWorker | LoadLora | UnloadLora
 
 
 @dataclass(frozen=True)

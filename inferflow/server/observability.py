@@ -197,7 +197,10 @@ class WorkerTelemetry:
             arrival_time=accepted_time,
             max_tokens=request.params.max_tokens,
             operation=request.operation,
-            attributes={A.SUBMIT_DELAY: max(0.0, accepted_time - request.arrival_time)},
+            attributes={
+                A.SUBMIT_DELAY: max(0.0, accepted_time - request.arrival_time),
+                **({A.LORA_NAME: request.lora} if request.lora is not None else {}),
+            },
         )
 
     def request_done(

@@ -16,6 +16,10 @@ the API processes are forked (they inherit the shared memory).
 - ``info``: a JSON blob the worker writes once (engine and runtime versions, ``max_model_len``).
 - ``executor``: a small JSON blob of the executor stage's own counters (``ExecutorStage.stats``),
   rewritten only when they change.
+- ``lora``: a JSON blob of the worker's LoRA adapters (the source of truth: runtime loads happen
+  there): ``{"adapters": [{"name", "path"}], "running": [...], "waiting": [...], "max_loras",
+  "loads", "unloads", "updated_at"}``, rewritten only when it changes; ``{}`` before the worker
+  published it (the API processes then use the configured ``lora.adapters``) and after it died.
 
 With a model repository (``models:``) every LLM version has its own ``SharedState`` (the flags
 above but ``draining``/``queue_lost`` then describe that model's worker), plus:
@@ -79,6 +83,7 @@ class LoadState:
 LOAD_RETRY_S = 30.0  # a failed on-demand model is loaded again by a request after this long
 
 _EXECUTOR_BYTES = 4096
+_LORA_BYTES = 65536  # ~500 adapters with their paths
 
 
 class SharedState:
@@ -103,7 +108,10 @@ class SharedState:
         self._heartbeat = ctx.Value("d", 0.0, lock=False)  # time.time() of the last beat
         self._executor_seq = ctx.Value("q", 0, lock=False)
         self._executor = ctx.Array("c", _EXECUTOR_BYTES, lock=False)
+        self._lora_seq = ctx.Value("q", 0, lock=False)
+        self._lora = ctx.Array("c", _LORA_BYTES, lock=False)
         self._last_executor: dict[str, float] = {}  # writer side: skip unchanged blobs
+        self._last_lora: dict[str, Any] = {}
         self._last_stats = [0.0] * len(STATS_FIELDS)  # per reading process
 
     # readiness / draining -------------------------------------------------------------------
@@ -241,6 +249,8 @@ class SharedState:
         self.publish_stats({**dict.fromkeys(STATS_FIELDS, 0.0), "updated_at": time.time()})
         self._last_executor = {}
         _write_blob(self._executor_seq, self._executor, {}, _EXECUTOR_BYTES)
+        self._last_lora = {}
+        _write_blob(self._lora_seq, self._lora, {}, _LORA_BYTES)
 
     def stats(self) -> dict[str, float]:
         """A consistent snapshot (or, if the writer stalls mid-write, the last one seen here)."""
@@ -255,6 +265,19 @@ class SharedState:
 
     def info(self) -> dict[str, Any]:
         return _read_blob(self._info_seq, self._info)
+
+    def publish_lora(self, state: dict[str, Any]) -> None:
+        """The worker's LoRA state (see the module docstring); written only when it changed
+        (``updated_at`` aside)."""
+        key = {k: v for k, v in state.items() if k != "updated_at"}
+        if key == self._last_lora:
+            return
+        self._last_lora = key
+        _write_blob(self._lora_seq, self._lora, state, _LORA_BYTES)
+
+    def lora(self) -> dict[str, Any]:
+        """The LoRA state the worker last published ({} before it did, or when it died)."""
+        return _read_blob(self._lora_seq, self._lora)
 
     def executor_stats(self) -> dict[str, Any]:
         """The executor stage's counters as last published ({} if it has none)."""

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # Well-known keys of StageRequest.attributes (stages may add their own, namespaced by stage name).
 ATTR_PRIORITY = "priority"  # int, lower runs first; passed to LLMEngine.add_request(priority=)
 ATTR_USER = "user"  # the OpenAI ``user`` field, when the client sent one
+ATTR_LORA = "lora"  # the LoRA adapter the request runs with (``model=ADAPTER``); absent: base
 ATTR_API_KEY_ID = "api_key_id"  # which configured API key authenticated the request (not the key)
 
 

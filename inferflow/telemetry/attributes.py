@@ -57,6 +57,7 @@ REQUEST_ID = "inferflow.request.id"
 # seconds from the API process submitting the request (after its request stages) to the engine
 # accepting it: the hop through LitServe's queue, kept out of queue time
 SUBMIT_DELAY = "inferflow.request.submit_delay"
+LORA_NAME = "inferflow.lora.name"  # the LoRA adapter a request runs with (absent: the base model)
 STAGE_NAME = "inferflow.stage.name"
 STAGE_CALLS = "inferflow.stage.calls"  # times a coalesced stage ran (e.g. incremental detokenizer)
 STAGE_BUSY_TIME = "inferflow.stage.busy_time"  # seconds actually spent inside the stage

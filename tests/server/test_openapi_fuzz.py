@@ -35,8 +35,10 @@ def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPro
     srv = start_server(
         tmp_path_factory,
         "openapi",
-        # the key is an admin key too, so the admin routes' bodies are fuzzed past the 403
-        [f"server.api_keys=[{KEY}]", f"server.admin_keys=[{KEY}]", "server.request_timeout_s=20"],
+        # the key is an admin key too, so the admin routes' bodies are fuzzed past the 403;
+        # runtime LoRA updates on: the adapter routes are served (and fuzzed) too
+        [f"server.api_keys=[{KEY}]", f"server.admin_keys=[{KEY}]", "server.request_timeout_s=20",
+         "lora.allow_runtime_updates=true"],
     )
     yield srv
     srv.terminate()
@@ -99,6 +101,15 @@ def test_the_document_describes_bodies_errors_and_content_types(
     for name in ("TokenizeCompletionRequest", "TokenizeChatRequest", "DetokenizeRequest"):
         assert schemas[name]["properties"]["model"]["enum"] == [MODEL]
     assert "403" in paths["/admin/stats"]["get"]["responses"]  # an API key on an admin route
+    for path, body in (("/v1/load_lora_adapter", "LoadLoraAdapterRequest"),
+                       ("/v1/unload_lora_adapter", "UnloadLoraAdapterRequest")):
+        operation = paths[path]["post"]
+        content = operation["requestBody"]["content"]["application/json"]["schema"]
+        assert content == {"$ref": f"#/components/schemas/{body}"}
+        assert list(operation["responses"]["200"]["content"]) == ["text/plain"]
+        assert {"400", "401", "403"} <= set(operation["responses"])
+    assert "404" in paths["/v1/unload_lora_adapter"]["post"]["responses"]
+    assert {"lora_name", "lora_path"} <= set(schemas["LoadLoraAdapterRequest"]["required"])
     metrics = paths["/metrics"]["get"]["responses"]["200"]["content"]
     assert list(metrics) == ["text/plain; version=0.0.4"]
     assert set(paths["/ready"]["get"]["responses"]) == {"200", "503"}

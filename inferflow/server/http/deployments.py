@@ -7,6 +7,11 @@ tokenizer and limits), the request queue of its engine worker and that worker's
 weights (shared memory, so a change through ``POST /admin/models/{name}/traffic`` reaches every
 API process at once), sticky per user when a key is given (``server.routing``'s draw).
 
+A LoRA adapter (``lora:`` of a version) is served under its own name: ``route_adapter`` finds
+the version whose engine worker serves it (what the worker published in ``SharedState.lora``,
+so every API process agrees, runtime loads included); ``/v1/models`` lists it as a card whose
+``parent`` is that version's name and ``root`` the adapter's folder, as vLLM does.
+
 Only versions that can take a request are drawn (``Deployment.routable``): the weights are
 renormalised over them (``DeploymentRouter.effective_weights``), so a failed or restarting
 version sends its share to the others instead of failing it; a pin still reaches it (503
@@ -30,6 +35,7 @@ from inferflow.config import LoadMode
 from inferflow.server.http.errors import OpenAIError, field_name
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
+from inferflow.server.lora import LoraServing, published_adapters
 from inferflow.server.process_utils import process_rss
 from inferflow.server.routing import ModelVersion, choose_version, split_model_id
 from inferflow.server.shared_state import LOAD_RETRY_S, LoadState, SharedState
@@ -49,10 +55,16 @@ class Deployment:
     model_path: str = ""
     request_queue: Any = None  # its engine worker's request queue (a Manager proxy)
     slots_hint: int = 0  # its engine's slots before it ever loaded (then its stats say)
+    lora: LoraServing | None = None  # its ``lora`` settings (None: it serves no adapters)
 
     @property
     def model_id(self) -> str:
         return f"{self.name}@{self.version}"
+
+    def adapters(self) -> dict[str, str]:
+        """The LoRA adapters it serves now, name -> path (its worker's published list; the
+        configured one until the worker published)."""
+        return published_adapters(self.shared, self.lora)
 
     @property
     def serving(self) -> bool:
@@ -149,6 +161,30 @@ class DeploymentRouter:
             return next(d for d in versions if d.version == chosen.version)
         name, version = split_model_id(model)
         return next((d for d in self.by_name.get(name, []) if d.version == version), None)
+
+    def route_adapter(self, model: str) -> Deployment | None:
+        """The version that serves LoRA adapter ``model`` (None: no version serves one of that
+        name). A served model name always wins over an adapter (``route`` is asked first)."""
+        return next((d for d in self.deployments if model in d.adapters()), None)
+
+    def adapter_cards(self, created: int) -> list[dict[str, Any]]:
+        """vLLM's ``/v1/models`` card of every adapter: ``id`` its name, ``parent`` its base
+        model (the name, ``name@version`` when the name has several versions), ``root`` its
+        folder."""
+        cards = []
+        for d in self.deployments:
+            parent = d.name if len(self.by_name[d.name]) == 1 else d.model_id
+            for name, path in d.adapters().items():
+                cards.append({
+                    "id": name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "inferflow",
+                    "root": path,
+                    "parent": parent,
+                    "max_model_len": d.pipeline.max_model_len,
+                })
+        return cards
 
     def effective_weights(self, name: str) -> dict[str, float]:
         """Each version of ``name`` -> its share (0..1) of unpinned requests now: the weights

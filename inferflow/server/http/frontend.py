@@ -12,6 +12,10 @@ Checks run cheapest first, each failing with OpenAI's error shape::
 
 The model is a ``Deployment`` (``deployments.py``): one LLM version with its own request
 stages, engine worker queue and shared state; ``DeploymentRouter`` picks it from ``model``.
+A ``model`` that names a LoRA adapter goes to the version serving it, with ``lora=ADAPTER`` on
+the engine request (``SubmitRequest.lora``), the root span (``inferflow.lora.name``; its
+``gen_ai.request.model`` stays what the client sent) and the stages' ``attributes["lora"]``;
+responses name the adapter as their ``model``, as vLLM's do.
 
 A completion request of k prompts x ``n`` choices is k*n engine requests (``choices.py``): it takes
 k*n admission slots and request tokens, and the tokens of all of them.
@@ -59,6 +63,7 @@ from inferflow.server.http.tool_calls import chat_formatter
 from inferflow.server.messages import CancelRequest, ErrorInfo, SubmitRequest, WorkerLost
 from inferflow.server.observability import FrontendTelemetry
 from inferflow.server.shared_state import SharedState
+from inferflow.telemetry.attributes import LORA_NAME
 
 if TYPE_CHECKING:
     from inferflow.embeddings.models import EmbeddingModelSpec
@@ -143,8 +148,8 @@ class Frontend:
 
     def _cards(self) -> list[dict[str, Any]]:
         """``/v1/models``: the LLMs (names, then ``name@version`` when a name has several
-        versions), then every embedding model id and ``name@version``."""
-        cards = self.router.cards(self.created)
+        versions), their LoRA adapters, then every embedding model id and ``name@version``."""
+        cards = self.router.cards(self.created) + self.router.adapter_cards(self.created)
         if self.embeddings is not None:
             cards += self.embeddings.models.cards(self.created)
         return cards
@@ -183,14 +188,23 @@ class Frontend:
 
     def route(self, model: str, request: Request, user: str | None = None) -> Deployment:
         """The LLM version that serves ``model`` for this request (a canary split sticks to the
-        route-key header, else ``user``); 404 naming the served models, or 400 for an
-        embedding model."""
+        route-key header, else ``user``; a LoRA adapter: the version serving it); 404 naming
+        the served models, or 400 for an embedding model."""
+        return self.resolve(model, request, user)[0]
+
+    def resolve(
+        self, model: str, request: Request, user: str | None = None
+    ) -> tuple[Deployment, str | None]:
+        """``route`` and the LoRA adapter ``model`` names (None: a model, not an adapter)."""
         deployment = self.router.route(model, request.headers.get(ROUTE_KEY_HEADER) or user)
-        if deployment is None:
-            if self.embeddings is not None and self.embeddings.models.serves(model):
-                raise unsupported_route(model, request.url.path)
-            raise self._unknown_model(model)
-        return deployment
+        if deployment is not None:
+            return deployment, None
+        deployment = self.router.route_adapter(model)
+        if deployment is not None:
+            return deployment, model
+        if self.embeddings is not None and self.embeddings.models.serves(model):
+            raise unsupported_route(model, request.url.path)
+        raise self._unknown_model(model)
 
     async def _wait_loaded(self, deployment: Deployment, span: RequestSpan | None) -> None:
         """Until ``deployment`` serves (an on-demand model loads on its first request), with a
@@ -248,14 +262,14 @@ class Frontend:
         self.check_accepting()
         body = parse_body(schema, await read_json_body(request))
         count = count_choices(body, self.settings.max_choices_per_request)
-        deployment = self.route(body.model, request, body.user)
+        deployment, lora = self.resolve(body.model, request, body.user)
         self.check_accepting(deployment)
         # the waiting-queue bound first: a burst's 429 costs no stage work
         self._admit(deployment, count)
         deployment.shared.touch()
         try:
             prepared, span = await self._prepare(
-                body, key_id, operation, request, deployment, count
+                body, key_id, operation, request, deployment, count, lora
             )
         except BaseException:  # a refusal, a stage error or a client that left
             deployment.shared.release(count)
@@ -267,19 +281,21 @@ class Frontend:
             _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_CLOSED)
             raise
         want_logprobs = prepared[0].params.logprobs is not None
+        served = lora or deployment.name  # the responses' ``model``
 
         def formatter() -> ResponseFormatter:
             if isinstance(body, ChatCompletionRequest):
                 pipeline = deployment.pipeline
                 return chat_formatter(
-                    deployment.name, body.include_usage, want_logprobs, body.tool_mode(),
+                    served, body.include_usage, want_logprobs, body.tool_mode(),
                     body.tool_names(), pipeline.tool_parser, pipeline.reasoning_parser,
                     prepared[0].prompt_token_ids,
                 )
-            return formatter_cls(deployment.name, body.include_usage, want_logprobs)
+            return formatter_cls(served, body.include_usage, want_logprobs)
 
         flow = self._submit(
-            body, prepared, formatter, operation, request.url.path, started, span, deployment
+            body, prepared, formatter, operation, request.url.path, started, span, deployment,
+            lora,
         )
         headers = {VERSION_HEADER: deployment.version}
         if body.stream:
@@ -302,22 +318,25 @@ class Frontend:
         request: Request,
         deployment: Deployment,
         count: int,
+        lora: str | None = None,
     ) -> tuple[list[PreparedRequest], RequestSpan | None]:
         """Rate limits (``count`` engine requests) and the model's request stages, once per
         prompt; a request refused with a 429 is charged nothing (its request-per-minute tokens
-        are given back when the token limit refuses it)."""
+        are given back when the token limit refuses it). ``lora``: the adapter it runs with."""
         self.limiter.check_request(key_id, count)
         span = self.telemetry.start_request(operation, body.model, request.headers, body)
         if span is not None:
             span.set_attributes({
                 "inferflow.model.id": deployment.model_id,
                 "inferflow.model.version": deployment.version,
+                **({LORA_NAME: lora} if lora is not None else {}),
             })
         prompts = len(body.prompts()) if isinstance(body, CompletionRequest) else 1
         trace = span.trace_context if span is not None else {}
         try:
             prepared = [
-                await deployment.pipeline.prepare(body, key_id, trace, i) for i in range(prompts)
+                await deployment.pipeline.prepare(body, key_id, trace, i, lora)
+                for i in range(prompts)
             ]
             sequences = body.num_sequences
             self.limiter.check_tokens(key_id, sum(p.reserved_tokens for p in prepared) * sequences)
@@ -341,6 +360,7 @@ class Frontend:
         started: float,
         span: RequestSpan | None,
         deployment: Deployment,
+        lora: str | None = None,
     ) -> RequestFlow:
         """One engine request per choice (``choices.py``), each with its own channel."""
         timeout = self.settings.request_timeout_s
@@ -379,6 +399,7 @@ class Frontend:
                 trace_context=prep.trace_context,
                 operation=operation,
                 prompt_leader=None if choice.leader else leader_id,
+                lora=lora,
             )
             try:
                 deployment.request_queue.put(message)

@@ -131,6 +131,8 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     versions: list[ModelVersionCard] | None = None  # LLMs
     task: str | None = None  # embedding models: "embed"
+    root: str | None = None  # LoRA adapters: the adapter's folder
+    parent: str | None = None  # LoRA adapters: the base model it runs on
 
 
 class ModelList(BaseModel):
@@ -184,6 +186,18 @@ class PromoteRequest(BaseModel):
     version: str  # all unpinned traffic to this version
 
 
+class LoadLoraAdapterRequest(BaseModel):
+    """vLLM's body; ``model`` (inferflow) names the base model when several take adapters."""
+
+    lora_name: str  # the name requests select it by (``model``); not a served model's
+    lora_path: str  # a PEFT adapter folder on the server
+    model: str | None = None
+
+
+class UnloadLoraAdapterRequest(BaseModel):
+    lora_name: str
+
+
 # --- operations ---------------------------------------------------------------------------------
 GENERATE_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503, 504)
 EMBED_ERRORS = (400, 401, 404, 408, 413, 429, 500, 503)
@@ -194,7 +208,7 @@ ERROR_TEXT = {
     401: "Missing or wrong API key (when keys are configured)",
     403: "An API key on an admin route: it needs one of `server.admin_keys` (with `api_keys` "
     "and no `admin_keys`, the admin routes refuse every key)",
-    404: "Unknown `model`",
+    404: "Unknown `model` (or LoRA adapter)",
     408: "The request body did not arrive in time",
     413: "The body exceeds `server.max_payload_bytes`",
     429: "Waiting queue full, or a rate limit reached",
@@ -267,6 +281,19 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "Prometheus metrics", media_type="text/plain; version=0.0.4", errors=(401,)
     ),
     ("/admin/stats", "get"): Operation("Engine and frontend counters", errors=(401, 403)),
+    # (with lora.allow_runtime_updates; admin keys once keys are on)
+    ("/v1/load_lora_adapter", "post"): Operation(
+        "Load a LoRA adapter at run time (vLLM)",
+        LoadLoraAdapterRequest,
+        media_type="text/plain",
+        errors=(400, 401, 403, 413, 503, 504),
+    ),
+    ("/v1/unload_lora_adapter", "post"): Operation(
+        "Unload a LoRA adapter (vLLM): its running requests finish, new ones are a 404",
+        UnloadLoraAdapterRequest,
+        media_type="text/plain",
+        errors=(400, 401, 403, 404, 413, 503, 504),
+    ),
     ("/admin/models/{name}/traffic", "post"): Operation(
         "Set the canary split of an LLM's versions",
         TrafficRequest,

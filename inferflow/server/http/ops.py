@@ -27,6 +27,7 @@ from inferflow.server.http.embeddings import EMBEDDINGS_PATH
 from inferflow.server.http.errors import OpenAIError
 from inferflow.server.http.frontend import CHAT_PATH, COMPLETIONS_PATH, MODELS_PATH, Frontend
 from inferflow.server.http.json_body import read_json_body
+from inferflow.server.http.lora import lora_metrics, lora_routes
 from inferflow.server.http.tokenization import tokenization_routes
 
 _RUNTIME_PACKAGES = ("litserve", "fastapi", "uvicorn", "onnxruntime", "onnx", "numpy", "tokenizers")
@@ -87,7 +88,8 @@ Route = tuple[str, Callable[..., Any], list[str]]  # (path, endpoint, methods)
 def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
     """Every route of an API process, for either host to register: the OpenAI routes
     (``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/v1/embeddings`` when
-    encoders are served), vLLM's ``/tokenize`` and ``/detokenize``, then ``/health``, ``/ready``, ``/version``, ``/metrics``,
+    encoders are served), vLLM's ``/tokenize`` and ``/detokenize`` (and its
+    ``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter`` under ``lora.allow_runtime_updates``), then ``/health``, ``/ready``, ``/version``, ``/metrics``,
     ``/admin/stats`` and the model repository's admin routes (every ``/admin/*`` route takes
     an admin key once keys are on: ``ApiKeyAuth.authorize_admin``)."""
 
@@ -113,6 +115,7 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
         body, content_type = frontend.telemetry.render_metrics()
         if frontend.deployments[0].key:  # a model repository: its state per version too
             body += repository_metrics(frontend.router)
+        body += lora_metrics(frontend.deployments)  # (nothing without LoRA)
         return Response(content=body, media_type=content_type)
 
     embeddings = frontend.embeddings
@@ -122,6 +125,7 @@ def api_routes(frontend: Frontend, model_path: str) -> list[Route]:
         (MODELS_PATH, frontend.models, ["GET"]),
         *([(EMBEDDINGS_PATH, embeddings.embeddings, ["POST"])] if embeddings is not None else []),
         *tokenization_routes(frontend),  # /tokenize, /detokenize (vLLM's)
+        *lora_routes(frontend),  # /v1/load_lora_adapter, /v1/unload_lora_adapter (when allowed)
         ("/health", health, ["GET"]),
         ("/ready", ready, ["GET"]),
         ("/version", _version_route(frontend, model_path), ["GET"]),

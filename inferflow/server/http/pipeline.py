@@ -24,6 +24,7 @@ from inferflow.server.http.protocol import ChatCompletionRequest, CompletionRequ
 from inferflow.server.observability import ATTR_TRACE_CONTEXT
 from inferflow.stages.base import (
     ATTR_API_KEY_ID,
+    ATTR_LORA,
     ATTR_PRIORITY,
     ATTR_USER,
     RequestStage,
@@ -133,12 +134,16 @@ class RequestPipeline:
         key_id: str,
         trace_context: Mapping[str, str],
         prompt_index: int = 0,
+        lora: str | None = None,
     ) -> PreparedRequest:
         """Run ``body`` (its prompt ``prompt_index`` for a completion) through the stages;
-        ``trace_context`` is the root span's W3C carrier."""
+        ``trace_context`` is the root span's W3C carrier; ``lora``: the adapter ``model``
+        named (the stages see it as ``attributes["lora"]``)."""
         if body.priority != 0 and not self.honours_priority:
             raise bad_request(PRIORITY_IGNORED, "priority")
         request, fill_context = self._stage_request(body, key_id, prompt_index)
+        if lora is not None:
+            request.attributes[ATTR_LORA] = lora
         if trace_context:
             request.attributes[ATTR_TRACE_CONTEXT] = dict(trace_context)
         request = await asyncio.to_thread(self._run_stages, request)  # each stage: its own span

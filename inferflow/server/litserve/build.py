@@ -70,6 +70,7 @@ def build_server(graph: ServingGraph, settings: ServerConfig | None = None) -> I
                 entry_config,
                 deployment.model_id if len(frontend.router.by_name[deployment.name]) > 1 else None,
             ),
+            lora=deployment.lora,
         )
         api = engine_api(index, service, frontend, deployment.model_path, settings.log_level)
         models.append(

@@ -17,6 +17,7 @@ from inferflow.graph.repository import llm_entries
 from inferflow.server.http.deployments import Deployment
 from inferflow.server.http.pipeline import RequestPipeline
 from inferflow.server.http.response_pipeline import ResponsePipeline
+from inferflow.server.lora import LoraServing
 from inferflow.server.observability import FrontendTelemetry, TelemetrySettings
 from inferflow.server.shared_state import SharedState
 
@@ -62,6 +63,7 @@ def llm_deployments(
             ResponsePipeline(entry_graph.response_stages),  # set up with the request stages
             str(entry_graph.model_path),
             slots_hint=entry_graph.max_slots,
+            lora=LoraServing.from_config(entry_graph.to_container()),
         )
         if deployment.model_id in seen:
             raise ConfigError(
@@ -71,6 +73,7 @@ def llm_deployments(
             )
         seen[deployment.model_id] = entry.key
         out.append((deployment, entry_graph))
+    _check_adapter_names([d for d, _ in out])
     return out
 
 
@@ -105,3 +108,24 @@ def _trace_target(tr: TracingConfig) -> str:
     if tr.exporter in ("otlp", "jaeger"):
         return f"{tr.exporter} {tr.resolved_endpoint()}"
     return str(tr.exporter)
+
+
+def _check_adapter_names(deployments: list[Deployment]) -> None:
+    """An adapter name must name nothing else: no served model (a name or ``name@version``)
+    and no adapter of another model (``model`` would be ambiguous)."""
+    models = {name for d in deployments for name in (d.name, d.model_id)}
+    owner: dict[str, Deployment] = {}
+    for d in deployments:
+        for name in d.lora.adapters if d.lora is not None else {}:
+            where = f"models.{d.key}.lora.adapters.{name}" if d.key else f"lora.adapters.{name}"
+            if name in models:
+                raise ConfigError(
+                    f"{where}: `{name}` is the name of a served model; give the adapter another "
+                    "name", where,
+                )
+            if name in owner:
+                raise ConfigError(
+                    f"{where}: adapter `{name}` is already an adapter of "
+                    f"{owner[name].model_id}; give it another name", where,
+                )
+            owner[name] = d

@@ -10,7 +10,9 @@ spins a core when idle, and never cancels or times out a sequence; this loop doe
 - it blocks on the inbox when the engine has no unfinished request (~0% CPU when idle);
 - a cancel or an expired deadline calls ``engine.abort_request`` before the next step, so the
   slot and KV blocks are free within one step; a request's last delta travels together with
-  its ``finish_reason`` and is never dropped.
+  its ``finish_reason`` and is never dropped;
+- a LoRA control message (``LoadLora``/``UnloadLora``) is applied between two steps, in order
+  with the submits around it, and answered with one final ``RequestUpdate`` under its id.
 """
 
 from __future__ import annotations
@@ -21,15 +23,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from inferflow.lora import LoraError
 from inferflow.outputs import RequestOutput, TokenLogprob
 from inferflow.sampling_params import RequestOutputKind
 from inferflow.server.messages import (
     CancelRequest,
     ErrorInfo,
+    LoadLora,
     LogprobEntry,
+    LoraControl,
     RequestUpdate,
     StopWorker,
     SubmitRequest,
+    UnloadLora,
     WorkerInbound,
 )
 from inferflow.server.worker.queues import Inbox, Outbox
@@ -96,6 +102,8 @@ class EngineLoop:
                 self._add(message.request_id, message, service)
             elif isinstance(message, CancelRequest):
                 self._cancel(service, message.request_id)
+            elif isinstance(message, LoadLora | UnloadLora):
+                self._control(message, service)
             elif isinstance(message, StopWorker):
                 return message
         return None
@@ -120,17 +128,55 @@ class EngineLoop:
                 arrival_time=now,
                 priority=request.priority,
                 prompt_leader=request.prompt_leader,
+                lora=request.lora,
             )
         except ValueError as exc:
             param = getattr(exc, "field", None)
-            self._post(
-                request.consumer_id, RequestUpdate(uid, error=ErrorInfo(400, str(exc), param=param))
-            )
+            if request.lora is not None and param == "model":  # unloaded since it was routed
+                error = _unknown_adapter(request.lora)
+            else:
+                error = ErrorInfo(400, str(exc), param=param)
+            self._post(request.consumer_id, RequestUpdate(uid, error=error))
             return
         self._active[uid] = _Active(
             request.consumer_id, request.deadline, timeout, len(request.prompt_token_ids)
         )
         service.request_added(request, accepted_time=now)
+
+    def _control(self, message: LoraControl, service: WorkerService) -> None:
+        """Load or unload an adapter; the answer is one final update under the message's id:
+        ``finish_reason="stop"`` with vLLM's success text, else a 400 naming the field (a
+        404 for unloading an adapter the engine does not serve)."""
+        name = message.name
+        try:
+            if isinstance(message, LoadLora):
+                service.load_lora(name, message.path)
+                text = f"Success: LoRA adapter '{name}' added successfully."
+            else:
+                if name not in service.lora_names():
+                    raise _NotServed(name)
+                service.unload_lora(name)
+                text = f"Success: LoRA adapter '{name}' removed successfully."
+        except _NotServed:
+            error = ErrorInfo(
+                404, f"The lora adapter '{name}' cannot be found.", param="lora_name",
+                code="lora_not_found",
+            )
+            update = RequestUpdate(message.request_id, error=error)
+        except LoraError as exc:
+            error = ErrorInfo(400, str(exc), param=exc.field)
+            update = RequestUpdate(message.request_id, error=error)
+        except Exception as exc:  # e.g. an unreadable file: the client's adapter, not the engine
+            logger.warning("LoRA %s of %r failed: %s", type(message).__name__, name, exc)
+            param = "lora_path" if isinstance(message, LoadLora) else "lora_name"
+            update = RequestUpdate(
+                message.request_id,
+                error=ErrorInfo(400, f"{type(exc).__name__}: {exc}", param=param),
+            )
+        else:
+            logger.info(text)
+            update = RequestUpdate(message.request_id, text=text, finish_reason="stop")
+        self._post(message.consumer_id, update)
 
     def _cancel(self, service: WorkerService, uid: str) -> None:
         if uid in self._active:
@@ -194,6 +240,18 @@ class EngineLoop:
 
     def _publish_stats(self, service: WorkerService) -> None:
         service.publish_stats(dict(self._counters, worker_pid=os.getpid()))
+
+
+class _NotServed(Exception):
+    """Unloading an adapter the engine does not serve (a 404)."""
+
+
+def _unknown_adapter(name: str) -> ErrorInfo:
+    """The 404 of a request for an adapter the engine no longer serves (OpenAI's shape)."""
+    return ErrorInfo(
+        404, f"The model `{name}` does not exist (the LoRA adapter was unloaded).",
+        param="model", code="model_not_found",
+    )
 
 
 def _timeout_error(timeout: float | None) -> ErrorInfo:

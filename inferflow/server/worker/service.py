@@ -23,6 +23,8 @@ from typing import Any
 from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
+from inferflow.scheduling.updates import SchedulerStats
+from inferflow.server.lora import LoraServing, lora_state
 from inferflow.server.messages import SubmitRequest
 from inferflow.server.observability import TelemetrySettings, WorkerTelemetry
 from inferflow.server.shared_state import LoadState, SharedState
@@ -49,17 +51,25 @@ class GraphEngineFactory:
 
 class WorkerService:
     """Holds ``engine_factory`` (picklable, called once where the engine runs) and the shared
-    state of the model; the engine and its telemetry exist after ``load``."""
+    state of the model; the engine and its telemetry exist after ``load``.
+
+    ``lora``: the model's LoRA settings (None: it serves no adapters). The service keeps the
+    path of every adapter the engine serves (configured, then loaded at run time) and publishes
+    them with the engine's adapter stats into ``SharedState.lora``: what the API processes route
+    ``model=ADAPTER`` by."""
 
     def __init__(
         self,
         engine_factory: EngineFactory,
         shared: SharedState,
         telemetry: TelemetrySettings | None = None,
+        lora: LoraServing | None = None,
     ) -> None:
         self.engine_factory = engine_factory
         self.shared = shared
         self.telemetry_settings = telemetry
+        self.lora = lora
+        self.lora_paths: dict[str, str] = dict(lora.adapters) if lora is not None else {}
         self.engine: LLMEngine | None = None
         self.telemetry: WorkerTelemetry | None = None
 
@@ -144,6 +154,7 @@ class WorkerService:
             },
             executor=engine.model_executor.stats(),
         )
+        self.publish_lora(stats)
         if self.telemetry is not None:
             self.telemetry.engine_state(
                 stats.num_running,
@@ -151,6 +162,48 @@ class WorkerService:
                 stats.num_kv_blocks_used,
                 stats.num_kv_blocks_total,
             )
+
+    # --- LoRA adapters (engine thread only) -------------------------------------------------
+    def load_lora(self, name: str, path: str) -> None:
+        """Load adapter ``name`` from ``path`` into the engine (``LoraError`` naming the field
+        when it cannot be served) and publish the new adapter list."""
+        self.live_engine.load_lora(name, path)
+        self.lora_paths[name] = path
+        self.publish_lora()
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter ``name`` (running requests of it finish) and publish."""
+        self.live_engine.unload_lora(name)
+        self.lora_paths.pop(name, None)
+        self.publish_lora()
+
+    def lora_names(self) -> list[str]:
+        """The adapters the engine serves now (the source of truth), [] without LoRA."""
+        if self.lora is None:
+            return []
+        return list(self.live_engine.lora_names())
+
+    def publish_lora(self, stats: SchedulerStats | None = None) -> None:
+        """The engine's adapters (with their paths), the adapters of its running and waiting
+        requests and its load/unload counters into ``SharedState.lora`` (written only when
+        something changed)."""
+        if self.lora is None:
+            return
+        engine = self.live_engine
+        names = self.lora_names()
+        adapters = {name: self.lora_paths.get(name, "") for name in names}
+        stats = stats if stats is not None else engine.stats()
+        self.shared.publish_lora(
+            lora_state(
+                adapters,
+                list(stats.running_loras),
+                list(stats.waiting_loras),
+                self.lora.max_loras,
+                stats.lora_loads,
+                stats.lora_unloads,
+                stats.lora_slot_loads,
+            )
+        )
 
     def token_text(self, token_id: int) -> str:
         return _token_text(self.live_engine.tokenizer, token_id)
