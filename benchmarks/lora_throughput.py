@@ -54,6 +54,7 @@ from inferflow.testing.lora import write_lora_adapter  # noqa: E402
 
 RESULTS = REPO / "benchmarks" / "results"
 ADAPTERS = ("a0", "a1", "a2", "a3")
+BASE = "<base>"  # stands for the base model's id (from /v1/models)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ async def drive(url: str, models: tuple[str, ...], samples: list[SampleRequest],
     """Every sample once, ``model`` round-robin over ``models``, at most ``concurrency`` in
     flight in all; returns the records and the wall time."""
     gate = asyncio.Semaphore(concurrency)
+    async with make_client(LoadConfig()) as probe:  # BASE: the served base model's id
+        cards = (await probe.get(f"{url}/v1/models")).json()["data"]
+    base = next(c["id"] for c in cards if not c.get("parent"))
+    models = tuple(base if m == BASE else m for m in models)
     specs = {m: EndpointSpec(f"{url}/v1/completions", m, ignore_eos=True) for m in models}
     async with make_client(LoadConfig(max_concurrency=concurrency)) as client:
 
@@ -122,9 +127,9 @@ def main(argv: list[str] | None = None) -> int:
                            output_len=args.output_len, range_ratio=0.0, seed=0)
     samples = build_dataset(config, WordTextSource())
     base = ["+model=local", f"model.path={path}", "tracing=off"]
-    points = [Point("base, no LoRA", False, ("local",)),
-              Point("base, LoRA engine", True, ("local",)),
-              Point("mixed", True, ("local", *ADAPTERS))]
+    points = [Point("base, no LoRA", False, (BASE,)),
+              Point("base, LoRA engine", True, (BASE,)),
+              Point("mixed", True, (BASE, *ADAPTERS))]
     rows = [measure(p, base, adapters, samples, args.concurrency, work)
             for _ in range(args.rounds) for p in points]
     by_label: dict[str, list[float]] = {}
