@@ -39,7 +39,7 @@ LAYERS: dict[str, list[set[str]]] = {
         {"testing", "bench", "experiment"},  # test doubles, load generator, experiments: anything
     ],
     "inferflow.server": [
-        {"messages", "shared_state", "process_utils", "routing", "observability"},
+        {"messages", "shared_state", "process_utils", "routing", "observability", "lora"},
         {"http", "worker"},  # the API processes; the engine worker
         {"litserve", "ray", "process", "__init__"},  # the hosts that wire them together
     ],

@@ -4,7 +4,8 @@ of the product: it may import everything below it (``graph/``, ``engine/``, ``em
 modules up to ``http/`` and ``worker/``, then to ``process/`` and the hosts:
 
 - the root: what crosses processes (``messages``, ``shared_state``, ``process_utils``), the
-  version router (``routing``) and the telemetry of both sides (``observability``);
+  version router (``routing``), the telemetry of both sides (``observability``) and the LoRA
+  adapters a model's processes share (``lora``);
 - ``http/`` — the API processes: OpenAI and embeddings routes (``frontend``, ``embeddings``),
   request and response stages (``pipeline``, ``response_pipeline``), protocol, limits, errors,
   SSE, ops routes;

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
-from server_harness import MODEL, ServerProcess
+from server_harness import MODEL, ServerProcess, start_server
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -226,20 +227,33 @@ def test_full_waiting_queue_is_429(limited_server: ServerProcess) -> None:
 
 
 # --- 504 ---------------------------------------------------------------------------------------
-def test_request_timeout_is_504_and_frees_the_slot(limited_server: ServerProcess) -> None:
-    before = limited_server.stats("k-main")["engine"]["timed_out_requests"]
-    response = completion(limited_server, key="k-timeout", max_tokens=2000, ignore_eos=True)
+TIMEOUT_S = 0.4  # 2,000 tokens in 0.4 s (5,000 tok/s at batch 1) is beyond any CPU here
+
+
+@pytest.fixture(scope="module")
+def timeout_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """A server whose request timeout no 2,000-token completion can meet, however fast the
+    machine (the limited server's 1.5 s was met by the paged CPU engine on an idle machine)."""
+    srv = start_server(tmp_path_factory, "timeout", [
+        f"server.request_timeout_s={TIMEOUT_S}", "batching.max_num_seqs=2", "tracing=off"])
+    yield srv
+    srv.terminate()
+
+
+def test_request_timeout_is_504_and_frees_the_slot(timeout_server: ServerProcess) -> None:
+    before = timeout_server.stats()["engine"]["timed_out_requests"]
+    response = completion(timeout_server, max_tokens=2000, ignore_eos=True)
     error = error_of(response, 504)
     assert error["code"] == "timeout"
-    stats = limited_server.wait_until(
+    stats = timeout_server.wait_until(
         lambda s: s["engine"]["timed_out_requests"] > before and s["engine"]["running"] == 0,
         what="the timed-out request to leave the engine",
     )
     assert stats["engine"]["free_slots"] == stats["engine"]["total_slots"]
 
 
-def test_streaming_timeout_ends_with_an_error_event(limited_server: ServerProcess) -> None:
-    client = limited_server.client(api_key="k-stream")
+def test_streaming_timeout_ends_with_an_error_event(timeout_server: ServerProcess) -> None:
+    client = timeout_server.client()
     stream = client.completions.create(
         model=MODEL, prompt="Hi", max_tokens=2000, stream=True, extra_body={"ignore_eos": True}
     )
