@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from inferflow.server.shared_state import SharedState
-
-DEFAULT_MAX_LORAS = 4  # the lora slot's default ``max_loras``
+from inferflow.stages.lora import LoraStage
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class LoraServing:
     unloaded at run time (``POST /v1/load_lora_adapter``, ``/v1/unload_lora_adapter``)."""
 
     adapters: dict[str, str] = field(default_factory=dict)
-    max_loras: int = DEFAULT_MAX_LORAS
+    max_loras: int = LoraStage.max_loras
     allow_runtime_updates: bool = False
 
     @classmethod
@@ -42,12 +41,14 @@ class LoraServing:
         section = config.get("lora")
         if not isinstance(section, Mapping):
             return None
-        adapters = {str(k): str(v) for k, v in dict(section.get("adapters") or {}).items()}
-        runtime = bool(section.get("allow_runtime_updates", False))
-        if not adapters and not runtime:
+        # the slot's own reading of its keys (defaults, checks, the rule for ``enabled``); a
+        # null key (``lora.adapters=null``) takes the slot's default
+        known = {f.name for f in fields(LoraStage) if f.init}
+        stage = LoraStage(**{k: v for k, v in section.items() if k in known and v is not None})
+        if not stage.enabled:
             return None
-        max_loras = section.get("max_loras")
-        return cls(adapters, int(max_loras or DEFAULT_MAX_LORAS), runtime)
+        adapters = {str(k): str(v) for k, v in stage.adapters.items()}
+        return cls(adapters, stage.max_loras, stage.allow_runtime_updates)
 
 
 def lora_state(
