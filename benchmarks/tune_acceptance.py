@@ -74,7 +74,9 @@ def sizes(quick: bool) -> dict[str, Any]:
             "batching.max_num_batched_tokens=256,2048",
             "executor.precision=fp32,int8",
         ],
-        "repeats": 2,
+        # three repeats per measured point: the fewest for which the 95 % prediction interval the
+        # summary reports (Student t, 2 degrees of freedom) is usable
+        "repeats": 3,
         "sim_trials": 200,
         "rounds": 2,
     }
@@ -121,12 +123,53 @@ def grid_best(out: Path) -> tuple[list[str], float | None]:
     return best
 
 
+def confirmed(out: Path) -> dict[tuple[str, ...], dict[str, Any]]:
+    """A tune folder's full-length (``confirm``) measurements by their sorted overrides."""
+    found = {}
+    for results in sorted((out / "runs").glob("*_confirm_*/results.json")):
+        data = json.loads(results.read_text())
+        if not data.get("failed") and "request_goodput" in data.get("figures", {}):
+            found[tuple(sorted(data.get("overrides", [])))] = data
+    return found
+
+
+def agreement(
+    phases: dict[str, dict[tuple[str, ...], dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Every point measured in two phases: does one phase's goodput fall in the 95 % prediction
+    interval the other phase's summary reports for it (both ways)? ``mean_in`` checks the other
+    run's mean, ``repeats_in`` counts its single repeats inside (each is a "one more repeat")."""
+    from inferflow.experiment.figures import Spread
+
+    checks = []
+    names = list(phases)
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for key in sorted(set(phases[a]) & set(phases[b])):
+                for ref, other in ((a, b), (b, a)):
+                    spread = Spread.of(phases[ref][key]["figures"]["request_goodput"]["values"])
+                    values = phases[other][key]["figures"]["request_goodput"]["values"]
+                    mean = statistics.fmean(values)
+                    checks.append({
+                        "point": " ".join(key) or "(default)",
+                        "interval_from": ref, "measured_in": other,
+                        "interval": [spread.mean - (spread.pi95 or 0.0),
+                                     spread.mean + (spread.pi95 or 0.0)],
+                        "other_mean": mean,
+                        "mean_in": spread.admits(mean),
+                        "repeats_in": f"{sum(spread.admits(v) for v in values)}/{len(values)}",
+                    })  # fmt: skip
+    return checks
+
+
 def fresh_run(
     base: list[str], points: dict[str, list[str]], size: dict[str, Any], out: Path
-) -> dict[str, list[float]]:
-    """New servers for each point, alternating, ``rounds`` times; goodput per round."""
+) -> tuple[dict[str, list[float]], dict[str, dict[tuple[str, ...], dict[str, Any]]]]:
+    """New servers for each point, alternating, ``rounds`` times: goodput per round, and each
+    round's results by sorted overrides (one phase per round, for :func:`agreement`)."""
     from inferflow.experiment.served import measure_served
 
+    rounds: dict[str, dict[tuple[str, ...], dict[str, Any]]] = {}
     slo = {k: float(v) for k, v in (s.split(":") for s in size["slo"])}
     wl = {**size["workload"], "max_concurrency": None, "dataset": "random", "seed": 1}
     goodput: dict[str, list[float]] = {label: [] for label in points}
@@ -139,7 +182,9 @@ def fresh_run(
             value = None if result.get("failed") else result.get("request_goodput")
             print(f"fresh {label} round {round_no}: goodput {value}", flush=True)
             goodput[label].append(float(value) if value is not None else 0.0)
-    return goodput
+            if value is not None:
+                rounds.setdefault(f"fresh round {round_no}", {})[tuple(sorted(overrides))] = result
+    return goodput, rounds
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,7 +217,10 @@ def main(argv: list[str] | None = None) -> int:
     points = {"default": [], "winner": list(tuned["winner"]["overrides"])}
     if best_overrides != points["winner"]:
         points["grid_best"] = best_overrides
-    fresh = fresh_run(base, points, size, work)
+    fresh, fresh_rounds = fresh_run(base, points, size, work)
+    checks = agreement(
+        {"grid": confirmed(work / "grid"), "tune": confirmed(work / "tune"), **fresh_rounds}
+    )
     mean = {k: statistics.fmean(v) if v else 0.0 for k, v in fresh.items()}
     grid_best_fresh = mean.get("grid_best", mean["winner"])
     ratio_default = mean["winner"] / mean["default"] if mean["default"] else math.inf
@@ -203,7 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             "winner >= 1.25x default": ratio_default >= 1.25,
             "winner >= 0.95x grid best": ratio_grid >= 0.95,
             "tune time <= 1/3 grid time": time_ratio <= 1 / 3 + 1e-9,
+            "repeated points agree within the reported spread": bool(checks)
+            and all(c["mean_in"] for c in checks),
         },
+        "agreement": checks,
         "notes": notes,
         "work_dir": str(work),
     }  # fmt: skip
@@ -240,6 +291,19 @@ def markdown(r: dict[str, Any]) -> str:
         f"{r['grid']['measurement_s']:.0f} s: **{r['tune_time_over_grid_time']:.2f}** (<= 0.33 "
         "asked)",
         f"- binding SLO of the winner: {r['tune']['binding_slo']}",
+        "",
+        "Repeated identical points (goodput, req/s): the 95 % prediction interval one phase's "
+        "summary reports, and the other phase's mean and single repeats inside it:",
+        "",
+        "| point | interval from | interval | measured in | its mean | mean inside | repeats inside |",
+        "|---|---|---|---|---:|---|---|",
+        *(
+            f"| `{c['point']}` | {c['interval_from']} | {c['interval'][0]:.3f} .. "
+            f"{c['interval'][1]:.3f} | {c['measured_in']} | {c['other_mean']:.3f} | "
+            f"{'yes' if c['mean_in'] else '**no**'} | {c['repeats_in']} |"
+            for c in r.get("agreement", [])
+        ),
+        "",
         f"- acceptance: {r['acceptance']}",
         *(f"- note: {n}" for n in r["notes"]),
         "",

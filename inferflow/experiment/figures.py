@@ -4,7 +4,10 @@ A measured run repeats its workload ``experiment.repeats`` times; :func:`combine
 repeats' figure dicts (one per repeat, vLLM's result keys) into one :class:`Spread` per figure.
 The spread is the coefficient of variation (sample std / mean); a run whose headline figures
 (:data:`HEADLINE`) vary by more than ``max_spread`` is marked too noisy to compare
-(:func:`spread_verdict`). :class:`MachineLoad` samples the whole machine's CPU use over the run,
+(:func:`spread_verdict`). Each spread also carries a 95 % *prediction interval*: where one more
+measurement of the same point is expected to fall (Student t with ``n - 1`` degrees of freedom,
+``t * std * sqrt(1 + 1/n)``). With few repeats the sample std under-states the spread, and t is what
+makes up for it: a repeat of the same point that falls outside this interval disagrees. :class:`MachineLoad` samples the whole machine's CPU use over the run,
 so a reader can tell a slow point from a busy machine.
 """
 
@@ -34,9 +37,26 @@ HIGHER_IS_BETTER = frozenset(
 )
 
 
+# Two-sided 95 % quantiles of Student's t, t(0.975, df) for df = 1..30 (beyond: the normal 1.96).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t975(df: int) -> float:
+    """Student's t quantile for a two-sided 95 % interval with ``df`` degrees of freedom."""
+    if df < 1:
+        raise ValueError("Student's t needs at least one degree of freedom")
+    return _T975[df - 1] if df <= len(_T975) else 1.96
+
+
 @dataclass(frozen=True)
 class Spread:
-    """One figure over the repeats: ``cv`` = sample std / |mean| (0 with one repeat)."""
+    """One figure over the repeats: ``cv`` = sample std / |mean| (0 with one repeat);
+    ``pi95`` = half-width of the 95 % prediction interval for one more repeat (None with one
+    repeat: a single value says nothing about its spread)."""
 
     mean: float
     std: float
@@ -45,15 +65,23 @@ class Spread:
     cv: float
     n: int
     values: tuple[float, ...]
+    pi95: float | None = None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
         if not values:
             raise ValueError("a spread needs at least one value")
+        n = len(values)
         mean = statistics.fmean(values)
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        std = statistics.stdev(values) if n > 1 else 0.0
         cv = std / abs(mean) if mean else (0.0 if std == 0 else math.inf)
-        return cls(mean, std, min(values), max(values), cv, len(values), tuple(values))
+        pi95 = t975(n - 1) * std * math.sqrt(1 + 1 / n) if n > 1 else None
+        return cls(mean, std, min(values), max(values), cv, n, tuple(values), pi95)
+
+    def admits(self, value: float) -> bool:
+        """Whether ``value`` (another measurement of the same point) lies in the 95 %
+        prediction interval; always False with one repeat (no interval)."""
+        return self.pi95 is not None and abs(value - self.mean) <= self.pi95
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "values": list(self.values)}

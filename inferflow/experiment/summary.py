@@ -63,11 +63,13 @@ X_FIGURES = ("p99_ttft_ms", "mean_ttft_ms")  # lower is better; the mean where p
 
 @dataclass(frozen=True)
 class Figure:
-    """One figure of a row: ``std``/``cv`` are None where the result recorded no spread."""
+    """One figure of a row: ``std``/``cv``/``pi95`` are None where the result recorded no
+    spread (``pi95``: half-width of the 95 % prediction interval for one more repeat)."""
 
     mean: float
     std: float | None = None
     cv: float | None = None
+    pi95: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,12 @@ def _figures(result: Mapping[str, Any]) -> dict[str, Figure]:
         for name, spread in spreads.items():
             if isinstance(spread, Mapping) and _float(spread.get("mean")) is not None:
                 mean = float(spread["mean"])
-                figures[name] = Figure(mean, _float(spread.get("std")), _float(spread.get("cv")))
+                figures[name] = Figure(
+                    mean,
+                    _float(spread.get("std")),
+                    _float(spread.get("cv")),
+                    _float(spread.get("pi95")),
+                )
     for key, value in result.items():  # the flat means (and old results' only figures)
         name = LEGACY.get(key, key)
         if name not in figures and _float(value) is not None:
@@ -314,8 +321,7 @@ def markdown(table: Table, title: str) -> str:
             if fig is None or row.failed:
                 cells.append("")
             else:
-                std = f" ± {_number(fig.std, fig.mean)}" if fig.std is not None else ""
-                cells.append(_number(fig.mean) + std)
+                cells.append(_number(fig.mean) + _plus_minus(fig))
         pareto = "*" if i in table.pareto else ""
         cells += [_number(row.cpu_busy_pct), row.status, pareto]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
@@ -323,8 +329,19 @@ def markdown(table: Table, title: str) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+def _plus_minus(fig: Figure) -> str:
+    """`` ± h``: the 95 % prediction interval where the result has one, else the std."""
+    half = fig.pi95 if fig.pi95 is not None else fig.std
+    return f" ± {_number(half, fig.mean)}" if half is not None else ""
+
+
 def _notes(table: Table) -> list[str]:
     notes = []
+    if any(f.pi95 is not None for r in table.rows for f in r.figures.values()):
+        notes.append(
+            "± is the 95 % prediction interval of one more repeat of the point "
+            "(Student t over its repeats; the std where a result has a single repeat)"
+        )
     if table.pareto and table.x is not None:
         runs = ", ".join(_name(table.rows[i]) for i in table.pareto)
         notes.append(
@@ -344,10 +361,11 @@ def _name(row: SummaryRow) -> str:
 
 
 def write_csv(table: Table, path: Path) -> None:
-    """One row per run: the swept keys, then per figure its mean and ``_std`` column."""
+    """One row per run: the swept keys, then per figure its mean, ``_std`` and ``_pi95``
+    (half-width of the 95 % prediction interval of one more repeat) columns."""
     header = ["run", *table.swept, "status", "pareto"]
     for name in table.figures:
-        header += [name, f"{name}_std"]
+        header += [name, f"{name}_std", f"{name}_pi95"]
     header += ["cpu_busy_pct", "repeats", "note"]
     with path.open("w", newline="") as stream:
         writer = csv.writer(stream)
@@ -357,7 +375,7 @@ def write_csv(table: Table, path: Path) -> None:
             cells += [row.status, int(i in table.pareto)]
             for name in table.figures:
                 fig = None if row.failed else row.figures.get(name)
-                cells += [fig.mean, fig.std] if fig is not None else [None, None]
+                cells += [fig.mean, fig.std, fig.pi95] if fig is not None else [None] * 3
             cells += [row.cpu_busy_pct, row.repeats, row.note]
             writer.writerow(["" if c is None else c for c in cells])
 

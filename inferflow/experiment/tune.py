@@ -118,7 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sim-trials", type=int, default=200, help="points ranked on the model")
     p.add_argument("--top", type=int, default=6, help="most candidates given a short run")
-    p.add_argument("--repeats", type=int, default=2, help="repeats of a confirmation run")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="repeats of a confirmation run (>= 2; 3 or more for a usable prediction interval)",
+    )
     p.add_argument(
         "--max-profiles",
         type=int,
@@ -640,6 +645,7 @@ class Tuner:
             spread = result.get("figures", {}).get("request_goodput") if stage else None
             if spread:
                 out["request_goodput_std"] = spread.get("std")
+                out["request_goodput_pi95"] = spread.get("pi95")
             return out
 
         win, dflt = figures(winner), figures(default)

@@ -63,7 +63,7 @@ def test_overrides_become_params() -> None:
 def result(tp: float, ttft: float, *, ok: bool = True, overrides: list[str]) -> dict[str, Any]:
     """A results.json in the measured_result layout (two repeats)."""
     figures = {
-        "output_throughput": {"mean": tp, "std": tp / 50, "cv": 0.02, "n": 2},
+        "output_throughput": {"mean": tp, "std": tp / 50, "cv": 0.02, "n": 2, "pi95": tp / 5},
         "request_throughput": {"mean": tp / 8, "std": tp / 400, "cv": 0.02, "n": 2},
         "p99_ttft_ms": {"mean": ttft, "std": 1.5, "cv": 1.5 / ttft, "n": 2},
     }
@@ -137,6 +137,7 @@ def test_summary_files_from_a_sweep_folder(tmp_path: Path) -> None:
     assert [r["pareto"] for r in table] == ["1", "1", "0", "0", "0"]
     assert float(table[1]["output_throughput"]) == 300.0
     assert float(table[1]["output_throughput_std"]) == 6.0
+    assert float(table[1]["output_throughput_pi95"]) == 60.0  # what the Markdown's ± shows
     assert table[3]["output_throughput"] == "90.0" and table[3]["output_throughput_std"] == ""
     assert table[4]["output_throughput"] == "" and "no results.json" in table[4]["note"]
     assert float(table[0]["cpu_busy_pct"]) == 42.5
@@ -148,7 +149,8 @@ def test_summary_files_from_a_sweep_folder(tmp_path: Path) -> None:
     assert header.split(" | ")[1] == "batching.max_num_seqs"
     assert "output tok/s" in header and "p99 TTFT ms" in header and "req/s" in header
     row1 = next(line for line in text.splitlines() if line.startswith("| 1 |"))
-    assert "300 ± 6" in row1 and "noisy" in row1 and row1.endswith("| * |")
+    assert "300 ± 60" in row1 and "noisy" in row1 and row1.endswith("| * |")
+    assert "± is the 95 % prediction interval of one more repeat" in text
     assert "Pareto front (max output tok/s, min p99 TTFT ms; marked *): run 0, run 1" in text
     assert "- run 1 (max_num_seqs=4): noisy: spread too wide" in text
     assert "- run 10 (max_num_seqs=32): failed: no results.json" in text
