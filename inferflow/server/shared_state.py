@@ -19,7 +19,9 @@ the API processes are forked (they inherit the shared memory).
 - ``lora``: a JSON blob of the worker's LoRA adapters (the source of truth: runtime loads happen
   there): ``{"adapters": [{"name", "path"}], "running": [...], "waiting": [...], "max_loras",
   "loads", "unloads", "updated_at"}``, rewritten only when it changes; ``{}`` before the worker
-  published it (the API processes then use the configured ``lora.adapters``) and after it died.
+  published it (the API processes then use the configured ``lora.adapters``). When the worker
+  exits (unloaded, crashed) only its ``adapters`` stay: the model still serves them, and its next
+  worker restores exactly that list (runtime loads and unloads included) before it is ready.
 
 With a model repository (``models:``) every LLM version has its own ``SharedState`` (the flags
 above but ``draining``/``queue_lost`` then describe that model's worker), plus:
@@ -249,8 +251,11 @@ class SharedState:
         self.publish_stats({**dict.fromkeys(STATS_FIELDS, 0.0), "updated_at": time.time()})
         self._last_executor = {}
         _write_blob(self._executor_seq, self._executor, {}, _EXECUTOR_BYTES)
+        # the adapters outlive the worker (its successor restores them); its counters do not
+        adapters = self.lora().get("adapters")
         self._last_lora = {}
-        _write_blob(self._lora_seq, self._lora, {}, _LORA_BYTES)
+        kept = {"adapters": adapters} if isinstance(adapters, list) else {}
+        _write_blob(self._lora_seq, self._lora, kept, _LORA_BYTES)
 
     def stats(self) -> dict[str, float]:
         """A consistent snapshot (or, if the writer stalls mid-write, the last one seen here)."""
@@ -276,7 +281,8 @@ class SharedState:
         _write_blob(self._lora_seq, self._lora, state, _LORA_BYTES)
 
     def lora(self) -> dict[str, Any]:
-        """The LoRA state the worker last published ({} before it did, or when it died)."""
+        """The LoRA state the worker last published ({} before any did; only ``adapters``
+        while no worker is alive)."""
         return _read_blob(self._lora_seq, self._lora)
 
     def executor_stats(self) -> dict[str, Any]:

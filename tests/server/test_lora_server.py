@@ -56,8 +56,9 @@ def test_published_adapters_fall_back_to_the_configured_ones_until_the_worker_pu
     shared.publish_lora(lora_state({"b": "/ad/b"}, ["b"], [], 2, 1, 0))
     assert published_adapters(shared, lora) == {"b": "/ad/b"}  # the worker's list wins
     assert shared.lora()["running"] == ["b"]
-    shared.clear_stats()  # the worker died: its runtime loads died with it
-    assert published_adapters(shared, lora) == {"a": "/ad/a"}
+    shared.clear_stats()  # the worker exited: its adapters stay (its successor restores them)
+    assert published_adapters(shared, lora) == {"b": "/ad/b"}
+    assert shared.lora() == {"adapters": [{"name": "b", "path": "/ad/b"}]}  # counters gone
 
 
 def test_adapter_names_must_not_name_a_model_or_another_models_adapter() -> None:

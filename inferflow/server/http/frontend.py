@@ -206,7 +206,7 @@ class Frontend:
             raise unsupported_route(model, request.url.path)
         raise self._unknown_model(model)
 
-    async def _wait_loaded(self, deployment: Deployment, span: RequestSpan | None) -> None:
+    async def wait_loaded(self, deployment: Deployment, span: RequestSpan | None) -> None:
         """Until ``deployment`` serves (an on-demand model loads on its first request), with a
         ``model_load`` span for the wait; 503 when it fails, the server drains or
         ``model_load_timeout_s`` passes."""
@@ -275,7 +275,7 @@ class Frontend:
             deployment.shared.release(count)
             raise
         try:
-            await self._wait_loaded(deployment, span)
+            await self.wait_loaded(deployment, span)
         except BaseException as exc:  # failed to load, timed out, or the client left
             deployment.shared.release(count)
             _end_failed_span(span, exc.info if isinstance(exc, OpenAIError) else CLIENT_CLOSED)

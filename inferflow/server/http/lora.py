@@ -150,12 +150,9 @@ async def _control(
     frontend: Frontend, deployment: Deployment, make: Callable[[str], LoraControl]
 ) -> str:
     """Send one control message to ``deployment``'s worker and wait for its answer (its text;
-    the worker's error as an ``OpenAIError``)."""
-    if not deployment.serving:
-        raise OpenAIError.of(
-            503, f"The model `{deployment.model_id}` is not loaded; adapters load into a "
-            "running engine.", code="not_ready", retry_after_s=1,
-        )
+    the worker's error as an ``OpenAIError``). An on-demand model that is not loaded loads
+    first, as for a request (bounded by ``server.model_load_timeout_s``; 503 past it)."""
+    await frontend.wait_loaded(deployment, None)
     request_id = f"lora-{uuid.uuid4().hex}"
     channel = frontend.registry.open(request_id, deployment.key)
     try:

@@ -21,6 +21,7 @@ from functools import lru_cache
 from typing import Any
 
 from inferflow.engine.llm_engine import ExecutorWrapper, LLMEngine
+from inferflow.lora import LoraError
 from inferflow.outputs import RequestMetrics
 from inferflow.sampling_params import SamplingParams
 from inferflow.scheduling.updates import SchedulerStats
@@ -82,6 +83,7 @@ class WorkerService:
         telemetry = WorkerTelemetry(settings) if settings is not None else None
         # telemetry wraps the executor as the engine is built, and records from after warm-up
         engine = self.engine = self.engine_factory(telemetry.wrap_executor if telemetry else None)
+        self.restore_lora()
         warm_up(engine)  # the warm-up is not a request: nothing of it is recorded
         if telemetry is not None:
             telemetry.start_recording()
@@ -164,6 +166,37 @@ class WorkerService:
             )
 
     # --- LoRA adapters (engine thread only) -------------------------------------------------
+    def restore_lora(self) -> None:
+        """Serve the adapters this model's previous worker served (``SharedState.lora`` keeps
+        them when a worker exits: an on-demand model unloaded to make room, a crash), so that
+        runtime loads and unloads survive a reload; nothing to do on the model's first load.
+        An adapter that cannot be read any more is dropped with a warning (its requests are
+        then a 404, as after an unload)."""
+        previous = self.shared.lora().get("adapters")
+        if self.lora is None or not isinstance(previous, list):
+            return
+        wanted = {
+            str(a["name"]): str(a.get("path", ""))
+            for a in previous
+            if isinstance(a, dict) and "name" in a
+        }
+        engine = self.live_engine
+        for name in engine.lora_names():
+            if name not in wanted:  # unloaded at run time
+                engine.unload_lora(name)
+                self.lora_paths.pop(name, None)
+        for name, path in wanted.items():
+            if name in self.lora_paths:
+                continue
+            try:
+                engine.load_lora(name, path)
+            except LoraError as exc:
+                logger.warning("adapter %s (%s) is not restored: %s", name, path, exc)
+                continue
+            self.lora_paths[name] = path
+        logger.info("restored LoRA adapters: %s", ", ".join(sorted(self.lora_paths)) or "none")
+        self.publish_lora()
+
     def load_lora(self, name: str, path: str) -> None:
         """Load adapter ``name`` from ``path`` into the engine (``LoraError`` naming the field
         when it cannot be served) and publish the new adapter list."""
