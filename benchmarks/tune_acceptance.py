@@ -167,7 +167,7 @@ def fresh_run(
 ) -> tuple[dict[str, list[float]], dict[str, dict[tuple[str, ...], dict[str, Any]]]]:
     """New servers for each point, alternating, ``rounds`` times: goodput per round, and each
     round's results by sorted overrides (one phase per round, for :func:`agreement`)."""
-    from inferflow.experiment.served import measure_served
+    from inferflow.experiment.served import measure_served, tokenizer_of
 
     rounds: dict[str, dict[tuple[str, ...], dict[str, Any]]] = {}
     slo = {k: float(v) for k, v in (s.split(":") for s in size["slo"])}
@@ -178,6 +178,7 @@ def fresh_run(
             result = measure_served(
                 [*base, *overrides], wl, slo, repeats=size["repeats"], warmup=1,
                 max_spread=0.10, log_dir=out / f"fresh-{label}-r{round_no}",
+                tokenizer=tokenizer_of([*base, *overrides]),
             )  # fmt: skip
             value = None if result.get("failed") else result.get("request_goodput")
             print(f"fresh {label} round {round_no}: goodput {value}", flush=True)

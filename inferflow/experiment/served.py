@@ -40,6 +40,7 @@ from inferflow.bench.cli import build_parser, config_from_args, measure_from_arg
 from inferflow.bench.datasets import DatasetConfig
 from inferflow.bench.runner import LoadConfig
 from inferflow.bench.suite import ServerStartError, free_port, managed_server
+from inferflow.bench.tokenizer_lookup import TOKENIZER_FILE
 from inferflow.config import ConfigError
 from inferflow.config.schema import WorkloadConfig
 from inferflow.experiment.figures import MachineLoad, idle_cpu_pct
@@ -72,6 +73,7 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
             float(experiment.server_timeout_s),
             quote_log=temporary,
             api_key=client_key(graph),
+            tokenizer=served_tokenizer(cfg),
         )
 
 
@@ -122,6 +124,7 @@ def measure_served(
     *,
     quote_log: bool = False,
     api_key: str | None = None,
+    tokenizer: str | None = None,
 ) -> dict[str, Any]:
     """Serve the config of ``overrides`` and measure it under ``workload`` (see the module
     doc); the result of :func:`~inferflow.experiment.results.measured_result` with
@@ -131,7 +134,9 @@ def measure_served(
     ``log_dir`` gets ``server.log``; ``timeout_s`` bounds the server's start; ``env`` adds to
     its environment; ``quote_log`` prints the log's end to stderr on a failure (when
     ``log_dir`` is about to be removed); ``api_key``: the bearer token the load sends (a
-    config with API keys). A workload or SLOs ``inferflow bench`` refuses raise
+    config with API keys); ``tokenizer``: what counts the load's lengths (a folder holding a
+    ``tokenizer.json``, see :func:`served_tokenizer`; None: ``inferflow bench``'s lookup). A
+    workload or SLOs ``inferflow bench`` refuses raise
     :class:`~inferflow.config.ConfigError` before a server starts. KeyboardInterrupt is raised
     after the server stopped.
     """
@@ -152,7 +157,7 @@ def measure_served(
     log = Path(log_dir) / SERVER_LOG
     try:
         with quiet_http(), managed_server(cmd, port, log, timeout_s, env=env, settled=False) as url:
-            client = Client(url, api_key)
+            client = Client(url, api_key, tokenizer)
             result = _measure(client, load, slo, repeats, warmup, max_spread)
             if "failed" not in result:
                 return result
@@ -171,12 +176,47 @@ def measure_served(
     }
 
 
+def served_tokenizer(config: DictConfig) -> str | None:
+    """The checkpoint folder of the LLM ``config`` serves, when it holds a ``tokenizer.json``:
+    the load then counts its lengths in the server's tokens wherever the checkpoint lives
+    (``inferflow bench`` alone finds only checkpoints in this machine's model folders). None
+    for a model repository (which model a load reaches is the server's choice) or a model that
+    cannot be found: the bench's own lookup decides, and says so."""
+    from inferflow.config import ConfigError, ModelConfig
+    from inferflow.models.lookup import resolve_model
+
+    if config.get("models"):
+        return None
+    try:
+        model = OmegaConf.to_object(config.model)
+        if not isinstance(model, ModelConfig):
+            return None
+        folder, _ = resolve_model(model)
+    except (ConfigError, ValueError, KeyError, TypeError, OSError):
+        return None
+    return str(folder) if (folder / TOKENIZER_FILE).is_file() else None
+
+
+def tokenizer_of(overrides: Sequence[str]) -> str | None:
+    """:func:`served_tokenizer` of the config ``overrides`` compose (outside a Hydra app:
+    ``inferflow tune``, scripts); None when they do not compose."""
+    from inferflow.compose import compose_config
+
+    try:
+        config = compose_config(serve_overrides(overrides))
+    except Exception:  # any composition problem: the bench's lookup decides (and the server,
+        return None  # started with the same overrides, reports the problem itself)
+    return served_tokenizer(config)
+
+
 @dataclasses.dataclass(frozen=True)
 class Client:
-    """Where the load goes, and the bearer token it sends (None: no key)."""
+    """Where the load goes, the bearer token it sends (None: no key) and the tokenizer that
+    counts its lengths (None: ``inferflow bench``'s lookup)."""
 
     url: str
     api_key: str | None = None
+    tokenizer: str | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -206,7 +246,10 @@ def _measure(
             if not completed:
                 return {"failed": f"every request of repeat {i + 1} failed: {first_line(failures)}"}
             figures.append(result)
-    extra = {"workload": recorded(load), "slo": slo, **server_info(client)}
+    # what counted the load's lengths: the served checkpoint's tokenizer, else the bench's own
+    # lookup (which may count words: see inferflow.bench.tokenizer_lookup)
+    counted = client.tokenizer or "inferflow bench lookup"
+    extra = {"workload": recorded(load), "slo": slo, "tokenizer": counted, **server_info(client)}
     return measured_result(
         "bench",
         figures,
@@ -258,6 +301,8 @@ def bench_argv(
         argv += ["--goodput", *(f"{k}:{v}" for k, v in slo.items())]
     if client.api_key:
         argv += ["--header", f"Authorization=Bearer {client.api_key}"]
+    if client.tokenizer:
+        argv += ["--tokenizer", client.tokenizer]
     return argv
 
 

@@ -765,7 +765,7 @@ def _served_measure(
     warmup: int,
     log_dir: Path,
 ) -> dict[str, Any]:
-    from inferflow.experiment.served import measure_served
+    from inferflow.experiment.served import measure_served, tokenizer_of
 
     return measure_served(
         overrides,
@@ -775,6 +775,7 @@ def _served_measure(
         warmup=warmup,
         max_spread=0.10,
         log_dir=log_dir,
+        tokenizer=tokenizer_of(overrides),
     )
 
 

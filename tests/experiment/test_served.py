@@ -117,6 +117,8 @@ def test_served_sweep_measures_each_point_and_goes_on_past_a_refused_one(
             assert result["figures"][name]["n"] == 2 and len(result["figures"][name]["values"]) == 2
             assert result[name] == result["figures"][name]["mean"]
         assert result["output_throughput"] > 0 and result["completed"] == 8
+        # lengths counted in the served checkpoint's tokens (the tiny model's folder)
+        assert (Path(result["tokenizer"]) / "tokenizer.json").is_file()
         assert result["failed_requests"] == 0
         assert set(result["spread"]) == {"ok", "max_spread", "wide", "note"}
         assert len(result["per_repeat"]) == 2
@@ -158,6 +160,27 @@ def test_measure_served_reports_failures_in_one_line(env: dict[str, str], tmp_pa
     )  # fmt: skip
     assert result["failed"].startswith("every warm-up request failed: ")
     assert "\n" not in result["failed"] and result["slo"] == {"ttft": 100.0}
+
+
+def test_the_load_counts_lengths_with_the_served_checkpoints_tokenizer(tmp_path: Path) -> None:
+    """A checkpoint outside this machine's model folders (``model.path``): its folder is the
+    tokenizer the bench gets; a repository or a folder without ``tokenizer.json``: the
+    bench's own lookup (None); overrides that do not compose: None, no exception."""
+    from inferflow.experiment.served import Client, bench_argv, tokenizer_of
+    from inferflow.models.tiny import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "ckpt", seed=3)
+    assert tokenizer_of(["+model=local", f"model.path={folder}", "task=bench"]) == str(folder)
+    repository = [f"+models.a.model.path={folder}", f"+models.b.model.path={folder}"]
+    assert tokenizer_of(repository) is None
+    (folder / "tokenizer.json").unlink()
+    assert tokenizer_of(["+model=local", f"model.path={folder}"]) is None
+    assert tokenizer_of(["no_such_group=x"]) is None
+    load = {"dataset": "random", "num_prompts": 1, "input_len": 4, "output_len": 2,
+            "request_rate": 1.0, "burstiness": 1.0, "seed": 0}  # fmt: skip
+    argv = bench_argv(Client("http://127.0.0.1:1", None, "/ckpt"), load, {}, "t")
+    assert argv[argv.index("--tokenizer") + 1] == "/ckpt"
+    assert "--tokenizer" not in bench_argv(Client("http://127.0.0.1:1"), load, {}, "t")
 
 
 def test_serve_overrides_keep_the_config_and_drop_the_measuring() -> None:
