@@ -31,15 +31,16 @@ figures, state), ``summary.{csv,md,png}`` of the measured runs (``summary.write_
 measurement time, the commands), ``tuned.yaml``; and ``$INFERFLOW_HOME/conf/tuned/NAME.yaml``,
 which ``python -m inferflow +tuned=NAME`` selects. Exit codes: 0 done, 1 nothing measured, 2 bad
 arguments or base config (one line).
+
+The command line is :mod:`~inferflow.experiment.tune_options`; the files and report
+:mod:`~inferflow.experiment.tune_report`; this module the search (:class:`Tuner`) and ``main``.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import math
-import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -47,202 +48,35 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import ConfigError
 from inferflow.experiment.simulate import CostModel, Profile, Workload, profile_engine, simulate
 from inferflow.experiment.space import Point, SearchSpace, format_value
+from inferflow.experiment.tune_options import (
+    PROG,
+    ArgumentError,
+    Options,
+    parse_args,
+)
+from inferflow.experiment.tune_report import (
+    binding_slo,
+    csv_cell,
+    fmt_figure,
+    print_report,
+    report_markdown,
+    reproduce_command,
+    serve_command,
+    slo_text,
+    workload_text,
+    write_tuned,
+)
 
-PROG = "inferflow tune"
-SLO_NAMES = ("ttft", "tpot", "e2el")
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
 Measure = Callable[
     [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
 ]
-
-
-class ArgumentError(ValueError):
-    """A bad command line: one line, exit code 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # (argparse would print usage and exit)
-        raise ArgumentError(message)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog=PROG,
-        description="Search the composed config for the most goodput under "
-        "SLOs (see inferflow/experiment/tune.py).",
-    )
-    p.add_argument("overrides", nargs="*", help="Hydra overrides of the base config")
-    p.add_argument(
-        "--slo",
-        nargs="+",
-        default=[],
-        metavar="NAME:MS",
-        help="SLOs in ms: ttft:2000 tpot:100 e2el:...",
-    )
-    p.add_argument(
-        "--slo-attainment",
-        type=float,
-        default=None,
-        metavar="P",
-        help="constraint: at least this share of requests meets every SLO (0..1)",
-    )
-    p.add_argument("--request-rate", type=float, default=None, help="req/s (inf: all at once)")
-    p.add_argument("--max-concurrency", type=int, default=None)
-    p.add_argument("--input-len", type=int, default=None)
-    p.add_argument("--output-len", type=int, default=None)
-    p.add_argument("--num-prompts", type=int, default=None)
-    p.add_argument("--burstiness", type=float, default=None)
-    p.add_argument(
-        "--space",
-        nargs="+",
-        action="extend",
-        default=[],
-        metavar="KEY=RANGE",
-        help="KEY=LOW:HIGH[:log], KEY=a,b,c or KEY",
-    )
-    p.add_argument(
-        "--budget-s",
-        type=float,
-        default=900.0,
-        help="measurement time (engine profiles and served runs), seconds",
-    )
-    p.add_argument("--name", default="tuned", help="the override file: +tuned=NAME")
-    p.add_argument("--out", default=None, help="output folder (default tune/NAME)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--sim-trials", type=int, default=200, help="points ranked on the model")
-    p.add_argument("--top", type=int, default=6, help="most candidates given a short run")
-    p.add_argument(
-        "--repeats",
-        type=int,
-        default=3,
-        help="repeats of a confirmation run (>= 2; 3 or more for a usable prediction interval)",
-    )
-    p.add_argument(
-        "--max-profiles",
-        type=int,
-        default=3,
-        help="distinct executor settings whose steps are timed",
-    )
-    p.add_argument(
-        "--grid",
-        action="store_true",
-        help="measure every point of the space instead (the exhaustive baseline)",
-    )
-    p.add_argument(
-        "--simulate-only", action="store_true", help="rank on the engine model, measure nothing"
-    )
-    p.add_argument("--list", action="store_true", help="print the search space and exit")
-    return p
-
-
-def parse_slos(items: Sequence[str]) -> dict[str, float]:
-    slos: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition(":")
-        if not sep or name not in SLO_NAMES:
-            raise ArgumentError(
-                f"--slo {item}: expected NAME:MS with NAME one of {', '.join(SLO_NAMES)}"
-            )
-        try:
-            slos[name] = float(value)
-        except ValueError:
-            raise ArgumentError(f"--slo {item}: {value!r} is not a number of ms") from None
-        if not slos[name] > 0:
-            raise ArgumentError(f"--slo {item}: must be > 0 ms")
-    return slos
-
-
-@dataclass
-class Options:
-    """The parsed command line."""
-
-    overrides: list[str]
-    slos: dict[str, float]
-    attainment: float | None
-    workload: dict[str, Any]
-    space_items: list[str]
-    budget_s: float
-    name: str
-    out: Path
-    seed: int
-    sim_trials: int
-    top: int
-    repeats: int
-    max_profiles: int
-    grid: bool
-    simulate_only: bool
-    list_space: bool
-    argv: list[str]
-
-
-def parse_args(argv: Sequence[str]) -> Options:
-    args = build_parser().parse_args(list(argv))
-    slos = parse_slos(args.slo)
-    if not slos and not args.list:
-        raise ArgumentError("--slo: give at least one SLO, e.g. --slo ttft:2000 tpot:100")
-    if args.slo_attainment is not None and not 0 < args.slo_attainment <= 1:
-        raise ArgumentError("--slo-attainment: must be in (0, 1]")
-    for name in (
-        "max_concurrency",
-        "input_len",
-        "output_len",
-        "num_prompts",
-        "top",
-        "repeats",
-        "max_profiles",
-    ):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ArgumentError(f"--{name.replace('_', '-')}: must be >= 1, got {value}")
-    if args.request_rate is not None and not args.request_rate > 0:
-        raise ArgumentError("--request-rate: must be > 0 (or inf)")
-    if args.budget_s <= 0 or args.sim_trials < 0:
-        raise ArgumentError("--budget-s must be > 0 and --sim-trials >= 0")
-    if not args.name.replace("-", "").replace("_", "").isalnum():
-        raise ArgumentError(f"--name {args.name!r}: letters, digits, - and _ only")
-    for o in args.overrides:
-        if "=" not in o:
-            raise ArgumentError(f"{o!r}: not an override (KEY=VALUE); options start with --")
-    workload = {
-        k: getattr(args, k)
-        for k in (
-            "request_rate",
-            "max_concurrency",
-            "input_len",
-            "output_len",
-            "num_prompts",
-            "burstiness",
-        )
-        if getattr(args, k) is not None
-    }
-    if args.request_rate is not None and args.max_concurrency is None:
-        workload["max_concurrency"] = None  # an open loop at that rate
-    return Options(
-        overrides=list(args.overrides),
-        slos=slos,
-        attainment=args.slo_attainment,
-        workload=workload,
-        space_items=list(args.space),
-        budget_s=args.budget_s,
-        name=args.name,
-        out=Path(args.out or f"tune/{args.name}"),
-        seed=args.seed,
-        sim_trials=args.sim_trials,
-        top=args.top,
-        repeats=args.repeats,
-        max_profiles=args.max_profiles,
-        grid=args.grid,
-        simulate_only=args.simulate_only,
-        list_space=args.list,
-        argv=list(argv),
-    )
 
 
 # ---------------------------------------------------------------------- trials
@@ -452,9 +286,9 @@ class Tuner:
             self.log(f"{stage} {trial.label}: failed ({trial.reason}) [{seconds:.0f} s]")
         else:
             self.log(
-                f"{stage} {trial.label}: goodput {_fmt(result.get('request_goodput'))} req/s,"
-                f" p99 ttft {_fmt(result.get('p99_ttft_ms'))} ms, p99 tpot "
-                f"{_fmt(result.get('p99_tpot_ms'))} ms [{seconds:.0f} s]"
+                f"{stage} {trial.label}: goodput {fmt_figure(result.get('request_goodput'))} req/s,"
+                f" p99 ttft {fmt_figure(result.get('p99_ttft_ms'))} ms, p99 tpot "
+                f"{fmt_figure(result.get('p99_tpot_ms'))} ms [{seconds:.0f} s]"
             )
 
     def _run_dirs(self) -> list[Path]:
@@ -722,10 +556,10 @@ class Tuner:
                         t.label,
                         t.state,
                         *(format_value(t.point[k]) if k in t.point else "" for k in keys),
-                        *(_cell(t.predicted.get(k)) for k in figures),
-                        *(_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
-                        *(_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
-                        _cell(sum(t.seconds.values()) if t.seconds else None),
+                        *(csv_cell(t.predicted.get(k)) for k in figures),
+                        *(csv_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
+                        *(csv_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
+                        csv_cell(sum(t.seconds.values()) if t.seconds else None),
                         t.reason,
                     ]
                 )
@@ -777,169 +611,6 @@ def _served_measure(
         log_dir=log_dir,
         tokenizer=tokenizer_of(overrides),
     )
-
-
-# ---------------------------------------------------------------------- files and text
-
-
-def tuned_text(overrides: Sequence[str], header: Sequence[str] = ()) -> str:
-    """A ``# @package _global_`` config holding ``overrides``: group options as defaults-list
-    overrides (``override /cache: none``), values as nested keys."""
-    groups: list[dict[str, str]] = []
-    values: dict[str, Any] = {}
-    for item in overrides:
-        key, _, raw = item.partition("=")
-        if "." not in key:
-            groups.append({f"override /{key}": raw})
-            continue
-        node = values
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(raw) if raw else raw
-    lines = ["# @package _global_", *(f"# {h}" for h in header)]
-    body: dict[str, Any] = {}
-    if groups:
-        body["defaults"] = [*groups, "_self_"]
-    body.update(values)
-    text = "\n".join(lines) + "\n"
-    if body:
-        text += yaml.safe_dump(body, sort_keys=False)
-    return text
-
-
-def tuned_dir() -> Path:
-    from inferflow.compose import home_conf_dir
-
-    return home_conf_dir() / "tuned"
-
-
-def write_tuned(name: str, overrides: Sequence[str], header: Sequence[str] = ()) -> Path:
-    """``$INFERFLOW_HOME/conf/tuned/NAME.yaml`` (``+tuned=NAME``); returns its path."""
-    path = tuned_dir() / f"{name}.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tuned_text(overrides, header))
-    return path
-
-
-def binding_slo(figures: Mapping[str, Any], slos: Mapping[str, float]) -> dict[str, Any] | None:
-    """The SLO nearest to (or furthest past) its limit at p99: it is what binds."""
-    ratios = {
-        m: float(figures[f"p99_{m}_ms"]) / limit
-        for m, limit in slos.items()
-        if figures.get(f"p99_{m}_ms") is not None
-    }
-    if not ratios:
-        return None
-    name = max(ratios, key=lambda m: ratios[m])
-    return {
-        "slo": name,
-        "p99_ms": figures[f"p99_{name}_ms"],
-        "limit_ms": slos[name],
-        "p99_over_limit": round(ratios[name], 3),
-    }
-
-
-def workload_text(wl: Mapping[str, Any]) -> str:
-    rate = wl.get("request_rate")
-    load = f"{rate} req/s" if rate is not None and not math.isinf(float(rate)) else "all at once"
-    if wl.get("max_concurrency"):
-        load += f", at most {wl['max_concurrency']} in flight"
-    return (
-        f"{wl.get('num_prompts')} prompts of {wl.get('input_len')} -> "
-        f"{wl.get('output_len')} tokens, {load}"
-    )
-
-
-def slo_text(slos: Mapping[str, float]) -> str:
-    return ", ".join(f"{m} <= {v:g} ms" for m, v in slos.items()) or "no SLO"
-
-
-def reproduce_command(opts: Options) -> str:
-    argv = list(opts.argv)
-    if "--seed" not in argv:
-        argv += ["--seed", str(opts.seed)]
-    return "inferflow tune " + _join(argv)
-
-
-def serve_command(opts: Options) -> str:
-    return " ".join(["python -m inferflow", _join(opts.overrides), f"+tuned={opts.name}"]).replace(
-        "  ", " "
-    )
-
-
-def _join(items: Sequence[str]) -> str:
-    return " ".join(shlex.quote(i) for i in items)
-
-
-def _fmt(value: Any) -> str:
-    return "-" if value is None else f"{float(value):.3g}"
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
-
-
-def report_markdown(report: Mapping[str, Any]) -> str:
-    win, dflt = report["winner"], report["default"]
-    rows = [
-        ("request_goodput", "goodput (req/s)"),
-        ("output_throughput", "output tok/s"),
-        ("p99_ttft_ms", "p99 TTFT (ms)"),
-        ("p99_tpot_ms", "p99 TPOT (ms)"),
-        ("p99_e2el_ms", "p99 E2EL (ms)"),
-    ]
-    lines = [
-        f"# inferflow tune: {report['name']}",
-        "",
-        f"Workload: {workload_text(report['workload'])}; SLO: {slo_text(report['slo_ms'])}.",
-        "",
-        f"Winner ({report['stage']}): `{' '.join(win['overrides']) or '(the default config)'}`",
-        "",
-        "| figure | default | winner |",
-        "|---|---|---|",
-        *(f"| {label} | {_fmt(dflt.get(k))} | {_fmt(win.get(k))} |" for k, label in rows),
-        "",
-    ]
-    if report.get("goodput_ratio") is not None:
-        lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
-    if report.get("clear_win") is False:
-        lines.append("The difference is within the runs' spread: no clear win over the default.")
-    if report.get("binding_slo"):
-        b = report["binding_slo"]
-        lines.append(f"Binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms).")
-    lines += [
-        f"Measurement time: {report['measurement_s']:.0f} s of a {report['budget_s']:.0f} s "
-        f"budget ({report['served_runs']} served runs); engine model: {report['model_s']:.0f} s.",
-        f"Trials: {report['trials']}.",
-        "",
-        f"Serve it: `{report['serve_command']}` (file: `{report['tuned_file']}`)",
-        f"Reproduce: `{report['reproduce']}`",
-        "",
-    ]
-    return "\n".join(lines)
-
-
-def print_report(report: Mapping[str, Any]) -> None:
-    win = report["winner"]
-    print(f"winner: {' '.join(win['overrides']) or '(the default config)'}")
-    print(
-        f"  goodput {_fmt(win.get('request_goodput'))} req/s vs default "
-        f"{_fmt(report['default'].get('request_goodput'))}"
-        + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else "")
-        + (" - within the runs' spread" if report.get("clear_win") is False else "")
-    )
-    if report.get("binding_slo"):
-        b = report["binding_slo"]
-        print(f"  binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms)")
-    print(
-        f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
-        f" {report['served_runs']} served runs, model {report['model_s']:.0f} s"
-    )
-    print(f"  serve: {report['serve_command']}")
-    print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

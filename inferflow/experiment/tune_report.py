@@ -1,0 +1,180 @@
+"""What ``inferflow tune`` leaves behind: the winner as a ``+tuned=NAME`` config
+(:func:`write_tuned`), the report's Markdown (:func:`report_markdown`) and its printed form, and
+the commands that reproduce and serve the result."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from inferflow.experiment.tune_options import Options
+
+
+def tuned_text(overrides: Sequence[str], header: Sequence[str] = ()) -> str:
+    """A ``# @package _global_`` config holding ``overrides``: group options as defaults-list
+    overrides (``override /cache: none``), values as nested keys."""
+    groups: list[dict[str, str]] = []
+    values: dict[str, Any] = {}
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        if "." not in key:
+            groups.append({f"override /{key}": raw})
+            continue
+        node = values
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(raw) if raw else raw
+    lines = ["# @package _global_", *(f"# {h}" for h in header)]
+    body: dict[str, Any] = {}
+    if groups:
+        body["defaults"] = [*groups, "_self_"]
+    body.update(values)
+    text = "\n".join(lines) + "\n"
+    if body:
+        text += yaml.safe_dump(body, sort_keys=False)
+    return text
+
+
+def tuned_dir() -> Path:
+    from inferflow.compose import home_conf_dir
+
+    return home_conf_dir() / "tuned"
+
+
+def write_tuned(name: str, overrides: Sequence[str], header: Sequence[str] = ()) -> Path:
+    """``$INFERFLOW_HOME/conf/tuned/NAME.yaml`` (``+tuned=NAME``); returns its path."""
+    path = tuned_dir() / f"{name}.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tuned_text(overrides, header))
+    return path
+
+
+def binding_slo(figures: Mapping[str, Any], slos: Mapping[str, float]) -> dict[str, Any] | None:
+    """The SLO nearest to (or furthest past) its limit at p99: it is what binds."""
+    ratios = {
+        m: float(figures[f"p99_{m}_ms"]) / limit
+        for m, limit in slos.items()
+        if figures.get(f"p99_{m}_ms") is not None
+    }
+    if not ratios:
+        return None
+    name = max(ratios, key=lambda m: ratios[m])
+    return {
+        "slo": name,
+        "p99_ms": figures[f"p99_{name}_ms"],
+        "limit_ms": slos[name],
+        "p99_over_limit": round(ratios[name], 3),
+    }
+
+
+def workload_text(wl: Mapping[str, Any]) -> str:
+    rate = wl.get("request_rate")
+    load = f"{rate} req/s" if rate is not None and not math.isinf(float(rate)) else "all at once"
+    if wl.get("max_concurrency"):
+        load += f", at most {wl['max_concurrency']} in flight"
+    return (
+        f"{wl.get('num_prompts')} prompts of {wl.get('input_len')} -> "
+        f"{wl.get('output_len')} tokens, {load}"
+    )
+
+
+def slo_text(slos: Mapping[str, float]) -> str:
+    return ", ".join(f"{m} <= {v:g} ms" for m, v in slos.items()) or "no SLO"
+
+
+def reproduce_command(opts: Options) -> str:
+    argv = list(opts.argv)
+    if "--seed" not in argv:
+        argv += ["--seed", str(opts.seed)]
+    return "inferflow tune " + _join(argv)
+
+
+def serve_command(opts: Options) -> str:
+    return " ".join(["python -m inferflow", _join(opts.overrides), f"+tuned={opts.name}"]).replace(
+        "  ", " "
+    )
+
+
+def _join(items: Sequence[str]) -> str:
+    return " ".join(shlex.quote(i) for i in items)
+
+
+def fmt_figure(value: Any) -> str:
+    """A figure in a log line: three significant digits, ``-`` for none."""
+    return "-" if value is None else f"{float(value):.3g}"
+
+
+def csv_cell(value: Any) -> str:
+    """A value in ``trials.csv``: floats to six significant digits, none empty."""
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def report_markdown(report: Mapping[str, Any]) -> str:
+    win, dflt = report["winner"], report["default"]
+    rows = [
+        ("request_goodput", "goodput (req/s)"),
+        ("output_throughput", "output tok/s"),
+        ("p99_ttft_ms", "p99 TTFT (ms)"),
+        ("p99_tpot_ms", "p99 TPOT (ms)"),
+        ("p99_e2el_ms", "p99 E2EL (ms)"),
+    ]
+    lines = [
+        f"# inferflow tune: {report['name']}",
+        "",
+        f"Workload: {workload_text(report['workload'])}; SLO: {slo_text(report['slo_ms'])}.",
+        "",
+        f"Winner ({report['stage']}): `{' '.join(win['overrides']) or '(the default config)'}`",
+        "",
+        "| figure | default | winner |",
+        "|---|---|---|",
+        *(
+            f"| {label} | {fmt_figure(dflt.get(k))} | {fmt_figure(win.get(k))} |"
+            for k, label in rows
+        ),
+        "",
+    ]
+    if report.get("goodput_ratio") is not None:
+        lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
+    if report.get("clear_win") is False:
+        lines.append("The difference is within the runs' spread: no clear win over the default.")
+    if report.get("binding_slo"):
+        b = report["binding_slo"]
+        lines.append(f"Binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms).")
+    lines += [
+        f"Measurement time: {report['measurement_s']:.0f} s of a {report['budget_s']:.0f} s "
+        f"budget ({report['served_runs']} served runs); engine model: {report['model_s']:.0f} s.",
+        f"Trials: {report['trials']}.",
+        "",
+        f"Serve it: `{report['serve_command']}` (file: `{report['tuned_file']}`)",
+        f"Reproduce: `{report['reproduce']}`",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def print_report(report: Mapping[str, Any]) -> None:
+    win = report["winner"]
+    print(f"winner: {' '.join(win['overrides']) or '(the default config)'}")
+    print(
+        f"  goodput {fmt_figure(win.get('request_goodput'))} req/s vs default "
+        f"{fmt_figure(report['default'].get('request_goodput'))}"
+        + (f" ({report['goodput_ratio']:.2f}x)" if report.get("goodput_ratio") else "")
+        + (" - within the runs' spread" if report.get("clear_win") is False else "")
+    )
+    if report.get("binding_slo"):
+        b = report["binding_slo"]
+        print(f"  binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms)")
+    print(
+        f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
+        f" {report['served_runs']} served runs, model {report['model_s']:.0f} s"
+    )
+    print(f"  serve: {report['serve_command']}")
+    print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")
