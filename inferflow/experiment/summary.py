@@ -330,8 +330,9 @@ def markdown(table: Table, title: str) -> str:
 
 
 def _plus_minus(fig: Figure) -> str:
-    """`` ± h``: the 95 % prediction interval where the result has one, else the std."""
-    half = fig.pi95 if fig.pi95 is not None else fig.std
+    """`` ± h``: the 95 % prediction interval where the result has one, else the std (none
+    for a single repeat: its std of 0 says nothing)."""
+    half = fig.pi95 if fig.pi95 is not None else (fig.std or None)
     return f" ± {_number(half, fig.mean)}" if half is not None else ""
 
 
@@ -340,7 +341,7 @@ def _notes(table: Table) -> list[str]:
     if any(f.pi95 is not None for r in table.rows for f in r.figures.values()):
         notes.append(
             "± is the 95 % prediction interval of one more repeat of the point "
-            "(Student t over its repeats; the std where a result has a single repeat)"
+            "(Student t over its repeats; the std for older results; nothing for one repeat)"
         )
     if table.pareto and table.x is not None:
         runs = ", ".join(_name(table.rows[i]) for i in table.pareto)
