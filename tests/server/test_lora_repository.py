@@ -115,13 +115,13 @@ def status(srv: ServerProcess, model_id: str) -> str:
 def test_each_entrys_adapters_are_listed_under_it_before_and_after_its_load(
     server: ServerProcess, files: dict[str, Path], expected: dict[str, str]
 ) -> None:
-    assert status(server, "beta@1") != "loaded"  # on demand: nothing asked for it yet
+    assert status(server, "beta@1") == "unloaded"  # on demand: nothing asked for it yet
     listed = cards(server)
     assert listed["a_sql"]["parent"] == "alpha" and listed["a_sql"]["root"] == str(files["a_sql"])
     assert listed["b_sql"]["parent"] == "beta" and listed["b_sql"]["root"] == str(files["b_sql"])
     # an adapter of an on-demand entry loads its base on its first request
     assert complete(server, "b_sql") == expected["b_sql"]
-    assert status(server, "beta@1") == "loaded"
+    assert status(server, "beta@1") == "ready"
     assert complete(server, "a_sql") == expected["a_sql"]
     assert complete(server, "alpha") == expected["alpha"]
     assert complete(server, "beta") == expected["beta"]
