@@ -486,13 +486,26 @@ class Tuner:
         ratio = None
         if win.get("request_goodput") is not None and dflt.get("request_goodput"):
             ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
-        clear = None  # a win larger than the two runs' spreads together (repeats' std)
+        clear = None  # the default's mean outside the winner's prediction interval
         if ratio is not None and winner is not default:
-            spread = float(win.get("request_goodput_std") or 0.0) + float(
-                dflt.get("request_goodput_std") or 0.0
-            )
-            clear = float(win["request_goodput"]) - float(dflt["request_goodput"]) > spread
+            clear = not _within(winner, default.measured.get(stage or "", {}), stage)
         binds = binding_slo(win, self.opts.slos)
+        # the measured points the winner cannot be told apart from at these repeats
+        tied = [
+            {"label": t.label, "overrides": t.overrides, "request_goodput": t.goodput(stage)}
+            for t in self.trials
+            if stage
+            and t is not winner
+            and t.goodput(stage) is not None
+            and _within(winner, t.measured[stage], stage)
+        ]
+        rate = self.workload.get("request_rate")
+        served = winner.measured.get(stage or "", {}).get("request_throughput") if stage else None
+        # past capacity the queue grows through the run and goodput depends on the arrival draw
+        overloaded = (
+            rate is not None and math.isfinite(float(rate)) and served is not None
+            and float(served) < 0.95 * float(rate)
+        )  # fmt: skip
         counts: dict[str, int] = {}
         for t in self.trials:
             counts[t.state] = counts.get(t.state, 0) + 1
@@ -506,6 +519,8 @@ class Tuner:
             "default": dflt,
             "goodput_ratio": ratio,
             "clear_win": clear,
+            "tied_with_winner": tied,
+            "past_capacity": overloaded,
             "binding_slo": binds,
             "measurement_s": round(self.measure_s, 1),
             "model_s": round(self.model_s, 1),
@@ -589,6 +604,18 @@ class Tuner:
             return None
         files = write_summary(rows, self.opts.out, title=f"inferflow tune {self.opts.name}")
         return {"csv": files.csv, "md": files.md, "png": files.png}
+
+
+def _within(winner: Trial, result: Mapping[str, Any], stage: str | None) -> bool:
+    """Whether ``result``'s goodput lies in the 95 % prediction interval of ``winner``'s
+    measurement at ``stage`` (False when the winner has no interval: a single repeat)."""
+    if not stage or "request_goodput" not in result:
+        return False
+    spread = winner.measured.get(stage, {}).get("figures", {}).get("request_goodput") or {}
+    mean, half = spread.get("mean"), spread.get("pi95")
+    if mean is None or half is None:
+        return False
+    return abs(float(result["request_goodput"]) - float(mean)) <= float(half)
 
 
 def _served_measure(

@@ -145,6 +145,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         lines.append(f"Goodput winner / default: **{report['goodput_ratio']:.2f}x**.")
     if report.get("clear_win") is False:
         lines.append("The difference is within the runs' spread: no clear win over the default.")
+    lines += tie_and_capacity_notes(report)
     if report.get("binding_slo"):
         b = report["binding_slo"]
         lines.append(f"Binding SLO: {b['slo']} (p99 {b['p99_ms']:.0f} ms of {b['limit_ms']:g} ms).")
@@ -158,6 +159,29 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def tie_and_capacity_notes(report: Mapping[str, Any]) -> list[str]:
+    """What limits the ranking: points the winner cannot be told apart from at these repeats
+    (their goodput inside its 95 % prediction interval), and a rate past what it serves."""
+    notes = []
+    tied = report.get("tied_with_winner") or []
+    if tied:
+        names = ", ".join(
+            f"`{' '.join(t['overrides']) or '(default)'}` ({fmt_figure(t['request_goodput'])})"
+            for t in tied
+        )
+        notes.append(
+            "Not separable from the winner at these repeats (goodput inside "
+            f"its 95 % prediction interval): {names}. More repeats would rank them."
+        )
+    if report.get("past_capacity"):
+        notes.append(
+            "The winner serves fewer requests per second than arrive: past capacity the queue "
+            "grows through the run and goodput depends on the arrival draw (wide spreads, short "
+            "runs that mislead). A lower --request-rate compares configs more reliably."
+        )
+    return notes
 
 
 def print_report(report: Mapping[str, Any]) -> None:
@@ -176,5 +200,7 @@ def print_report(report: Mapping[str, Any]) -> None:
         f"  measurement time {report['measurement_s']:.0f} s (budget {report['budget_s']:.0f} s),"
         f" {report['served_runs']} served runs, model {report['model_s']:.0f} s"
     )
+    for note in tie_and_capacity_notes(report):
+        print(f"  note: {note}")
     print(f"  serve: {report['serve_command']}")
     print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")

@@ -339,6 +339,8 @@ def test_search_measures_the_promising_points_and_records_failures(
     )
     assert report["goodput_ratio"] is not None and report["goodput_ratio"] >= 1.0
     assert report["clear_win"] is not None  # judged against the runs' spread
+    assert report["past_capacity"] is False  # a closed loop (--request-rate inf): no rate to miss
+    assert isinstance(report["tied_with_winner"], list)
     assert report["binding_slo"]["slo"] in ("ttft", "tpot")
     tuned = home_conf / "tuned" / "standin.yaml"
     assert tuned.is_file() and (out / "tuned.yaml").read_text() == tuned.read_text()
@@ -423,3 +425,30 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(
         check=False,
     )
     assert check.returncode == 0, check.stderr
+
+
+def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
+    """A measured point whose goodput lies in the winner's 95 % prediction interval cannot be
+    ranked below it at these repeats: the report names it; a rate past what the winner serves
+    is called out (past capacity goodput depends on the arrival draw)."""
+    from inferflow.experiment.figures import Spread
+    from inferflow.experiment.tune_report import tie_and_capacity_notes
+
+    def trial(number: int, values: list[float], served: float) -> tune.Trial:
+        spread = Spread.of(values)
+        result = {"request_goodput": spread.mean, "request_throughput": served,
+                  "figures": {"request_goodput": spread.to_dict()}}  # fmt: skip
+        return tune.Trial(number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result})
+
+    winner = trial(1, [3.0, 3.2, 3.1], served=3.4)  # interval 3.1 ± 0.50
+    close, far = trial(2, [2.7, 2.8, 2.9], served=3.3), trial(3, [1.0, 1.1, 1.2], served=2.0)
+    assert tune._within(winner, close.measured["confirm"], "confirm")
+    assert not tune._within(winner, far.measured["confirm"], "confirm")
+    assert not tune._within(trial(4, [3.0], served=3.0), close.measured["confirm"], "confirm")
+    notes = tie_and_capacity_notes({
+        "tied_with_winner": [{"overrides": close.overrides, "request_goodput": 2.8}],
+        "past_capacity": True,
+    })  # fmt: skip
+    assert "Not separable from the winner" in notes[0] and "`k=2` (2.8)" in notes[0]
+    assert "fewer requests per second than arrive" in notes[1]
+    assert tie_and_capacity_notes({"tied_with_winner": [], "past_capacity": False}) == []
