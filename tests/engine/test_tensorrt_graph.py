@@ -164,6 +164,18 @@ def test_a_soft_capped_model_is_refused_for_tensorrt(tmp_path: Path) -> None:
     assert any("softcap is unsupported" in v for v in found)
 
 
+def test_a_mixture_of_experts_is_refused_for_tensorrt(tmp_path: Path) -> None:
+    """The routing sorts all routes with a TopK whose K is the route count (not a constant)."""
+    from hf_checkpoints import save_hf_checkpoint
+
+    path = save_hf_checkpoint(
+        tmp_path / "mixtral", "MixtralForCausalLM", num_local_experts=4, num_experts_per_tok=2
+    )
+    found = graph_violations(canonical(path, "fp32", 64))
+    assert any(v.startswith("TopK") and "K must be a constant" in v for v in found)
+    assert not any("TensorScatter" in v or "Attention" in v for v in found)
+
+
 def test_tensorrt_refuses_int8_and_onnxruntime_bf16_in_one_line() -> None:
     from inferflow.stages.executor import OnnxRuntimeExecutor, TensorRTExecutor
 
