@@ -184,10 +184,12 @@ class Attention:
         qh = g.op1("RotaryEmbedding", [self._heads(q, cfg.num_heads), cos, sin, "position_ids"], **partial)
         kh = g.op1("RotaryEmbedding", [self._heads(k, cfg.num_kv_heads), cos, sin, "position_ids"], **partial)
         vh = self._heads(v, cfg.num_kv_heads)
+        # axis -2 (the sequence dim of (B, Hkv, C, D)), as TensorRT's importer requires to lower
+        # TensorScatter to its in-place KV-cache update (``runtimes/tensorrt_graph.py``)
         g.nodes.append(helper.make_node("TensorScatter", [f"past_key_{i}", kh, "write_indices"],
-                                        [f"present_key_{i}"], name=f"ScatterK_{i}", axis=2))
+                                        [f"present_key_{i}"], name=f"ScatterK_{i}", axis=-2))
         g.nodes.append(helper.make_node("TensorScatter", [f"past_value_{i}", vh, "write_indices"],
-                                        [f"present_value_{i}"], name=f"ScatterV_{i}", axis=2))
+                                        [f"present_value_{i}"], name=f"ScatterV_{i}", axis=-2))
         y = g.op1("Attention", [qh, f"present_key_{i}", f"present_value_{i}", self._mask(self.window(i))],
                   **self._scores())
         y = g.op1("Transpose", [y], perm=[0, 2, 1, 3])  # (B, S, Hq, D)

@@ -27,7 +27,8 @@ Inputs (both forms)
   pad_index    int64 (B, S)  packed index of padded position (b, s); N = padding (a zero row)
   unpad_index  int64 (N,)    flat padded position b*S + s of packed token n
   logits_index int64 (R,)    packed tokens whose next-token logits are returned
-  past_key_{i}, past_value_{i}  (B, Hkv, C, D) per layer
+  past_key_{i}, past_value_{i}  (B, Hkv, C, D) per layer (canonical form: C is the static
+                 ``GraphSpec.max_model_len``; gqa form: symbolic)
 GQA form: seqlens_k int32 (B,) = tokens in the slot after the step - 1; total_seq_len int32 ()
   = C; query_seqlens int32 (B,) valid tokens per row (0 = idle slot).
 Canonical form: position_ids int64 (B, S); write_indices int64 (B,) = tokens before the step.
@@ -64,8 +65,9 @@ from inferflow.models.moe_graph import moe_mlp
 from inferflow.models.onnx_graph import PAGED_OP_DOMAIN, GraphSpec, _Graph
 
 # 5: rope types, activations and biases from transformers 5 configs; 6: the families' blocks,
-# windows, per-layer and partial rotary
-GRAPH_BUILDER_VERSION = "6"
+# windows, per-layer and partial rotary; 7: canonical form: a static KV length, TensorScatter
+# axis -2, bf16
+GRAPH_BUILDER_VERSION = "7"
 
 
 def _ffn_padding(spec: GraphSpec, inter: int) -> int:
@@ -226,7 +228,10 @@ def _io(cfg: ModelArch, spec: GraphSpec) -> tuple[list[onnx.ValueInfoProto], lis
     else:
         inputs += [v("position_ids", i64, ["B", "S"]), v("write_indices", i64, ["B"])]
     outputs = [v("logits", TensorProto.FLOAT, ["R", cfg.vocab_size])]
-    _kv_io(cfg, act, ["B", cfg.num_kv_heads, "C", cfg.head_dim], "past_{kind}_{i}", inputs, outputs)
+    # canonical: C is the graph's static KV length (TensorRT's KV-cache update needs a static
+    # sequence dim; one plan serves one capacity anyway); gqa: symbolic
+    capacity: str | int = spec.max_model_len if spec.form == "canonical" else "C"
+    _kv_io(cfg, act, ["B", cfg.num_kv_heads, capacity, cfg.head_dim], "past_{kind}_{i}", inputs, outputs)
     return inputs, outputs
 
 

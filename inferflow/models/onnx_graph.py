@@ -25,7 +25,7 @@ PAGED_OP_DOMAIN = "inferflow"  # the paged-attention custom op (runtimes/ort_ops
 @dataclass(frozen=True)
 class GraphSpec:
     form: GraphForm = "gqa"
-    precision: str = "fp32"  # fp32 | fp16 | int8 | int4 (weight-only for int8/int4)
+    precision: str = "fp32"  # fp32 | fp16 | bf16 | int8 | int4 (weight-only for int8/int4)
     max_model_len: int = 2048  # rows of the rotary tables; positions must stay below it
     quant_block_size: int = 32
     # MatMulNBits accuracy_level: 0 = float activations (exact dequantized matmul); 4 = int8
@@ -43,6 +43,12 @@ class GraphSpec:
 
     @property
     def act_dtype(self) -> np.dtype:
+        """The activations' (and the KV cache's) element type: float16, bfloat16 (``ml_dtypes``,
+        the canonical form only: TensorRT) or float32 (fp32 and the weight-only int forms)."""
+        if self.precision == "bf16":
+            import ml_dtypes  # onnx's own dependency
+
+            return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(np.float16 if self.precision == "fp16" else np.float32)
 
 

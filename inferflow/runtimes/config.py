@@ -12,10 +12,14 @@ from inferflow.paths import inferflow_home
 
 
 class Precision(ConfigEnum):
-    """Weight precision of the compiled engine (int8/int4: weight-only quantization)."""
+    """Weight precision of the compiled engine (int8/int4: weight-only quantization, float32
+    activations). ``bf16`` is TensorRT's (ONNX Runtime's CPU kernels have no bfloat16 MatMul);
+    ``int8`` is ONNX Runtime's (TensorRT quantizes int8 weights only together with int8
+    activations). Each executor refuses the ones it does not run (``precisions``)."""
 
     fp32 = "fp32"
     fp16 = "fp16"
+    bf16 = "bf16"
     int8 = "int8"
     int4 = "int4"
 

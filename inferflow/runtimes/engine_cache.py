@@ -1,4 +1,5 @@
-"""Compiled-engine cache: ``<engine_dir>/<key>/{model.onnx, model.onnx.data, manifest.json}``.
+"""Compiled-engine cache: ``<engine_dir>/<key>/{model.onnx, model.onnx.data, manifest.json}``
+(TensorRT's entries add ``engine.plan``).
 
 The key hashes everything that determines the built file: the weights' digest, the graph-builder
 version, the runtime versions (onnx, onnxruntime) and the engine settings. A second start with the
@@ -87,12 +88,31 @@ def _remove_abandoned_builds(engine_dir: Path, key: str) -> None:
             pass
 
 
+def write_atomic(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` whole or not at all: written to a temporary file beside it,
+    flushed to disk, then renamed over it (``os.replace``)."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def get_or_build(engine_dir: Path, fields: dict[str, Any],
-                 build: Callable[[Path], onnx.ModelProto]) -> CacheEntry:
+                 build: Callable[[Path], onnx.ModelProto],
+                 finish: Callable[[Path], None] | None = None) -> CacheEntry:
     """Return the cached engine for ``fields``, building (and caching) it when absent or corrupt.
 
     ``build(folder)`` returns the model; it may already have written its external data to
-    ``folder/model.onnx.data`` (``initializers.ExternalDataWriter``).
+    ``folder/model.onnx.data`` (``initializers.ExternalDataWriter``). ``finish(folder)``, when
+    given, runs once the model files are saved there and before the manifest is made: the files
+    it writes (TensorRT's ``engine.plan``) are in the manifest, with their digests, and published
+    with the entry, never added to a published one.
     """
     key = cache_key(fields)
     entry = engine_dir / key
@@ -116,6 +136,8 @@ def get_or_build(engine_dir: Path, fields: dict[str, Any],
             onnx.save_model(model, tmp / MODEL_FILE, save_as_external_data=True,
                             location=DATA_FILE, size_threshold=1024)
         del model
+        if finish is not None:
+            finish(tmp)
         files = {f.name: {"size": f.stat().st_size, "sha256": file_digest(f)} for f in sorted(tmp.iterdir())}
         manifest = {"key": key, **fields, "files": files, "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                     "build_seconds": round(time.time() - started, 3),

@@ -20,6 +20,24 @@ that does not finish its prompt) binds one dummy row and returns no logits. Ever
 ``set_input_shape``/``set_tensor_address``/``execute_async_v3`` result is checked: a refused
 shape is an error naming the tensor, its shape and the profile's limits.
 
+Lifetimes: one ``trt.Logger`` per process (TensorRT keeps a single logger pointer), shared by
+the builder and every runtime; a :class:`TensorRTRuntime` holds its ``trt.Runtime`` beside the
+engine it deserialized and the context made from it, and ``close()`` releases them in the
+order TensorRT requires (context, engine, runtime), then the device buffers and the stream.
+
+The plan cache: ``engine.plan`` is built in the cache entry's build folder, after the canonical
+graph is saved there and checked against TensorRT's documented constraints
+(``tensorrt_graph.py``), written atomically, and listed in the entry's manifest with its digest
+before the entry is published (``engine_cache.get_or_build(finish=...)``); a truncated or
+altered plan fails the manifest check and is rebuilt. A plan that TensorRT cannot deserialize
+(``deserialize_cuda_engine`` returns None) is a :class:`PlanError`: the runner drops the entry
+and builds once more, and a second failure is the error.
+
+Precisions (``TensorRTExecutor.precisions``): fp32, fp16, bf16, and int4 weight-only
+(block-quantized ``DequantizeLinear`` weights, float32 activations). int8 weight-only is
+refused (TensorRT quantizes int8 weights only with int8 activations), and there is no FP8 (it
+too needs calibrated activation scales, which the weight-only graph does not carry).
+
 Memory: per layer one device buffer each for K and V of shape (max_slots, Hkv, C_alloc, D);
 ``past_*`` and ``present_*`` are bound to the same address (TensorScatter lowers to an in-place
 KV-cache update). Each call runs over slots [0, B): idle slots write their padded garbage at their
@@ -31,11 +49,15 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Sequence
+import logging
+import shutil
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import onnx
 
 from inferflow.models.config import ModelArch
 from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arrays
@@ -43,10 +65,27 @@ from inferflow.runtimes.step_inputs import EngineRow, StepArrays, build_step_arr
 if TYPE_CHECKING:
     from inferflow.models.checkpoint import Checkpoint
     from inferflow.runtimes.config import OrtSettings
+    from inferflow.runtimes.engine_cache import CacheEntry
     from inferflow.scheduling.layout import KVLayout
     from inferflow.scheduling.plan import KVBlockCopy
 
+log = logging.getLogger(__name__)
+
 INSTALL_HINT = "TensorRT is not installed: pip install 'inferflow[tensorrt]' (needs an NVIDIA GPU)"
+PLAN_FILE = "engine.plan"
+_LOGGER: list[Any] = []  # [tensorrt module, its one trt.Logger] once made
+
+
+class PlanError(RuntimeError):
+    """TensorRT could not load a plan (``deserialize_cuda_engine`` or the context failed)."""
+
+
+def trt_logger(trt: Any) -> Any:
+    """The process's one ``trt.Logger`` (TensorRT keeps one logger pointer for every builder
+    and runtime; it must outlive them all, so it is never released)."""
+    if not _LOGGER or _LOGGER[0] is not trt:
+        _LOGGER[:] = [trt, trt.Logger(trt.Logger.WARNING)]
+    return _LOGGER[1]
 
 
 def tensorrt_available() -> bool:
@@ -160,7 +199,7 @@ def idle_write_indices(arrays: StepArrays, slot_lengths: Sequence[int]) -> np.nd
 def build_serialized_engine(onnx_path: str, profiles: list[Profile], workspace_bytes: int = 4 << 30) -> bytes:
     """Parse the canonical ONNX file and build a strongly typed TensorRT plan."""
     trt = import_tensorrt()
-    logger = trt.Logger(trt.Logger.WARNING)
+    logger = trt_logger(trt)
     builder = trt.Builder(logger)
     flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
     network = builder.create_network(flags)
@@ -194,8 +233,19 @@ class TensorRTRuntime:
     def __init__(self, plan: bytes, cfg: ModelArch, max_slots: int, alloc_capacity: int, dtype: np.dtype,
                  profiles: Sequence[Profile] = ()) -> None:
         trt, self.cudart = import_tensorrt(), import_cudart()
-        self.engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(plan)
-        self.context = self.engine.create_execution_context()
+        # kept together: the engine must not outlive its runtime, nor the runtime its logger
+        self.logger = trt_logger(trt)
+        self.trt_runtime: Any = trt.Runtime(self.logger)
+        self.engine: Any = self.trt_runtime.deserialize_cuda_engine(plan)
+        if self.engine is None:
+            self.trt_runtime = None
+            raise PlanError(f"TensorRT could not deserialize the plan ({len(plan)} bytes): corrupt, "
+                            "or built by another TensorRT version or GPU (see its log above)")
+        self.context: Any = self.engine.create_execution_context()
+        if self.context is None:
+            self.engine = self.trt_runtime = None
+            raise PlanError("TensorRT could not create an execution context for the plan "
+                            "(out of device memory? see its log above)")
         self.stream = _check(self.cudart.cudaStreamCreate())
         self.cfg, self.max_slots, self.capacity = cfg, max_slots, alloc_capacity
         self.itemsize = np.dtype(dtype).itemsize
@@ -206,6 +256,19 @@ class TensorRTRuntime:
         self._scratch: dict[str, tuple[int, int]] = {}  # name -> (device ptr, bytes)
         # the shapes the plan was built for (named in errors); unknown -> no limits shown
         self.profiles = list(profiles) or [Profile("decode", {}), Profile("prefill", {})]
+
+    def close(self) -> None:
+        """Release in TensorRT's order: the context, the engine, the runtime (the logger is the
+        process's); then the device buffers and the stream. Idempotent."""
+        if self.trt_runtime is None:
+            return
+        self.context = None
+        self.engine = None
+        self.trt_runtime = None
+        for ptr in [p for pair in self.kv for p in pair] + [p for p, _ in self._scratch.values()]:
+            _check(self.cudart.cudaFree(ptr))
+        self.kv, self._scratch = [], {}
+        _check(self.cudart.cudaStreamDestroy(self.stream))
 
     def _upload(self, name: str, host: np.ndarray) -> int:
         ptr, size = self._scratch.get(name, (0, 0))
@@ -253,6 +316,34 @@ class TensorRTRuntime:
         return logits[: len(a.logits_index)]  # without the dummy row of a step that samples none
 
 
+def load_plan(engine_dir: Path, fields: dict[str, Any], build_model: Callable[[Path], onnx.ModelProto],
+              profiles: list[Profile], load: Callable[[bytes], TensorRTRuntime]) -> tuple[CacheEntry, TensorRTRuntime]:
+    """The cache entry of ``fields`` with its checked graph and plan (built when absent or
+    unusable) and the runtime ``load`` makes of the plan. The plan is built in the entry's build
+    folder, written atomically and put in the manifest before the entry is published; a plan
+    ``load`` cannot use (:class:`PlanError`) drops the entry and builds once more."""
+    from inferflow.runtimes.engine_cache import MODEL_FILE, get_or_build, write_atomic
+    from inferflow.runtimes.tensorrt_graph import check_graph
+
+    def build_plan(folder: Path) -> None:
+        model_path = folder / MODEL_FILE
+        check_graph(onnx.load(str(model_path), load_external_data=False))
+        write_atomic(folder / PLAN_FILE, build_serialized_engine(str(model_path), profiles))
+
+    for attempt in (1, 2):
+        entry = get_or_build(engine_dir, fields, build_model, finish=build_plan)
+        try:
+            if PLAN_FILE not in entry.manifest.get("files", {}):
+                raise PlanError(f"{entry.path} has no {PLAN_FILE} in its manifest")
+            return entry, load((entry.path / PLAN_FILE).read_bytes())
+        except PlanError as exc:
+            if attempt == 2:
+                raise PlanError(f"{exc}; a fresh build of {entry.path} did not load either") from exc
+            log.warning("TensorRT plan %s is unusable (%s); rebuilding it", entry.path, exc)
+            shutil.rmtree(entry.path, ignore_errors=True)
+    raise AssertionError("unreachable")
+
+
 class TensorRTRunner:
     """The engine interface of :class:`OnnxRuntimeRunner` (forward, load/save_blocks) on a GPU.
 
@@ -263,7 +354,6 @@ class TensorRTRunner:
 
     def __init__(self, checkpoint: Checkpoint, settings: OrtSettings, layout: KVLayout) -> None:
         from inferflow.models.llama_graph import GRAPH_BUILDER_VERSION, GraphSpec
-        from inferflow.runtimes.engine_cache import get_or_build
         from inferflow.runtimes.llama_build import build_llama_engine
 
         trt, cudart = import_tensorrt(), import_cudart()
@@ -281,17 +371,21 @@ class TensorRTRunner:
                   "tensorrt_version": trt.__version__, "gpu": bytes(props.name).rstrip(b"\0").decode(),
                   "compute_capability": f"{props.major}.{props.minor}", "max_slots": layout.max_slots,
                   "max_num_batched_tokens": max_tokens}
-        self.cache_entry = get_or_build(settings.engine_dir, fields,
-                                        lambda folder: build_llama_engine(checkpoint, spec, folder))
-        plan_path = self.cache_entry.path / "engine.plan"
         profiles = optimization_profiles(cfg, layout.max_slots, alloc, max_chunk, max_tokens)
-        if not plan_path.exists():
-            plan_path.write_bytes(build_serialized_engine(str(self.cache_entry.model_path), profiles))
-        self.runtime = TensorRTRuntime(plan_path.read_bytes(), cfg, layout.max_slots, alloc, spec.act_dtype,
-                                       profiles)
+        self.cache_entry, self.runtime = load_plan(
+            settings.engine_dir, fields, lambda folder: build_llama_engine(checkpoint, spec, folder),
+            profiles, lambda plan: TensorRTRuntime(plan, cfg, layout.max_slots, alloc, spec.act_dtype,
+                                                   profiles))
         self.block_bytes = cfg.num_kv_heads * layout.block_size * cfg.head_dim * np.dtype(spec.act_dtype).itemsize
         self.pool = [[_check(cudart.cudaMalloc(self.block_bytes * layout.num_blocks)) for _ in range(2)]
                      for _ in range(cfg.num_layers)]
+
+    def close(self) -> None:
+        """The runtime (context, engine, TensorRT runtime, KV buffers), then the block pool."""
+        self.runtime.close()
+        for ptr in [p for pair in self.pool for p in pair]:
+            _check(self.runtime.cudart.cudaFree(ptr))
+        self.pool = []
 
     @property
     def num_slots(self) -> int:

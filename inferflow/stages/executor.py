@@ -236,8 +236,8 @@ NO_PAGED_OP = (
 
 
 # host bytes of the weights per byte of fp32 ones (int8/int4 keep scales and fp32 embeddings)
-_PRECISION_SCALE = {Precision.fp32: 1.0, Precision.fp16: 0.5, Precision.int8: 0.3,
-                    Precision.int4: 0.2}
+_PRECISION_SCALE = {Precision.fp32: 1.0, Precision.fp16: 0.5, Precision.bf16: 0.5,
+                    Precision.int8: 0.3, Precision.int4: 0.2}
 
 
 @dataclass
@@ -251,6 +251,13 @@ class OnnxRuntimeExecutor(ExecutorStage):
     verifies_drafts: ClassVar[bool] = True  # PlanRunner
     returns_prompt_logprobs: ClassVar[bool] = True  # PlanRunner; the graph returns any rows' logits
     serves_lora: ClassVar[bool] = True  # both graph forms
+    # the precisions this runtime runs, and why the others are refused (one line each)
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.fp32, Precision.fp16, Precision.int8,
+                                                   Precision.int4)
+    refused_precisions: ClassVar[dict[Precision, str]] = {
+        Precision.bf16: "ONNX Runtime's CPU kernels have no bfloat16 MatMul; bf16 is for "
+                        "executor=tensorrt (or executor=torch executor.dtype=bfloat16)",
+    }
     precision: Precision = tunable(Precision.fp32, choices=("fp32", "int8", "int4"),
                                    note="weight precision: int8/int4 trade accuracy for speed")
     # paged where the op builds, else gqa (slots)
@@ -273,6 +280,12 @@ class OnnxRuntimeExecutor(ExecutorStage):
             )
         if self.quant_block_size < 1:
             raise ValueError(f"quant_block_size: must be >= 1, got {self.quant_block_size}")
+        precision = Precision(self.precision)
+        if precision not in self.precisions:
+            offered = ", ".join(p.value for p in self.precisions)
+            why = self.refused_precisions.get(precision, "not supported")
+            raise ValueError(f"precision: {precision.value} is not offered by executor="
+                             f"{self.backend}: {why} (offered: {offered})")
         from inferflow.scheduling.kv_budget import parse_memory
 
         parse_memory(self.kv_cache_memory, "kv_cache_memory")  # a bad size fails at config time
@@ -282,7 +295,8 @@ class OnnxRuntimeExecutor(ExecutorStage):
     def kv_budget(self, arch: ModelArch, model_bytes: int) -> KVBudget | None:
         from inferflow.scheduling.kv_budget import KVBudget, kv_bytes_per_token
 
-        itemsize = 2 if Precision(self.precision) is Precision.fp16 else 4  # activations' dtype
+        half = (Precision.fp16, Precision.bf16)
+        itemsize = 2 if Precision(self.precision) in half else 4  # activations' dtype
         return KVBudget.resolve(
             self.kv_cache_memory, kv_bytes_per_token(arch, itemsize), model_bytes,
             paged=self.pages_kv,
@@ -394,6 +408,14 @@ class TensorRTExecutor(OnnxRuntimeExecutor):
     verifies_drafts: ClassVar[bool] = False
     returns_prompt_logprobs: ClassVar[bool] = False
     serves_lora: ClassVar[bool] = False
+    # TensorRT's quantization: weight-only for INT4 only; INT8 and FP8 quantize activations
+    # and weights together (calibrated activation scales), a form the graph does not emit
+    precisions: ClassVar[tuple[Precision, ...]] = (Precision.fp32, Precision.fp16, Precision.bf16,
+                                                   Precision.int4)
+    refused_precisions: ClassVar[dict[Precision, str]] = {
+        Precision.int8: "TensorRT runs weight-only quantization for int4 only (its int8 "
+                        "quantizes activations too); use int4, fp16 or bf16",
+    }
     precision: Precision = Precision.fp16
     graph_form: GraphForm = GraphForm.canonical
     device_id: int = 0

@@ -88,7 +88,7 @@ def test_readme_batch_size_and_local_model(cli_env: dict[str, str], workdir: Pat
         ),
         (
             "executor.precision=fp8",
-            "executor.precision: invalid value 'fp8'; allowed values: fp32, fp16, int8, int4",
+            "executor.precision: invalid value 'fp8'; allowed values: fp32, fp16, bf16, int8, int4",
         ),
         (
             "batching.foo=1",

@@ -200,13 +200,15 @@ def test_each_adapter_alone_and_mixed_equals_peft(oracle: Oracle, form: str, tmp
 
 # sha256 (first 16 hex digits) of the graphs without LoRA of the checkpoint below, built by
 # GRAPH_BUILDER_VERSION "6" before LoRA existed: a graph without LoRA is node for node the same
+# (version "7" changed the canonical form only: a static KV length, TensorScatter axis -2;
+# its digest was re-pinned then, the other forms' are version 6's)
 PINNED = {("gqa", "fp32"): "0f3fed0477e1debb", ("paged", "fp32"): "8ba1d224be575b70",
-          ("gqa", "int8"): "1a8a0fe21e3cc753", ("canonical", "fp32"): "34c0d47de57ca59c"}
+          ("gqa", "int8"): "1a8a0fe21e3cc753", ("canonical", "fp32"): "d4442b9d6a8815a0"}
 
 
 @pytest.mark.parametrize(("form", "precision"), list(PINNED))
 def test_a_graph_without_lora_is_unchanged(tmp_path: Path, form: str, precision: str) -> None:
-    assert GRAPH_BUILDER_VERSION == "6"  # a new version may change the graph: re-pin
+    assert GRAPH_BUILDER_VERSION == "7"  # a new version may change the graph: re-pin
     ck = load_checkpoint(make_checkpoint(tmp_path / "m", num_layers=2, hidden_size=64, num_heads=4,
                                          num_kv_heads=2, intermediate_size=1024, vocab_size=512, seed=3))
     with ck.open_weights(np.float32) as weights:

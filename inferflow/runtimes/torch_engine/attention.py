@@ -29,11 +29,13 @@ there). Freeing the blocks that lie wholly outside *every* layer's window is the
 business (the KV manager), not this op's: a block table may then hold any id in those places,
 since no query reads them.
 
-Implementations: on CPU (and for steps with prefill chunks on CUDA) a gather of each row's
+Implementations, chosen by the device: on CPU ``reference_attention``, a gather of each row's
 blocks plus ``scaled_dot_product_attention`` (an explicit float32 matmul/softmax for soft-capped
-layers: SDPA cannot soft-cap), decode rows batched in one call; on CUDA a decode-only step runs
-the Triton kernel of ``triton_paged.py`` (windows and soft-capping included), which needs no host
-synchronisation and so can be captured in a CUDA graph.
+layers: SDPA cannot soft-cap), decode rows batched in one call, prefill rows one by one (it reads
+the row lengths on the host); on CUDA the Triton kernels, windows and soft-capping included, with
+no host synchronisation: a decode-only step runs the split-K decode kernel of
+``triton_paged.py`` (captured in CUDA graphs), a step with prefill chunks (mixed with decodes or
+not) the varlen extend kernel of ``triton_extend.py``, every row in one launch.
 """
 
 from __future__ import annotations
@@ -203,11 +205,16 @@ def paged_attention(
     k_cache, v_cache = KV_CACHES.get(cache_id, layer)
     write_kv(k_cache, k, slot_mapping)
     write_kv(v_cache, v, slot_mapping)
-    if decode_only and q.is_cuda:
-        from inferflow.runtimes.torch_engine.triton_paged import paged_decode_attention
+    if q.is_cuda:  # Triton kernels: no host synchronisation, no Python loop over rows
+        if decode_only:
+            from inferflow.runtimes.torch_engine.triton_paged import paged_decode_attention
 
-        return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                      window, softcap)
+            return paged_decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                          window, softcap)
+        from inferflow.runtimes.torch_engine.triton_extend import paged_extend_attention
+
+        return paged_extend_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start,
+                                      scale, window, softcap)
     return reference_attention(q, k_cache, v_cache, block_tables, seq_lens, query_start, scale,
                                window, softcap)
 
