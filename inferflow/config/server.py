@@ -181,8 +181,9 @@ class RayServerConfig(ServerConfig):
     prefix_imbalance_threshold: int = 8
     app_name: str = "inferflow"
     # an engine replica sends each ingress replica at most one message (the updates of all its
-    # requests, merged) per this interval; the first after a pause goes at once. As Ray Serve
-    # LLM's stream_batching_interval_ms (same default); 0 = one message per engine flush
+    # requests, merged) per this interval; the first after a pause, and one that ends a
+    # request, go at once. As Ray Serve LLM's stream_batching_interval_ms (same default);
+    # 0 = one message per engine flush
     stream_batching_interval_ms: float = 50.0
     # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
     proxy_location: RayProxyLocation = RayProxyLocation.EveryNode

@@ -38,6 +38,8 @@ pytest.importorskip(
 )
 from ray.cluster_utils import Cluster
 
+from inferflow.server.process_utils import descendants
+
 pytestmark = [pytest.mark.server, pytest.mark.slow, pytest.mark.timeout(600)]
 
 PROMPTS = ["The quick brown fox", "Once upon a time", "In a distant galaxy"]
@@ -401,13 +403,11 @@ def test_sigterm_after_a_killed_replica_ends_the_app_and_leaves_the_cluster_runn
     board, and the Serve controller and proxy it started on the cluster), while the cluster's
     own processes still run."""
     replica_pids = [int(r["pid"]) for r in _replicas(ray_server).values()]
-    assert len(_app_processes()) >= 5, _app_processes()  # ingress, 2 engines, board, controller
+    before = _app_processes(cluster)
+    assert len(before) >= 5, before  # the ingress, 2 engine replicas, the board, the controller
     _sigterm_leaves_nothing(ray_server)
     assert not gone(replica_pids, timeout=30)
-    deadline = time.monotonic() + 30
-    while _app_processes() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _app_processes()
+    assert not _app_left(cluster)
     assert all(node.remaining_processes_alive() for node in cluster.list_all_nodes())
 
 
@@ -569,7 +569,7 @@ def test_several_llms_an_on_demand_one_and_an_adapter_answer_as_the_single_node_
         assert (text, version) == (want["alpha@2"][0], "2")
     finally:
         _sigterm_leaves_nothing(srv)
-    assert not _app_processes()
+    assert not _app_left(cluster)
 
 
 def test_the_app_builder_for_serve_tooling_and_kuberay_builds_the_same_graph() -> None:
@@ -596,26 +596,39 @@ def test_a_local_ray_instance_serves_llm_and_embeddings_and_leaves_no_process(
         assert len(srv.tree()) > 3  # Ray's own processes are the server's children
     finally:
         _sigterm_leaves_nothing(srv)
-    assert not _app_processes()
 
 
 APP_ACTORS = ("ray::ServeReplica:", "ray::ServeController", "ray::ProxyActor", "ray::ReplicaBoard")
 
 
-def _app_processes() -> list[str]:
+def _app_processes(cluster: Cluster) -> list[str]:
     """Command lines (Ray's process titles) of the live actor processes a Ray host server runs
-    on a cluster: Serve's replicas, controller and proxies, and the replica board."""
+    on ``cluster`` (the raylets' descendants): Serve's replicas, controller and proxies, and the
+    replica board."""
+    raylets = [
+        p.pid
+        for node in cluster.list_all_nodes()
+        for kind, p in node.live_processes()
+        if kind == "raylet"
+    ]
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in {d for raylet in raylets for d in descendants(raylet)}:
         try:
-            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
         except OSError:
             continue
-        if cmd.startswith(APP_ACTORS) and alive(int(entry.name)):
-            found.append(cmd.strip())
+        text = cmd.decode(errors="replace").strip()
+        if text.startswith(APP_ACTORS) and alive(pid):
+            found.append(text)
     return found
+
+
+def _app_left(cluster: Cluster, timeout: float = 30.0) -> list[str]:
+    """The app's processes on ``cluster`` still alive ``timeout`` s from now (or once none is)."""
+    deadline = time.monotonic() + timeout
+    while (left := _app_processes(cluster)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
 
 
 def _sigterm_leaves_nothing(srv: ServerProcess) -> None:

@@ -13,8 +13,8 @@ update has been sent, so Serve counts the request as ongoing for as long as it r
 ``max_ongoing_requests``, autoscaling) and fails the call when the replica dies. Its updates do
 not travel in the call: the ``Outbox`` merges the updates of every request of an engine step by
 ingress replica, and each ingress gets them in one message, at most one per
-``stream_batching_interval_ms`` (the first after a pause goes at once). A caller that goes away
-cancels the call, which cancels the request in the engine.
+``stream_batching_interval_ms`` (the first after a pause, and one that ends a request, go at
+once). A caller that goes away cancels the call, which cancels the request in the engine.
 """
 
 from __future__ import annotations
@@ -83,16 +83,17 @@ class ReplyTransport:
     def send(self, item: Any, consumer_id: int) -> None:
         if not isinstance(item, UpdateBatch):
             return
-        # at most one message per interval to each ingress: what arrives meanwhile joins the
-        # next one (the Outbox merges it)
+        finals = [u.request_id for u in item.updates if u.final]
+        # at most one message per interval to each ingress (what arrives meanwhile joins the
+        # next one: the Outbox merges it), unless it ends a request: a slot's next request
+        # waits for that answer
         wait = self._sent_at.get(consumer_id, float("-inf")) + self.interval_s - time.monotonic()
-        if wait > 0:
+        if wait > 0 and not finals:
             time.sleep(wait)
         try:
             self.sender.send(self.addresses[consumer_id], item)
         finally:  # sent or not (the ingress is gone), these calls are over
             self._sent_at[consumer_id] = time.monotonic()
-            finals = [u.request_id for u in item.updates if u.final]
             if finals:
                 self.on_final(finals)
 
