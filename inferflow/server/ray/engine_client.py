@@ -150,7 +150,7 @@ class EngineHub:
             if running is not None:
                 running.cancel()
         elif isinstance(message, LoadLora | UnloadLora):
-            asyncio.get_running_loop().create_task(self._control(key, message))
+            asyncio.get_running_loop().create_task(self._answer_control(key, message))
 
     def _dispatch(self, *updates: RequestUpdate) -> None:
         self.frontend.registry.dispatch(UpdateBatch(tuple(updates)))
@@ -265,6 +265,19 @@ class EngineHub:
             shared.set_load_state(LoadState.FAILED)
 
     # --- LoRA adapters on every replica ----------------------------------------------------------
+    async def _answer_control(self, key: str, message: LoadLora | UnloadLora) -> None:
+        try:
+            await self._control(key, message)
+        except Exception as exc:  # e.g. the board is unreachable: answer, do not leave it hanging
+            logger.warning("LoRA %s of %r: %s", type(message).__name__, message.name, exc)
+            error = ErrorInfo(
+                503,
+                f"the adapter change failed: {type(exc).__name__}: {exc}",
+                code="not_ready",
+                retry_after_s=1,
+            )
+            self._dispatch(RequestUpdate(message.request_id, error=error))
+
     async def _control(self, key: str, message: LoadLora | UnloadLora) -> None:
         replicas = self.routable(key)
         if not replicas:
