@@ -165,6 +165,8 @@ def test_same_greedy_tokens_as_the_single_node_server(
         kwargs = {"model": MODEL, "prompt": prompt, "max_tokens": 16, "temperature": 0.0}
         want = ref.completions.create(**kwargs).choices[0].text
         assert ours.completions.create(**kwargs).choices[0].text == want
+        # n > 1: the choices are calls of one HTTP request in flight at once
+        assert [c.text for c in ours.completions.create(**kwargs, n=2).choices] == [want] * 2
         streamed = "".join(
             c.choices[0].text for c in ours.completions.create(**kwargs, stream=True)
         )

@@ -77,6 +77,21 @@ class _Call:
     final: asyncio.Event = field(default_factory=asyncio.Event)
 
 
+def own_request_context() -> None:
+    """Give the handle calls made from the current task request ids of their own.
+
+    Serve stamps every handle call with the request context of the HTTP request it is made in,
+    and its router hands a chosen replica to the pending call with that internal request id:
+    calls of one HTTP request in flight at once (``n`` > 1 choices, a LoRA load sent to each
+    replica) would take each other's replicas, and one of them would never be routed. Each of
+    our tasks clears the context (a copy: the HTTP handler's is untouched)."""
+    try:
+        from ray.serve.context import _serve_request_context
+    except ImportError:  # (another Ray: its calls keep the request's context)
+        return
+    _serve_request_context.set(None)
+
+
 async def settle(response: Any, timeout: float | None) -> Any:
     """Await a ``DeploymentResponse`` for at most ``timeout`` s; cancel the call if this is
     cancelled or times out."""
@@ -184,6 +199,7 @@ class EngineHub:
 
     # --- a request ------------------------------------------------------------------------------
     async def _run(self, key: str, request: SubmitRequest) -> None:
+        own_request_context()
         rid = request.request_id
         give_up = time.monotonic() + REPLACEMENT_WAIT_S
         if request.deadline is not None:
@@ -225,6 +241,7 @@ class EngineHub:
     async def probe(self, key: str, replica_id: str) -> bool:
         """Whether replica ``replica_id`` of model ``key`` answers a call through the request
         path (this ingress's handle and router)."""
+        own_request_context()
         response = self.handles[key].probe.remote(ReplicaProbe(replica_id))
         try:
             return bool(await settle(response, PROBE_TIMEOUT_S) == replica_id)
@@ -246,9 +263,16 @@ class EngineHub:
             ):
                 task = self.loop.create_task(self._warm(deployment))
                 self.warming[key] = task
-                task.add_done_callback(lambda _, k=key: self.warming.pop(k, None))
+                task.add_done_callback(self._warmed(key))
+
+    def _warmed(self, key: str) -> Callable[[asyncio.Task[None]], None]:
+        def done(_: asyncio.Task[None]) -> None:
+            self.warming.pop(key, None)
+
+        return done
 
     async def _warm(self, deployment: Any) -> None:
+        own_request_context()
         shared = deployment.shared
         shared.set_load_state(LoadState.LOADING)
         timeout = self.frontend.settings.model_load_timeout_s
@@ -266,6 +290,7 @@ class EngineHub:
 
     # --- LoRA adapters on every replica ----------------------------------------------------------
     async def _answer_control(self, key: str, message: LoadLora | UnloadLora) -> None:
+        own_request_context()  # (the per-replica calls, gathered, inherit it)
         try:
             await self._control(key, message)
         except Exception as exc:  # e.g. the board is unreachable: answer, do not leave it hanging

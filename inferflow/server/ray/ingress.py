@@ -131,7 +131,7 @@ def build_app(
     async def ready() -> JSONResponse:
         response: JSONResponse = await ready_route()
         if response.status_code == 200 and not view.all_ingresses_ready():
-            body = json.loads(response.body)
+            body = json.loads(bytes(response.body))
             body["status"] = "not_ready"  # another ingress replica cannot route yet
             return JSONResponse(body, status_code=503)
         return response
