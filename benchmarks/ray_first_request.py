@@ -120,7 +120,7 @@ def main() -> int:
         help="overrides of the Ray host (after --)",
     )
     args = p.parse_args()
-    logs = args.results_dir / "ray_first_request_logs"
+    logs = args.results_dir / "logs" / "ray_first_request"
     logs.mkdir(parents=True, exist_ok=True)
     records = []
     for i in range(args.starts):
