@@ -180,12 +180,16 @@ class RayServerConfig(ServerConfig):
     # has this many more requests in flight than the least loaded one
     prefix_imbalance_threshold: int = 8
     app_name: str = "inferflow"
-    # an engine replica sends a stream's updates at most this often (merged in between; the
-    # first token goes at once): fewer, larger Ray messages, as Ray Serve LLM's
-    # stream_batching_interval_ms (same default); 0 = one message per engine update
+    # an engine replica sends each ingress replica at most one message (the updates of all its
+    # requests, merged) per this interval; the first after a pause, and one that ends a
+    # request, go at once. As Ray Serve LLM's stream_batching_interval_ms (same default);
+    # 0 = one message per engine flush
     stream_batching_interval_ms: float = 50.0
     # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
     proxy_location: RayProxyLocation = RayProxyLocation.EveryNode
+    # an on-demand model of the repository (models: ... load: on_demand) runs no replica until
+    # a request waits for it, and scales back to none after this long without requests
+    model_idle_timeout_s: float = 300.0
     autoscaling: RayAutoscalingConfig = field(default_factory=RayAutoscalingConfig)
 
     def describe_host(self) -> str:

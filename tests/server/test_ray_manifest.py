@@ -36,9 +36,12 @@ def test_the_pod_templates_are_valid_pod_templates() -> None:
     groups = [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
     for group in groups:
         assert isinstance(group["rayStartParams"], dict)
-        template = {"apiVersion": "v1", "kind": "PodTemplate",
-                    "metadata": {"name": group.get("groupName", "head")},
-                    "template": group["template"]}
+        template = {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": group.get("groupName", "head")},
+            "template": group["template"],
+        }
         kv.validate(template, kv.latest_version(), strict=True)
     for worker in cluster["workerGroupSpecs"]:
         assert worker["minReplicas"] <= worker["replicas"] <= worker["maxReplicas"]
@@ -48,6 +51,7 @@ def test_the_serve_config_builds_inferflow_apps_from_valid_overrides() -> None:
     from inferflow.cli import compose_config
     from inferflow.config import typed_config
     from inferflow.config.server import RayServerConfig
+    from inferflow.graph.repository import repository_entries
 
     serve_config = yaml.safe_load(_rayservice()["spec"]["serveConfigV2"])
     assert serve_config["http_options"]["port"] == 8000
@@ -57,3 +61,8 @@ def test_the_serve_config_builds_inferflow_apps_from_valid_overrides() -> None:
         cfg = compose_config(["server=ray", *app["args"]["overrides"]])  # unknown keys raise
         server = typed_config(RayServerConfig, cfg.server, "server")
         assert server.num_replicas >= 1 and str(server.runtime) == "ray"
+        # several LLMs, one of them on demand: one engine deployment each
+        entries = repository_entries(cfg)
+        assert len(entries) == 3
+        assert [e.key for e in entries if e.load.value == "on_demand"] == ["code"]
+        assert sorted(e.model.model_id for e in entries) == ["chat@1", "chat@2", "code@1"]

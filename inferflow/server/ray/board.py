@@ -5,6 +5,14 @@ readiness count cannot ask "every replica". Instead each replica reports (stats,
 its Prometheus text) to the ``ReplicaBoard`` actor and the ingress reads the board. A replica
 reports when its state changed (checked every ``REPORT_S``) and at least every
 ``IDLE_REPORT_S``; one not heard from for ``STALE_S`` (dead, replaced, scaled down) drops off.
+
+The board also holds what every replica must agree on, whichever ingress replica changed it:
+
+- the ingress replicas' own readiness (``/ready`` is 200 only when each of them can route);
+- the LoRA adapters loaded or unloaded at run time, per model (``models:`` key): a replica that
+  starts later (a replacement, a scale-up) applies them before it serves;
+- the canary weights set through ``/admin/models/NAME/traffic`` (numbered: each ingress applies
+  a change once).
 """
 
 from __future__ import annotations
@@ -28,6 +36,10 @@ class ReplicaBoard:
 
     def __init__(self) -> None:
         self._reports: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._ingresses: dict[str, tuple[float, bool]] = {}
+        # model key -> adapter name -> its folder (None: unloaded at run time)
+        self._adapters: dict[str, dict[str, str | None]] = {}
+        self._weights: tuple[int, dict[str, dict[str, float]]] = (0, {})  # (change no., name ->)
 
     def report(self, replica_id: str, report: dict[str, Any]) -> None:
         self._reports[replica_id] = (time.time(), report)
@@ -41,6 +53,36 @@ class ReplicaBoard:
             del self._reports[rid]
         return {rid: report for rid, (_, report) in sorted(self._reports.items())}
 
+    def read_all(self) -> dict[str, Any]:
+        """The replicas' reports, the ingress replicas' readiness and the shared settings."""
+        now = time.time()
+        for iid in [i for i, (t, _) in self._ingresses.items() if now - t > STALE_S]:
+            del self._ingresses[iid]
+        return {
+            "replicas": self.read(),
+            "ingresses": {i: ready for i, (_, ready) in self._ingresses.items()},
+            "adapters": self._adapters,
+            "weights": self._weights,
+        }
+
+    def report_ingress(self, ingress_id: str, ready: bool) -> None:
+        self._ingresses[ingress_id] = (time.time(), ready)
+
+    def forget_ingress(self, ingress_id: str) -> None:
+        self._ingresses.pop(ingress_id, None)
+
+    def set_adapter(self, model: str, name: str, path: str | None) -> None:
+        """Adapter ``name`` of ``model`` loaded from ``path`` at run time (None: unloaded)."""
+        self._adapters.setdefault(model, {})[name] = path
+
+    def adapters(self, model: str) -> dict[str, str | None]:
+        return dict(self._adapters.get(model, {}))
+
+    def set_weights(self, name: str, weights: dict[str, float]) -> int:
+        number, table = self._weights
+        self._weights = (number + 1, {**table, name: dict(weights)})
+        return number + 1
+
 
 def board_actor(name: str) -> Any:
     """The named board, created on first use. Detached (a replica or ingress that creates it may
@@ -48,13 +90,18 @@ def board_actor(name: str) -> Any:
     KubeRay it stays with the cluster (one small actor, ``<app_name>-board``)."""
     import ray
 
-    return ray.remote(num_cpus=0)(ReplicaBoard).options(
-        name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached",
-        max_restarts=-1).remote()
+    return (
+        ray.remote(num_cpus=0)(ReplicaBoard)
+        .options(
+            name=name, namespace=NAMESPACE, get_if_exists=True, lifetime="detached", max_restarts=-1
+        )
+        .remote()
+    )
 
 
-def report_forever(name: str, replica_id: str, report: Callable[[], dict[str, Any]],
-                   stop: threading.Event) -> None:
+def report_forever(
+    name: str, replica_id: str, report: Callable[[], dict[str, Any]], stop: threading.Event
+) -> None:
     """A replica's reporter thread: publish ``report()`` every ``REPORT_S`` until ``stop``."""
     import ray
 
@@ -81,7 +128,12 @@ def report_forever(name: str, replica_id: str, report: Callable[[], dict[str, An
 def _changes(report: dict[str, Any]) -> Any:
     """What makes a report worth sending: the state, not the time stamps that tick when idle."""
     stats = {k: v for k, v in report.get("stats", {}).items() if k != "updated_at"}
-    return (report.get("ready"), tuple(sorted(stats.items())), report.get("metrics"))
+    return (
+        report.get("ready"),
+        tuple(sorted(stats.items())),
+        report.get("metrics"),
+        repr({k: v for k, v in (report.get("lora") or {}).items() if k != "updated_at"}),
+    )
 
 
 def merge_metrics(texts: dict[str, str]) -> str:

@@ -3,14 +3,25 @@
 ::
 
     Ray Serve HTTP proxy (server.host:server.port)
-    └── ingress deployment (server.num_api_servers replicas): the OpenAI routes, request stages
-        └── DeploymentHandle, streaming, PrefixAffinityRouter
-            └── engine deployment (server.num_replicas, or autoscaled on queue depth):
-                one LLMEngine + scheduler + EngineLoop per replica
+    └── ingress deployment (server.num_api_servers replicas): the OpenAI routes, request stages,
+        routing by model / name@version / LoRA adapter
+        └── DeploymentHandle calls (PrefixAffinityRouter); updates back in one message per
+            engine flush per ingress replica (transport.py)
+            └── one engine deployment per LLM of the repository (models:; else the one model):
+                eager: server.num_replicas, or autoscaled on queue depth;
+                on demand: 0 replicas until a request waits, back to 0 after
+                server.model_idle_timeout_s without requests.
+                One LLMEngine + scheduler + EngineLoop per replica
     replica board (a Ray actor): each engine replica's stats and metrics for the ingress
 
 Without ``server.address`` a local Ray instance is started on 127.0.0.1 and shut down on exit;
 with one the app joins that cluster and only the app (and its board) is removed on exit.
+
+Shutdown (SIGTERM, SIGINT): the app is deleted -- Serve drains its replicas for
+``server.shutdown_grace_s`` -- then Serve is shut down if this process started it, then Ray if
+this process started it; each step is bounded (a replica that died or hangs cannot hold it up),
+and of a local Ray instance every process still alive a few seconds after ``ray.shutdown`` is
+killed: nothing the server started outlives it.
 """
 
 from __future__ import annotations
@@ -29,6 +40,8 @@ from inferflow.config.server import RayRouting, RayServerConfig
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 900.0
+SERVE_STOP_S = 30.0  # serve.delete beyond the drain, serve.shutdown: bounded
+RAY_EXIT_S = 10.0  # a local Ray instance's processes get this long to exit after ray.shutdown
 _NOT_APPLICABLE = ("timeout_header_s", "timeout_body_s", "timeout_keep_alive_s")
 
 
@@ -40,12 +53,20 @@ def require_ray() -> None:
         raise SystemExit('server=ray needs Ray Serve: pip install "inferflow[ray]"') from None
 
 
-def engine_options(cfg: RayServerConfig, max_num_seqs: int, block_size: int) -> dict[str, Any]:
-    """``serve.deployment`` options of the engine deployment, from the typed ``server`` config."""
+def engine_options(
+    cfg: RayServerConfig,
+    max_num_seqs: int,
+    block_size: int,
+    name: str = "engine",
+    on_demand: bool = False,
+) -> dict[str, Any]:
+    """``serve.deployment`` options of an engine deployment, from the typed ``server`` config.
+    ``on_demand``: 0 replicas until a request waits (Serve's own policy scales it from zero),
+    back to 0 after ``model_idle_timeout_s`` without requests."""
     from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
     options: dict[str, Any] = {
-        "name": "engine",
+        "name": name,
         "max_ongoing_requests": cfg.max_ongoing_requests or max_num_seqs,
         "ray_actor_options": {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus},
         "health_check_period_s": 2.0,
@@ -54,55 +75,123 @@ def engine_options(cfg: RayServerConfig, max_num_seqs: int, block_size: int) -> 
         "graceful_shutdown_wait_loop_s": 0.5,
     }
     a = cfg.autoscaling
-    if a.enabled:
+    if on_demand:
+        top = a.max_replicas if a.enabled else cfg.num_replicas
+        options["autoscaling_config"] = AutoscalingConfig(
+            min_replicas=0,
+            max_replicas=max(1, top),
+            initial_replicas=0,
+            target_ongoing_requests=a.target_per_replica or max_num_seqs,
+            upscale_delay_s=a.upscale_delay_s,
+            downscale_delay_s=a.downscale_delay_s,
+            downscale_to_zero_delay_s=cfg.model_idle_timeout_s,
+            metrics_interval_s=a.metrics_interval_s,
+            look_back_period_s=a.look_back_period_s,
+        )
+    elif a.enabled:
         target = a.target_per_replica or max_num_seqs
         options["autoscaling_config"] = AutoscalingConfig(
-            min_replicas=a.min_replicas, max_replicas=a.max_replicas,
-            initial_replicas=a.min_replicas, target_ongoing_requests=target,
-            upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s,
-            metrics_interval_s=a.metrics_interval_s, look_back_period_s=a.look_back_period_s,
+            min_replicas=a.min_replicas,
+            max_replicas=a.max_replicas,
+            initial_replicas=a.min_replicas,
+            target_ongoing_requests=target,
+            upscale_delay_s=a.upscale_delay_s,
+            downscale_delay_s=a.downscale_delay_s,
+            metrics_interval_s=a.metrics_interval_s,
+            look_back_period_s=a.look_back_period_s,
             # the policy reads target_ongoing_requests as its queue depth per replica
             policy=AutoscalingPolicy(
-                policy_function="inferflow.server.ray.autoscaling:queue_depth_policy"))
+                policy_function="inferflow.server.ray.autoscaling:queue_depth_policy"
+            ),
+        )
     else:
         options["num_replicas"] = cfg.num_replicas
-    if cfg.routing is RayRouting.prefix_aware:
-        router: dict[str, Any] = {  # (pydantic fields: mypy reads their types wrongly)
-            "request_router_class": "inferflow.server.ray.routing:PrefixAffinityRouter",
-            "request_router_kwargs": {"imbalance_threshold": cfg.prefix_imbalance_threshold,
-                                      "block_size": block_size},
-            "request_routing_stats_period_s": 1.0,
-        }
-        options["request_router_config"] = RequestRouterConfig(**router)
+    # our router either way: it routes readiness probes and LoRA loads to one named replica;
+    # power_of_two is it without the prefix affinity
+    router: dict[str, Any] = {  # (pydantic fields: mypy reads their types wrongly)
+        "request_router_class": "inferflow.server.ray.routing:PrefixAffinityRouter",
+        "request_router_kwargs": {
+            "imbalance_threshold": cfg.prefix_imbalance_threshold,
+            "block_size": block_size,
+            "prefix_affinity": cfg.routing is RayRouting.prefix_aware,
+        },
+        "request_routing_stats_period_s": 1.0,
+    }
+    options["request_router_config"] = RequestRouterConfig(**router)
     return options
 
 
 def build_app(graph: Any) -> tuple[Any, RayServerConfig]:
-    """The Serve application (ingress bound to the engine deployment) for ``graph``."""
+    """The Serve application for ``graph``: the ingress bound to one engine deployment per LLM
+    of the model repository (``models:``; without it, the one model)."""
     from ray import serve
 
+    from inferflow.config import LoadMode
+    from inferflow.graph import build_entry_graph
+    from inferflow.graph.repository import llm_entries
     from inferflow.server.process.runtime import telemetry_settings
     from inferflow.server.ray.engine_replica import EngineReplica
     from inferflow.server.ray.ingress import IngressDeployment
+    from inferflow.server.ray.transport import new_key
 
     cfg: RayServerConfig = graph.server
     config = graph.to_container()
-    telemetry = telemetry_settings(graph, config)
     board = f"{cfg.app_name}-board"
-    engine = serve.deployment(
-        **engine_options(cfg, graph.batching.max_num_seqs, _block_size(graph)))(EngineReplica)
+    key = new_key()  # signs the engine -> ingress update messages
+    eager = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
+    entries = [(e, build_entry_graph(e) if e.key else graph) for e in llm_entries(graph.config)]
+    if not entries:
+        raise SystemExit(
+            "inferflow: models: has no LLM entry (an embedding-only server runs "
+            "with server=default)"
+        )
+    names = [g.model_name for _, g in entries]
+    engines: dict[str, Any] = {}
+    required: dict[str, int] = {}
+    for entry, entry_graph in entries:
+        entry_graph.check_engine_settings()
+        entry_config = entry_graph.to_container()
+        on_demand = entry.load is LoadMode.on_demand
+        # versions of one name: each its own series (model_name="NAME@VERSION")
+        name_count = names.count(entry_graph.model_name)
+        label = f"{entry_graph.model_name}@{entry_graph.model.version}" if name_count > 1 else None
+        telemetry = telemetry_settings(entry_graph, entry_config, label)
+        name = f"engine-{entry.key}" if entry.key else "engine"
+        engine = serve.deployment(
+            **engine_options(
+                cfg, entry_graph.batching.max_num_seqs, _block_size(entry_graph), name, on_demand
+            )
+        )(EngineReplica)
+        # a replica whose engine thread has not gone round for worker_watchdog_s fails its
+        # health check and is replaced (the LitServe host's watchdog)
+        engines[entry.key] = engine.bind(
+            entry_config,
+            telemetry,
+            str(cfg.log_level),
+            board,
+            cfg.worker_watchdog_s,
+            cfg.stream_batching_interval_ms,
+            entry.key,
+            key,
+        )
+        required[entry.key] = 0 if on_demand else eager
     ingress = serve.deployment(
-        name="ingress", num_replicas=cfg.num_api_servers, ray_actor_options={"num_cpus": 0},
+        name="ingress",
+        num_replicas=cfg.num_api_servers,
+        ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=max(cfg.max_connections or 4096, 1),  # requests per ingress
-        graceful_shutdown_timeout_s=cfg.shutdown_grace_s, graceful_shutdown_wait_loop_s=0.5,
+        graceful_shutdown_timeout_s=cfg.shutdown_grace_s,
+        graceful_shutdown_wait_loop_s=0.5,
     )(serve.ingress()(IngressDeployment))
-    required = cfg.autoscaling.min_replicas if cfg.autoscaling.enabled else cfg.num_replicas
-    # a replica whose engine thread has not gone round for worker_watchdog_s fails its health
-    # check and is replaced (the LitServe host's watchdog; worker_stall_timeout_s is /ready's)
-    watchdog = cfg.worker_watchdog_s
-    app = ingress.bind(engine.bind(config, telemetry, str(cfg.log_level), board, watchdog,
-                                   cfg.stream_batching_interval_ms),
-                       config, telemetry, board, required)
+    app = ingress.bind(
+        engines,
+        config,
+        telemetry_settings(graph, config),
+        board,
+        required,
+        key,
+        cfg.num_api_servers,
+    )
     return app, cfg
 
 
@@ -110,28 +199,33 @@ def serve_on_ray(graph: Any) -> None:
     """Deploy ``graph`` and block until a signal; then delete the app (draining its replicas)
     and, if this process started Ray, shut it down."""
     if graph.model.is_embedding:
-        raise SystemExit("inferflow: server=ray serves an LLM (with +extra_models embedding "
-                         "models beside it); an embedding-only server runs with server=default")
-    if graph.config.get("models"):
-        raise SystemExit("inferflow: server=ray serves one LLM for now; the model repository "
-                         "(models: ...) runs with server=default (docs/models.md)")
+        raise SystemExit(
+            "inferflow: server=ray serves an LLM (with +extra_models embedding "
+            "models beside it); an embedding-only server runs with server=default"
+        )
     require_ray()
     import ray
     from ray import serve
 
-    from inferflow.server.process.runtime import start_line
     from inferflow.server.ray.board import NAMESPACE
 
     cfg: RayServerConfig = graph.server
     for key in _NOT_APPLICABLE:
         if getattr(cfg, key) != getattr(RayServerConfig(), key):
-            logger.warning("server.%s does not apply under server=ray (Ray Serve's proxy holds "
-                           "the connections)", key)
+            logger.warning(
+                "server.%s does not apply under server=ray (Ray Serve's proxy holds "
+                "the connections)",
+                key,
+            )
     local = cfg.address is None
     if local:
-        ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
-                 namespace=NAMESPACE,
-                 num_cpus=max(os.cpu_count() or 1, _cpus_needed(cfg)))
+        ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            include_dashboard=False,
+            namespace=NAMESPACE,
+            num_cpus=max(os.cpu_count() or 1, _cpus_needed(cfg, _llm_count(graph))),
+        )
     else:
         ray.init(address=cfg.address, namespace=NAMESPACE)
     stop = threading.Event()
@@ -141,22 +235,66 @@ def serve_on_ray(graph: Any) -> None:
     try:
         app, cfg = build_app(graph)
         if started_serve:
-            serve.start(http_options={"host": cfg.host, "port": cfg.port},
-                        proxy_location=str(cfg.proxy_location))
+            serve.start(
+                http_options={"host": cfg.host, "port": cfg.port},
+                proxy_location=str(cfg.proxy_location),
+            )
         else:  # Serve's proxies are already up: their address is not ours to choose
-            logger.warning("Ray Serve already runs on this cluster: the app joins its HTTP "
-                           "proxies; server.host, server.port and server.proxy_location are "
-                           "not applied")
-        serve.run(app, name=cfg.app_name, route_prefix="/", blocking=False)
+            logger.warning(
+                "Ray Serve already runs on this cluster: the app joins its HTTP "
+                "proxies; server.host, server.port and server.proxy_location are "
+                "not applied"
+            )
+        _deploy(app, cfg.app_name)
         # our own proxy on this host: also wait for the ingress's /ready there
         _wait_ready(cfg, started_serve and (local or cfg.address in ("auto", "local")), stop)
         if not stop.is_set():
-            print(start_line(graph, graph.server.with_env_api_keys()) + f" | ray {ray.__version__} "
-                  f"({'local' if local else cfg.address})", flush=True)
+            print(
+                f"{_start_line(graph)} | ray {ray.__version__} "
+                f"({'local' if local else cfg.address})",
+                flush=True,
+            )
         stop.wait()
         logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
     finally:
         _teardown(cfg, local, started_serve)
+
+
+def _deploy(app: Any, name: str) -> None:
+    """Submit the app without waiting for it to run (``_wait_ready`` waits, and a signal can end
+    that wait; ``serve.run`` would hold the main thread until every replica is up)."""
+    try:
+        from ray.serve.api import _run
+    except ImportError:  # (a Ray without it: wait in serve.run)
+        from ray import serve
+
+        serve.run(app, name=name, route_prefix="/", blocking=False)
+        return
+    _run(app, name=name, route_prefix="/", _blocking=False)
+
+
+def _start_line(graph: Any) -> str:
+    """The ready line: the one model's, or the repository's list of LLMs."""
+    from inferflow.graph.repository import llm_entries
+    from inferflow.server.process.runtime import start_line
+
+    settings = graph.server.with_env_api_keys()
+    entries = llm_entries(graph.config)
+    if not entries[0].key:
+        return start_line(graph, settings)
+    listed = ", ".join(
+        f"{e.key}{' (on demand)' if e.load.value == 'on_demand' else ''}" for e in entries
+    )
+    return (
+        f"inferflow: ready: {len(entries)} LLM(s) at http://{settings.host}:{settings.port}"
+        f"/v1: {listed}"
+    )
+
+
+def _llm_count(graph: Any) -> int:
+    from inferflow.graph.repository import llm_entries
+
+    return len(llm_entries(graph.config))
 
 
 def _block_size(graph: Any) -> int:
@@ -164,9 +302,10 @@ def _block_size(graph: Any) -> int:
     return int(getattr(graph.cache, "block_size", 16) or 16)
 
 
-def _cpus_needed(cfg: RayServerConfig) -> int:
+def _cpus_needed(cfg: RayServerConfig, models: int = 1) -> int:
+    """CPUs a local Ray instance needs for every model's replicas at their most."""
     replicas = cfg.autoscaling.max_replicas if cfg.autoscaling.enabled else cfg.num_replicas
-    return int(replicas * cfg.num_cpus + 0.999)
+    return int(models * replicas * cfg.num_cpus + 0.999)
 
 
 def _local(host: str) -> str:
@@ -210,21 +349,86 @@ def _serve_running() -> bool:
     return True
 
 
+def _bounded(what: str, fn: Any, timeout: float) -> None:
+    """Run ``fn()`` in a thread for at most ``timeout`` s (a dead or hung replica must not hold
+    the shutdown); a failure or a timeout is logged and the shutdown goes on."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"inferflow-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        logger.warning("inferflow: %s did not finish within %.0f s; going on", what, timeout)
+    elif failure:
+        logger.warning("inferflow: %s: %s", what, failure[0])
+
+
 def _teardown(cfg: RayServerConfig, local: bool, started_serve: bool) -> None:
-    """Delete the app; shut Serve down if this server started it, Ray if it started Ray."""
+    """Delete the app (its replicas drain for ``shutdown_grace_s``) and its board; shut Serve
+    down if this server started it, Ray if it started Ray -- each step bounded. Of a local Ray
+    instance, whatever process is still alive ``RAY_EXIT_S`` after ``ray.shutdown`` is killed."""
     import ray
     from ray import serve
 
+    from inferflow.server.process_utils import descendants
     from inferflow.server.ray.board import NAMESPACE
 
-    try:
-        serve.delete(cfg.app_name)  # replicas drain (graceful_shutdown_timeout_s) and stop
-    except Exception as exc:
-        logger.warning("serve.delete: %s", exc)
-    with contextlib.suppress(Exception):  # the board is gone already
-        ray.kill(ray.get_actor(f"{cfg.app_name}-board", namespace=NAMESPACE))
-    if started_serve:
-        serve.shutdown()
-    if local:
-        ray.shutdown()
+    _bounded(
+        "serve.delete", lambda: serve.delete(cfg.app_name), cfg.shutdown_grace_s + SERVE_STOP_S
+    )
 
+    def kill_board() -> None:
+        ray.kill(ray.get_actor(f"{cfg.app_name}-board", namespace=NAMESPACE))
+
+    _bounded("removing the replica board", kill_board, 10)
+    if started_serve:
+        _bounded("serve.shutdown", serve.shutdown, SERVE_STOP_S)
+    if local:
+        ours = descendants(os.getpid())  # Ray's processes, before ray.shutdown re-parents them
+        _bounded("ray.shutdown", ray.shutdown, SERVE_STOP_S)
+        _reap(ours, RAY_EXIT_S)
+
+
+def _reap(pids: list[int], timeout: float) -> None:
+    """Wait up to ``timeout`` s for ``pids`` to exit, then SIGKILL the ones left (and reap the
+    ones that were our children)."""
+    deadline = time.monotonic() + timeout
+    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for pid in left:
+        logger.warning(
+            "inferflow: killing Ray process %d (%s), still alive after ray.shutdown",
+            pid,
+            _cmdline(pid),
+        )
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def _alive(pid: int) -> bool:
+    """Running (not gone, not a zombie); a zombie child of ours is reaped."""
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, os.WNOHANG)
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+    except OSError:
+        return "?"

@@ -5,7 +5,12 @@ chained block hashes. The router keys prompts the same way, on their token ids (
 keys, after the chat template): the hash of each full ``BLOCK``-token prefix. A request goes to
 the replica that last ran the longest of its prefixes, unless that replica has
 ``imbalance_threshold`` more requests in flight than the least loaded candidate; without a known
-prefix (or when imbalanced) it is the power of two choices, as Ray Serve's default router.
+prefix (or when imbalanced) it is the power of two choices, as Ray Serve's default router
+(``routing=power_of_two`` is this router without the prefix affinity).
+
+A call whose first argument is a ``ReplicaProbe`` goes to the replica it names and nowhere else:
+the ingress probes each engine replica through the request path (readiness) and sends LoRA
+loads to every replica of a model this way.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import random
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.request_router import LocalityMixin, MultiplexMixin, RequestRouter
@@ -23,12 +29,26 @@ BLOCK = 16  # tokens per hashed prefix block (default; the host passes the cache
 MAX_PREFIXES = 65536  # remembered prefix hashes (least recently routed forgotten first)
 
 
+@dataclass(frozen=True)
+class ReplicaProbe:
+    """Route this call to the engine replica ``replica_id`` (Serve's ``unique_id``); None: any
+    replica (a warm-up call that makes a scaled-to-zero deployment start one)."""
+
+    replica_id: str | None = None
+
+
+def replica_key(replica: Any) -> str:
+    """The ``unique_id`` of a router's ``RunningReplica`` (what replicas report themselves as)."""
+    rid = replica.replica_id
+    return str(getattr(rid, "unique_id", rid))
+
+
 def prefix_hashes(token_ids: list[int], block: int = BLOCK) -> list[bytes]:
     """Chained hashes of each full ``block``-token prefix, shortest first."""
     out: list[bytes] = []
     parent = b""
     for end in range(block, len(token_ids) + 1, block):
-        chunk = ",".join(map(str, token_ids[end - block:end])).encode()
+        chunk = ",".join(map(str, token_ids[end - block : end])).encode()
         parent = hashlib.blake2b(parent + chunk, digest_size=16).digest()
         out.append(parent)
     return out
@@ -39,20 +59,32 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
     # pending request instead (Ray's own PrefixCacheAffinityRouter leaves it out too)
     """Power of two choices, preferring the replica that holds the request's longest prefix."""
 
-    def initialize_state(self, imbalance_threshold: int = 8, block_size: int = BLOCK,
-                         **kwargs: Any) -> None:
+    def initialize_state(
+        self,
+        imbalance_threshold: int = 8,
+        block_size: int = BLOCK,
+        prefix_affinity: bool = True,
+        **kwargs: Any,
+    ) -> None:
         self.imbalance_threshold, self.block_size = imbalance_threshold, block_size
+        self.prefix_affinity = prefix_affinity
         self._holder: OrderedDict[bytes, Any] = OrderedDict()  # prefix hash -> ReplicaID
 
     def _hashes(self, pending_request: Any) -> list[bytes]:
         args = getattr(pending_request, "args", None) or ()
         request = args[0] if args else None
-        if not isinstance(request, SubmitRequest):
+        if not isinstance(request, SubmitRequest) or not self.prefix_affinity:
             return []
         return prefix_hashes(list(request.prompt_token_ids), self.block_size)
 
-    async def choose_replicas(self, candidate_replicas: list[Any],
-                              pending_request: Any = None) -> list[list[Any]]:
+    async def choose_replicas(
+        self, candidate_replicas: list[Any], pending_request: Any = None
+    ) -> list[list[Any]]:
+        args = getattr(pending_request, "args", None) or ()
+        if args and isinstance(args[0], ReplicaProbe) and args[0].replica_id is not None:
+            # only the named replica; none while this router does not know it yet (the caller
+            # bounds the wait)
+            return [[r for r in candidate_replicas if replica_key(r) == args[0].replica_id]]
         hashes = self._hashes(pending_request) if pending_request is not None else []
         by_id = {r.replica_id: r for r in candidate_replicas}
         for h in reversed(hashes):  # the longest known prefix first
@@ -62,8 +94,10 @@ class PrefixAffinityRouter(LocalityMixin, MultiplexMixin, RequestRouter):
             if self._balanced(by_id[holder], candidate_replicas):
                 # the holder first; if it refuses (full), the power of two choices among the rest
                 others = [r for r in candidate_replicas if r.replica_id != holder]
-                return [[by_id[holder]], *([random.sample(others, min(2, len(others)))]
-                                           if others else [])]
+                return [
+                    [by_id[holder]],
+                    *([random.sample(others, min(2, len(others)))] if others else []),
+                ]
             break
         # power of two choices: the router takes the less loaded of the two
         return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]

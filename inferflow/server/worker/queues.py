@@ -42,7 +42,7 @@ class RequestSource(Protocol):
 
 class UpdateSink(Protocol):
     """Where the sender thread sends ``UpdateBatch``es (``DirectTransport``; the Ray replica's
-    ``StreamTransport``): one message per API process (``consumer_id``)."""
+    ``ReplyTransport``): one message per API process or ingress replica (``consumer_id``)."""
 
     def send(self, item: UpdateBatch, consumer_id: int) -> None: ...
 
