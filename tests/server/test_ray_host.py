@@ -335,7 +335,8 @@ def test_a_runtime_adapter_loads_on_every_replica_and_unloads(
         "/v1/load_lora_adapter", json={"lora_name": "late", "lora_path": str(path)}
     )
     assert again.status_code == 400 and again.json()["error"]["param"] == "lora_name"
-    assert ray_server.post("/v1/unload_lora_adapter", json={"lora_name": "late"}).status_code == 200
+    unloaded = ray_server.post("/v1/unload_lora_adapter", json={"lora_name": "late"})
+    assert unloaded.status_code == 200, unloaded.text
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="late", prompt="x", max_tokens=2)
     ray_server.wait_until(

@@ -18,8 +18,9 @@ for every LLM of the repository at once (one engine deployment per ``models:`` e
   (``ReplicaProbe``): what readiness waits for. ``wake`` (``LoadRequests``) sends an untargeted
   one to an on-demand model's deployment, which makes Serve scale it up from zero.
 - A LoRA ``LoadLora``/``UnloadLora`` goes to every routable replica of the model (one targeted
-  call each), is recorded on the board first (replicas that start later apply it), and is
-  answered once all answered: the first error, else the success text.
+  call each, one after the other; a call Serve's router hands to another replica is refused
+  there, ``Misrouted``, and sent again), is recorded on the board first (replicas that start
+  later apply it), and is answered once all answered: the first error, else the success text.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from inferflow.server.messages import (
     UnloadLora,
     UpdateBatch,
 )
-from inferflow.server.ray.routing import ReplicaProbe
+from inferflow.server.ray.routing import MISROUTED, ReplicaProbe
 from inferflow.server.ray.transport import UpdateReceiver
 from inferflow.server.shared_state import LoadState
 
@@ -57,6 +58,7 @@ REPLACEMENT_WAIT_S = 30.0  # a request that met a lost replica before its first 
 RETRY_PAUSE_S = 0.2
 FINAL_GRACE_S = 10.0  # a call returned: its final update (sent before) arrives within this
 PROBE_TIMEOUT_S = 10.0
+CONTROL_ATTEMPTS = 20  # a control call the router misroutes is sent again this many times at most
 
 
 def replica_lost(detail: object) -> ErrorInfo:
@@ -290,7 +292,7 @@ class EngineHub:
 
     # --- LoRA adapters on every replica ----------------------------------------------------------
     async def _answer_control(self, key: str, message: LoadLora | UnloadLora) -> None:
-        own_request_context()  # (the per-replica calls, gathered, inherit it)
+        own_request_context()  # (the per-replica calls inherit it)
         try:
             await self._control(key, message)
         except Exception as exc:  # e.g. the board is unreachable: answer, do not leave it hanging
@@ -322,26 +324,23 @@ class EngineHub:
         path = message.path if isinstance(message, LoadLora) else None
         # recorded first: a replica that starts meanwhile applies it itself
         await self.record_adapter(key, name, path)
-        answers = await asyncio.gather(
-            *(
-                self._control_one(
-                    key, rid, replace(message, request_id=f"{message.request_id}.{i}")
-                )
-                for i, rid in enumerate(replicas)
+        # one replica after the other: Serve's router may swap the replicas of concurrent calls
+        # (each replica refuses a call meant for another, and it is sent again, but calls in
+        # flight together can keep swapping); an adapter change is rare and takes milliseconds
+        answers = [
+            await self._control_one(
+                key, rid, replace(message, request_id=f"{message.request_id}.{i}")
             )
-        )
+            for i, rid in enumerate(replicas)
+        ]
         failed = [a for a in answers if a.error is not None]
         if failed and isinstance(message, LoadLora):  # not served anywhere, then
             await self.record_adapter(key, name, None)
             done = [rid for rid, a in zip(replicas, answers, strict=True) if a.error is None]
-            await asyncio.gather(
-                *(
-                    self._control_one(
-                        key, rid, UnloadLora(f"{message.request_id}.undo{i}", 0, name)
-                    )
-                    for i, rid in enumerate(done)
+            for i, rid in enumerate(done):
+                await self._control_one(
+                    key, rid, UnloadLora(f"{message.request_id}.undo{i}", 0, name)
                 )
-            )
         if not failed:
             self.adapter_changes.setdefault(key, {})[name] = path
             self._show_change(key, name, path)
@@ -366,10 +365,20 @@ class EngineHub:
         answer: asyncio.Future[RequestUpdate] = self.loop.create_future()
         self.controls[message.request_id] = answer
         try:
-            await settle(
-                self.handles[key].control.remote(ReplicaProbe(replica_id), message, self.address),
-                LORA_CONTROL_TIMEOUT_S,
-            )
+            for attempt in range(CONTROL_ATTEMPTS):
+                try:
+                    await settle(
+                        self.handles[key].control.remote(
+                            ReplicaProbe(replica_id), message, self.address
+                        ),
+                        LORA_CONTROL_TIMEOUT_S,
+                    )
+                    break
+                except Exception as exc:
+                    # the router handed the call to another replica, which refused it untouched
+                    if MISROUTED not in str(exc) or attempt + 1 == CONTROL_ATTEMPTS:
+                        raise
+                    await asyncio.sleep(min(0.05 * (attempt + 1), 0.5))
             return await asyncio.wait_for(answer, FINAL_GRACE_S)
         except Exception as exc:
             return RequestUpdate(

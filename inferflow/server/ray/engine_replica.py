@@ -41,7 +41,7 @@ from inferflow.server.messages import (
 )
 from inferflow.server.observability import TelemetrySettings
 from inferflow.server.ray.board import board_actor, report_forever
-from inferflow.server.ray.routing import ReplicaProbe
+from inferflow.server.ray.routing import MISROUTED, Misrouted, ReplicaProbe
 from inferflow.server.ray.transport import UpdateSender
 from inferflow.server.shared_state import SharedState
 from inferflow.server.worker.loop import EngineLoop
@@ -262,7 +262,11 @@ class EngineReplica:
         """Load or unload a LoRA adapter here (``probe`` routed the call to this replica); the
         answer is one final update under ``message.request_id``, as for a request. Loading an
         adapter this replica already serves from the same folder (it read it from the board when
-        it started) succeeds as is."""
+        it started) succeeds as is. A call meant for another replica (Serve's router does not
+        always keep a named replica: seen with two concurrent calls) raises ``Misrouted``
+        before it touches anything: the ingress sends it again."""
+        if probe.replica_id is not None and probe.replica_id != self.replica_id:
+            raise Misrouted(f"{MISROUTED}: for {probe.replica_id}, reached {self.replica_id}")
         if (
             isinstance(message, LoadLora)
             and self.service.lora is not None

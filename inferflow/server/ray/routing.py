@@ -37,6 +37,15 @@ class ReplicaProbe:
     replica_id: str | None = None
 
 
+MISROUTED = "misrouted control call"  # in the error text the ingress sees (a RayTaskError)
+
+
+class Misrouted(RuntimeError):
+    """A call carrying a ``ReplicaProbe`` reached a replica other than the one it names (Serve's
+    router does not always keep the replica ours chose: seen with two concurrent calls); the
+    replica refuses it before touching anything and the ingress sends it again."""
+
+
 def replica_key(replica: Any) -> str:
     """The ``unique_id`` of a router's ``RunningReplica`` (what replicas report themselves as)."""
     rid = replica.replica_id
