@@ -102,6 +102,33 @@ def test_reply_transport_sends_each_batch_as_one_message_and_reports_finals() ->
     assert finals == [["b"]]
 
 
+def test_pacing_spares_a_requests_first_and_last_update(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within the interval, a message waits for it, unless it carries a request's first update
+    (TTFT is not paced) or a final one; no clock is asserted: the waits are recorded."""
+    from inferflow.server.ray import engine_replica
+    from inferflow.server.ray.engine_replica import ReplyTransport
+
+    waits: list[float] = []
+    monkeypatch.setattr(engine_replica.time, "sleep", waits.append)
+    sent: list[list[str]] = []
+
+    class Sender:
+        def send(self, address: str, item: UpdateBatch) -> None:
+            sent.append([u.request_id for u in item.updates])
+
+    transport = ReplyTransport(Sender(), 3600.0, lambda ids: None)  # type: ignore[arg-type]
+    consumer = transport.consumer("tcp://127.0.0.1:1")
+    transport.send(_batch("a"), consumer)  # a's first token: at once
+    assert waits == []
+    transport.send(_batch("a", "b"), consumer)  # b's first token rides along: at once
+    assert waits == []
+    transport.send(_batch("a"), consumer)  # a's next tokens: paced
+    assert len(waits) == 1 and waits[0] > 0
+    transport.send(_batch("b", final=True), consumer)  # b ends: at once
+    transport.send(_batch("b"), consumer)  # a new request reusing the id starts again: at once
+    assert len(waits) == 1 and len(sent) == 5
+
+
 def test_an_error_update_survives_the_trip() -> None:
     key = bytes.fromhex(new_key())
     sender = UpdateSender(key)

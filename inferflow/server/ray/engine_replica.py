@@ -13,8 +13,8 @@ update has been sent, so Serve counts the request as ongoing for as long as it r
 ``max_ongoing_requests``, autoscaling) and fails the call when the replica dies. Its updates do
 not travel in the call: the ``Outbox`` merges the updates of every request of an engine step by
 ingress replica, and each ingress gets them in one message, at most one per
-``stream_batching_interval_ms`` (the first after a pause, and one that ends a request, go at
-once). A caller that goes away cancels the call, which cancels the request in the engine.
+``stream_batching_interval_ms`` (the first after a pause, one that starts a request's stream
+and one that ends a request go at once). A caller that goes away cancels the call, which cancels the request in the engine.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class ReplyTransport:
         self._ids: dict[str, int] = {}
         self._lock = threading.Lock()
         self._sent_at: dict[int, float] = {}  # sender thread only
+        self._streaming: set[str] = set()  # requests with an update sent (sender thread only)
 
     def consumer(self, address: str) -> int:
         """The consumer id of the ingress replica at ``address`` (made on first use)."""
@@ -84,16 +85,19 @@ class ReplyTransport:
         if not isinstance(item, UpdateBatch):
             return
         finals = [u.request_id for u in item.updates if u.final]
+        firsts = [u.request_id for u in item.updates if u.request_id not in self._streaming]
         # at most one message per interval to each ingress (what arrives meanwhile joins the
-        # next one: the Outbox merges it), unless it ends a request: a slot's next request
-        # waits for that answer
+        # next one: the Outbox merges it), unless it starts a request's stream (its first token:
+        # TTFT is not paced) or ends one (a slot's next request waits for that answer)
         wait = self._sent_at.get(consumer_id, float("-inf")) + self.interval_s - time.monotonic()
-        if wait > 0 and not finals:
+        if wait > 0 and not finals and not firsts:
             time.sleep(wait)
         try:
             self.sender.send(self.addresses[consumer_id], item)
         finally:  # sent or not (the ingress is gone), these calls are over
             self._sent_at[consumer_id] = time.monotonic()
+            self._streaming.update(firsts)
+            self._streaming.difference_update(finals)
             if finals:
                 self.on_final(finals)
 
