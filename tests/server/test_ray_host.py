@@ -10,6 +10,7 @@ time (the cluster has two CPUs), in file order.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -599,6 +600,29 @@ def test_a_local_ray_instance_serves_llm_and_embeddings_and_leaves_no_process(
         assert len(srv.tree()) > 3  # Ray's own processes are the server's children
     finally:
         _sigterm_leaves_nothing(srv)
+
+
+def test_ctrl_c_in_a_terminal_stops_the_server_and_its_local_ray_instance(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Ctrl+C in a terminal signals the whole foreground process group: Ray's own GCS and
+    raylet stop with the server, and a shutdown that waits for them would hang for minutes
+    (``serve.delete``, then Ray's exit hook, each waiting for the GCS). The server notices,
+    kills what is left and exits 0 (well within the 90 s this allows)."""
+    srv = _start(tmp_path_factory, "rayctrlc", ["server=ray"])
+    try:
+        assert srv.client().completions.create(model=MODEL, prompt="Hi", max_tokens=2)
+        tree = srv.tree()
+        assert len(tree) > 3
+        for pid in tree:  # the group's signal, to each member (the harness shares pytest's group)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+        code = srv.proc.wait(90)
+        survivors = gone(tree, timeout=30)
+    finally:
+        srv.terminate()
+    assert code == 0, srv.log()[-3000:]
+    assert not survivors, survivors
 
 
 APP_ACTORS = ("ray::ServeReplica:", "ray::ServeController", "ray::ProxyActor", "ray::ReplicaBoard")
