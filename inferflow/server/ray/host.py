@@ -17,11 +17,9 @@
 Without ``server.address`` a local Ray instance is started on 127.0.0.1 and shut down on exit;
 with one the app joins that cluster and only the app (and its board) is removed on exit.
 
-Shutdown (SIGTERM, SIGINT): the app is deleted -- Serve drains its replicas for
-``server.shutdown_grace_s`` -- then Serve is shut down if this process started it, then Ray if
-this process started it; each step is bounded (a replica that died or hangs cannot hold it up),
-and of a local Ray instance every process still alive a few seconds after ``ray.shutdown`` is
-killed: nothing the server started outlives it.
+Shutdown (SIGTERM, SIGINT): ``teardown.py`` -- the app is deleted (Serve drains its replicas for
+``server.shutdown_grace_s``), then Serve is shut down if this process started it, then Ray if
+this process started it; each step is bounded, and nothing the server started outlives it.
 """
 
 from __future__ import annotations
@@ -29,23 +27,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import signal
-import sys
 import threading
 import time
 import urllib.request
 from typing import Any
 
 from inferflow.config.server import RayRouting, RayServerConfig
+from inferflow.server.ray.teardown import ray_core_pids, teardown
 
 logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 900.0
-SERVE_STOP_S = 30.0  # serve.delete beyond the drain, serve.shutdown: bounded
-RAY_EXIT_S = 10.0  # a local Ray instance's processes get this long to exit after ray.shutdown
-CORE_CHECK_S = 0.2  # at shutdown: how long to watch the local GCS/raylet for having stopped too
-CORE_NAMES = re.compile(r"gcs_server|raylet")
 _NOT_APPLICABLE = ("timeout_header_s", "timeout_body_s", "timeout_keep_alive_s")
 
 
@@ -232,7 +225,7 @@ def serve_on_ray(graph: Any) -> None:
         )
     else:
         ray.init(address=cfg.address, namespace=NAMESPACE)
-    core = _ray_core_pids() if local else []
+    core = ray_core_pids() if local else []
     logger.info("inferflow: the local Ray instance's GCS and raylet: %s", core)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
@@ -263,7 +256,7 @@ def serve_on_ray(graph: Any) -> None:
         stop.wait()
         logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
     finally:
-        _teardown(cfg, local, started_serve, core)
+        teardown(cfg, local, started_serve, core)
 
 
 def _deploy(app: Any, name: str) -> None:
@@ -353,149 +346,3 @@ def _serve_running() -> bool:
     except ValueError:
         return False
     return True
-
-
-class _CoreGone(Exception):
-    """The local Ray instance's GCS or raylet stopped during the shutdown."""
-
-
-def _bounded(what: str, fn: Any, timeout: float, core: list[int] | None = None) -> None:
-    """Run ``fn()`` in a thread for at most ``timeout`` s (a dead or hung replica must not hold
-    the shutdown); a failure or a timeout is logged and the shutdown goes on. With ``core``
-    (the local Ray instance's GCS and raylet), raises ``_CoreGone`` as soon as one of them
-    exits: the step would wait for a GCS that no longer answers."""
-    failure: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            fn()
-        except BaseException as exc:
-            failure.append(exc)
-
-    thread = threading.Thread(target=run, name=f"inferflow-{what}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
-    while thread.is_alive() and time.monotonic() < deadline:
-        thread.join(0.1)
-        if core and any(not _alive(p) for p in core):
-            raise _CoreGone(what)
-    if thread.is_alive():
-        logger.warning("inferflow: %s did not finish within %.0f s; going on", what, timeout)
-    elif failure:
-        logger.warning("inferflow: %s: %s", what, failure[0])
-
-
-def _ray_core_pids() -> list[int]:
-    """The local Ray instance's GCS server and raylet (children of this process)."""
-    from inferflow.server.process_utils import descendants
-
-    return [p for p in descendants(os.getpid()) if CORE_NAMES.search(_cmdline(p))]
-
-
-def _core_gone(core: list[int], wait_s: float = CORE_CHECK_S) -> bool:
-    """Whether a process of the local Ray instance's core exited (within ``wait_s``): a
-    terminal's Ctrl+C, or a signal to the process group, stops Ray's own processes with us."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        if any(not _alive(p) for p in core):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.05)
-
-
-def _teardown(
-    cfg: RayServerConfig, local: bool, started_serve: bool, core: list[int] | None = None
-) -> None:
-    """Delete the app (its replicas drain for ``shutdown_grace_s``) and its board; shut Serve
-    down if this server started it, Ray if it started Ray -- each step bounded. Of a local Ray
-    instance, whatever process is still alive ``RAY_EXIT_S`` after ``ray.shutdown`` is killed.
-    When the local instance's GCS or raylet is already gone (the signal reached the whole process
-    group, as Ctrl+C in a terminal does), every graceful step would wait for a GCS that no longer
-    answers: what is left of the instance is killed at once instead, and the process exits
-    without Ray's own exit hook (which would wait a minute for the GCS)."""
-
-    from inferflow.server.process_utils import descendants
-
-    core = core if local else None
-    try:
-        if core and _core_gone(core):
-            raise _CoreGone("the signal")
-        _graceful_teardown(cfg, local, started_serve, core)
-    except _CoreGone as gone:
-        logger.warning(
-            "inferflow: the local Ray instance stopped (during %s); stopping what is left of it",
-            gone,
-        )
-        _reap(descendants(os.getpid()), 0.0, "its core stopped")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
-
-
-def _graceful_teardown(
-    cfg: RayServerConfig, local: bool, started_serve: bool, core: list[int] | None
-) -> None:
-    import ray
-    from ray import serve
-
-    from inferflow.server.process_utils import descendants
-    from inferflow.server.ray.board import NAMESPACE
-
-    _bounded(
-        "serve.delete",
-        lambda: serve.delete(cfg.app_name),
-        cfg.shutdown_grace_s + SERVE_STOP_S,
-        core,
-    )
-
-    def kill_board() -> None:
-        ray.kill(ray.get_actor(f"{cfg.app_name}-board", namespace=NAMESPACE))
-
-    _bounded("removing the replica board", kill_board, 10, core)
-    if started_serve:
-        _bounded("serve.shutdown", serve.shutdown, SERVE_STOP_S, core)
-    if local:
-        ours = descendants(os.getpid())  # Ray's processes, before ray.shutdown re-parents them
-        _bounded("ray.shutdown", ray.shutdown, SERVE_STOP_S)
-        _reap(ours, RAY_EXIT_S)
-
-
-def _reap(pids: list[int], timeout: float, after: str = "ray.shutdown") -> None:
-    """Wait up to ``timeout`` s for ``pids`` to exit, then SIGKILL the ones left (and reap the
-    ones that were our children); ``after``: what they outlived, for the log."""
-    deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if _alive(p)]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    for pid in left:
-        logger.warning(
-            "inferflow: killing Ray process %d (%s), still alive after %s",
-            pid,
-            _cmdline(pid)[:120],
-            after,
-        )
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, os.WNOHANG)
-
-
-def _alive(pid: int) -> bool:
-    """Running (not gone, not a zombie); a zombie child of ours is reaped."""
-    with contextlib.suppress(OSError):
-        os.waitpid(pid, os.WNOHANG)
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
-    except OSError:
-        return "?"
