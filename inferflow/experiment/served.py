@@ -4,8 +4,10 @@
 run's config as a server subprocess (``python -m inferflow OVERRIDES task=serve
 server.host=127.0.0.1 server.port=FREE``, its output in ``<job dir>/server.log``) and sends the
 load as soon as ``/ready`` first answers 200, as a load balancer would (no waiting for
-background start-up work). Then ``experiment.warmup`` unmeasured passes of a few requests
-(``max_concurrency`` of them), and ``experiment.repeats`` measured loads of
+background start-up work). Then ``experiment.warmup`` unmeasured passes of the whole workload
+(fresh prompts: a few requests were not enough -- on the ~100M model the first full load after a
+start served 3.3 req/s where the next ones served 4.8, the engine still cold), and
+``experiment.repeats`` measured loads of
 ``experiment.workload`` through :mod:`inferflow.bench` (each with its own seed, so the prefix
 cache never serves a repeat from the one before), goodput counted against
 ``experiment.goodput``. The server is always stopped (its whole process group), on errors and
@@ -231,9 +233,8 @@ def _measure(
     max_spread: float,
 ) -> dict[str, Any]:
     seed = int(load.get("seed") or 0)
-    burst = min(int(load.get("max_concurrency") or 8), int(load["num_prompts"]))
-    for i in range(warmup):  # a burst of requests of the workload's shape, unmeasured
-        warm = {**load, "num_prompts": burst, "request_rate": math.inf, "seed": WARMUP_SEED + i}
+    for i in range(warmup):  # the workload itself on other prompts, unmeasured
+        warm = {**load, "seed": WARMUP_SEED + i}
         _, failures, completed = one_load(client, warm, slo, f"warmup{i}")
         if not completed:
             return {"failed": f"every warm-up request failed: {first_line(failures)}"}
