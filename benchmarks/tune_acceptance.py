@@ -64,23 +64,21 @@ def sizes(quick: bool) -> dict[str, Any]:
         }
     return {
         "model": "100m",
-        # an interactive SLO (20 ms per output token) at 3 req/s: warm, the default (64 rows,
-        # fp32) serves the rate but its steps with ~10 rows in flight take ~23 ms (p50 TPOT),
-        # so most requests miss; int4 weights make a step ~4x cheaper (p50 TPOT ~5 ms with 8
-        # rows). Measured on the 2-core VM on 2026-12-07 (a full warm-up pass first: the first
-        # full load after a start ran up to 7x slower per token)
-        "workload": {"input_len": 256, "output_len": 64, "num_prompts": 96, "request_rate": 3},
-        "slo": ["ttft:2000", "tpot:20"],
-        # 4 x 2 = 8 points, the default (64 rows, fp32) among them
+        # a fixed Poisson rate near what 2 cores give the ~100M model in fp32 (about 250 output
+        # tok/s at 32 in flight): the default admits everything and its steps grow slow
+        "workload": {"input_len": 256, "output_len": 64, "num_prompts": 96, "request_rate": 4},
+        "slo": ["ttft:2000", "tpot:100"],
+        # 4 x 2 x 2 = 16 points
         "space": [
-            "batching.max_num_seqs=4,8,16,64",
-            "executor.precision=fp32,int4",
+            "batching.max_num_seqs=4,8,16,32",
+            "batching.max_num_batched_tokens=256,2048",
+            "executor.precision=fp32,int8",
         ],
         # three repeats per measured point: the fewest for which the 95 % prediction interval the
         # summary reports (Student t, 2 degrees of freedom) is usable
         "repeats": 3,
-        "sim_trials": 100,
-        "rounds": 1,
+        "sim_trials": 200,
+        "rounds": 2,
     }
 
 
