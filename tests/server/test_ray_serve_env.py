@@ -59,7 +59,10 @@ def test_auto_without_haproxy_keeps_serves_proxy_throughput_optimized(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(serve_env, "haproxy_binary", lambda: None)
-    assert serve_env.serve_env(_cfg("auto"), local=True) == {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    assert serve_env.serve_env(_cfg("auto"), local=True) == {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": serve_env.PROXY_READY_S,
+    }
 
 
 def test_haproxy_without_a_binary_is_refused_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:

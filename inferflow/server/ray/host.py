@@ -208,7 +208,6 @@ def serve_on_ray(graph: Any) -> None:
     proxy_mode = apply_serve_env(cfg, local)
     require_ray()
     import ray
-    from ray import serve
 
     from inferflow.server.ray.board import NAMESPACE
 
@@ -239,10 +238,7 @@ def serve_on_ray(graph: Any) -> None:
     try:
         app, cfg = build_app(graph)
         if started_serve:
-            serve.start(
-                http_options={"host": cfg.host, "port": cfg.port},
-                proxy_location=str(cfg.proxy_location),
-            )
+            _start_serve(cfg)
         else:  # Serve's proxies are already up: their address is not ours to choose
             logger.warning(
                 "Ray Serve already runs on this cluster: the app joins its HTTP "
@@ -262,6 +258,24 @@ def serve_on_ray(graph: Any) -> None:
         logger.info("inferflow: shutting down the Serve app %s", cfg.app_name)
     finally:
         teardown(cfg, local, started_serve, core, node_id)
+
+
+def _start_serve(cfg: RayServerConfig) -> None:
+    """``serve.start`` with our HTTP address. It waits for the proxies' first ready check; a
+    proxy that misses it (a loaded machine) is killed and restarted by Serve's controller, but
+    the call fails with that proxy's death: then it is called once more, which joins the
+    controller it created (the proxy's readiness is waited for over HTTP, ``_wait_ready``)."""
+    import ray
+    from ray import serve
+
+    options: dict[str, Any] = {"http_options": {"host": cfg.host, "port": cfg.port},
+                               "proxy_location": str(cfg.proxy_location)}  # fmt: skip
+    try:
+        serve.start(**options)
+    except ray.exceptions.ActorDiedError as exc:
+        logger.warning("inferflow: a Serve proxy died during its start (%s); Serve restarts it",
+                       str(exc).splitlines()[0])  # fmt: skip
+        serve.start(**options)
 
 
 def _deploy(app: Any, name: str) -> None:

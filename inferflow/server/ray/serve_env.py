@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 # to deregister it (Serve's default: 30 s). HAProxy here is updated by Serve itself, and the host
 # drains its requests before it deletes the app (server.shutdown_grace_s).
 DRAIN_S = "1"
+PROXY_READY_S = "30"
 
 
 def haproxy_binary() -> str | None:
@@ -68,7 +69,12 @@ def serve_env(cfg: RayServerConfig, local: bool) -> dict[str, str]:
         )
     if not local or mode is RayHttpProxy.serve:
         return {}
-    env = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+    env = {
+        "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1",
+        # Serve kills a proxy (HAProxy's manager too) that is not ready within 5 s, and
+        # serve.start() then fails; on a loaded 2-core machine HAProxy's start takes longer
+        "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": PROXY_READY_S,
+    }
     if binary is not None:
         # HAProxy's own listeners default to fixed ports on every interface (stats 8404,
         # metrics 9101), as does Serve's fallback proxy (8500/9500): free loopback-chosen ports
