@@ -112,3 +112,12 @@ def test_a_process_naming_the_local_node_is_found_after_it_left_the_tree() -> No
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_mode_named_for_a_joined_cluster_is_warned_about(
+    fake_haproxy: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level("WARNING"):
+        described = apply_serve_env(_cfg("serve", address="auto"), local=False)
+    assert described == "the cluster's Serve proxy settings"
+    assert "does not apply to a joined cluster" in caplog.text

@@ -103,6 +103,13 @@ def apply_serve_env(cfg: RayServerConfig, local: bool) -> str:
     for key, value in env.items():
         os.environ.setdefault(key, value)
     if not local:
+        if RayHttpProxy(cfg.http_proxy) is not RayHttpProxy.auto:
+            logger.warning(
+                "inferflow: server.http_proxy=%s does not apply to a joined cluster: its Serve "
+                "runs as its nodes were started (RAY_SERVE_ENABLE_HA_PROXY, "
+                "RAY_SERVE_THROUGHPUT_OPTIMIZED on every node; docs/ray.md)",
+                cfg.http_proxy,
+            )
         return "the cluster's Serve proxy settings"
     if os.environ.get("RAY_SERVE_ENABLE_HA_PROXY") == "1":
         return "HAProxy ingress, throughput-optimized Serve"
