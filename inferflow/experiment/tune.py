@@ -23,7 +23,8 @@ by ``--space``. Measurement time is spent where it tells most:
 3. **Successive halving on served runs** (``served.measure_served``): the best predicted points
    get a short run (a third of the prompts, one repeat); the best third of those, and the
    default, a full-length confirmation with ``--repeats``. A server that does not start, a load
-   whose requests all fail: infeasible, never "slow". The winner is the best confirmed goodput.
+   whose requests all fail: infeasible, never "slow". The winner is the best confirmed goodput;
+   of points within 2 % of it (at a fixed rate, all that meet the SLOs), the furthest inside them.
 
 Output in ``--out`` (default ``tune/NAME``): ``trials.csv`` (every point: predicted and measured
 figures, state), ``summary.{csv,md,png}`` of the measured runs (``summary.write_summary``),
@@ -72,6 +73,9 @@ from inferflow.experiment.tune_report import (
     workload_text,
     write_tuned,
 )
+
+# measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
+TIE = 0.02
 
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
 Measure = Callable[
@@ -441,7 +445,7 @@ class Tuner:
             winner = finalists[0] if finalists else default
         else:
             measured = [t for t in [default, *finalists] if t.goodput(stage) is not None]
-            winner = max(measured, key=lambda t: t.goodput(stage) or 0.0, default=default)
+            winner = self._measured_winner(measured, stage) if measured else default
         self.write_trials()
         summary = self.write_summary()
         tuned_path = write_tuned(opts.name, winner.overrides, self._header(winner))
@@ -450,6 +454,30 @@ class Tuner:
         (opts.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (opts.out / "report.md").write_text(report_markdown(report))
         return report
+
+    def _measured_winner(self, measured: Sequence[Trial], stage: str) -> Trial:
+        """The most goodput at ``stage``; among the points within ``TIE`` of it, the one furthest
+        inside its SLOs (the smallest measured p99 / limit of its binding SLO). At a fixed
+        request rate every point that meets the SLOs serves what arrives, so their goodputs
+        tie and the order among them is the runs' noise; the margin is what a fresh run is
+        likeliest to repeat."""
+        best = max(t.goodput(stage) or 0.0 for t in measured)
+        tied = [t for t in measured if (t.goodput(stage) or 0.0) >= (1.0 - TIE) * best]
+
+        def pressure(trial: Trial) -> float:
+            result = trial.measured[stage]
+            return max(
+                (result.get(f"p99_{m}_ms") or math.inf) / limit
+                for m, limit in self.opts.slos.items()
+            )
+
+        winner = min(tied, key=lambda t: (pressure(t), -(t.goodput(stage) or 0.0)))
+        if len(tied) > 1:
+            self.log(
+                f"{len(tied)} points within {TIE:.0%} of the best goodput ({best:.3f} req/s); "
+                f"the winner is the one furthest inside the SLOs: {winner.label}"
+            )
+        return winner
 
     def _header(self, winner: Trial) -> list[str]:
         return [

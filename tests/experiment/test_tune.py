@@ -452,3 +452,26 @@ def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
     assert "Not separable from the winner" in notes[0] and "`k=2` (2.8)" in notes[0]
     assert "fewer requests per second than arrive" in notes[1]
     assert tie_and_capacity_notes({"tied_with_winner": [], "past_capacity": False}) == []
+
+
+def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At a fixed rate every point that meets the SLOs serves what arrives: goodputs within 2 %
+    are a tie, and the winner is the one with the most margin to its binding SLO; a point
+    clearly ahead wins whatever its margin."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    tuner = tune.Tuner(
+        tune.parse_args(["--slo", "ttft:1000", "tpot:50", "--request-rate", "3"]), log=lambda m: None
+    )
+
+    def trial(number: int, goodput: float, ttft: float, tpot: float) -> tune.Trial:
+        result = {"request_goodput": goodput, "p99_ttft_ms": ttft, "p99_tpot_ms": tpot}
+        return tune.Trial(number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result})
+
+    edgy = trial(1, 2.90, ttft=900.0, tpot=20.0)  # 90 % of the TTFT limit
+    roomy = trial(2, 2.86, ttft=400.0, tpot=30.0)  # 60 % of the TPOT limit
+    worse = trial(3, 2.50, ttft=100.0, tpot=10.0)
+    assert tuner._measured_winner([edgy, roomy, worse], "confirm") is roomy
+    ahead = trial(4, 3.00, ttft=950.0, tpot=45.0)
+    assert tuner._measured_winner([edgy, roomy, ahead], "confirm") is ahead
