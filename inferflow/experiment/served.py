@@ -5,9 +5,8 @@ run's config as a server subprocess (``python -m inferflow OVERRIDES task=serve
 server.host=127.0.0.1 server.port=FREE``, its output in ``<job dir>/server.log``) and sends the
 load as soon as ``/ready`` first answers 200, as a load balancer would (no waiting for
 background start-up work). Then ``experiment.warmup`` unmeasured passes of the whole workload
-(fresh prompts: a few requests were not enough -- on the ~100M model the first full load after a
-start served 3.3 req/s where the next ones served 4.8, the engine still cold), and
-``experiment.repeats`` measured loads of
+(fresh prompts; no measured repeat is a server's first full load, which near saturation varies
+with the arrival draw: docs/experiments.md), and ``experiment.repeats`` measured loads of
 ``experiment.workload`` through :mod:`inferflow.bench` (each with its own seed, so the prefix
 cache never serves a repeat from the one before), goodput counted against
 ``experiment.goodput``. The server is always stopped (its whole process group), on errors and

@@ -462,7 +462,8 @@ def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
     clearly ahead wins whatever its margin."""
     monkeypatch.setenv("INFERFLOW_HOME", str(home))
     tuner = tune.Tuner(
-        tune.parse_args(["--slo", "ttft:1000", "tpot:50", "--request-rate", "3"]), log=lambda m: None
+        tune.parse_args(["--slo", "ttft:1000", "tpot:50", "--request-rate", "3"]),
+        log=lambda m: None,
     )
 
     def trial(number: int, goodput: float, ttft: float, tpot: float) -> tune.Trial:
