@@ -168,11 +168,14 @@ class ExperimentConfig:
     """How a measured run (``task=offline`` or ``task=bench``) is made trustworthy: ``warmup``
     unmeasured passes, then ``repeats`` measured ones; a figure whose coefficient of variation
     exceeds ``max_spread`` marks the run as too noisy to compare. ``goodput``: SLOs in ms
-    (``ttft``, ``tpot``, ``e2el``), as ``inferflow bench --goodput``."""
+    (``ttft``, ``tpot``, ``e2el``), as ``inferflow bench --goodput``. ``servers`` (``task=bench``):
+    the repeats are spread over that many fresh servers, each warmed up, so the spread also holds
+    how much a new server's level varies."""
 
     repeats: int = 3
     warmup: int = 1
     max_spread: float = 0.10
+    servers: int = 1
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     goodput: dict[str, float] = field(default_factory=dict)
     server_timeout_s: float = 600.0  # task=bench: the served config's start, /ready included

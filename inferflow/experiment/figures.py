@@ -164,6 +164,17 @@ class MachineLoad:
     def to_dict(self) -> dict[str, Any]:
         return {"cores": self.cores, "cpu_busy_pct": self.busy_pct, "loadavg_1m": self.loadavg_1m}
 
+    @classmethod
+    def mean(cls, loads: Sequence[MachineLoad]) -> MachineLoad:
+        """Several measured stretches as one: their mean CPU use, the last load average."""
+        if len(loads) == 1:
+            return loads[0]
+        merged = cls()
+        busy = [m.busy_pct for m in loads if m.busy_pct is not None]
+        merged.busy_pct = sum(busy) / len(busy) if busy else None
+        merged.loadavg_1m = loads[-1].loadavg_1m if loads else None
+        return merged
+
 
 def idle_cpu_pct(seconds: float = 1.0) -> float:
     """The machine's CPU use over ``seconds`` before a measurement (what else is running)."""

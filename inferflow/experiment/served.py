@@ -75,6 +75,7 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
             quote_log=temporary,
             api_key=client_key(graph),
             tokenizer=served_tokenizer(cfg),
+            servers=int(experiment.servers),
         )
 
 
@@ -126,6 +127,7 @@ def measure_served(
     quote_log: bool = False,
     api_key: str | None = None,
     tokenizer: str | None = None,
+    servers: int = 1,
 ) -> dict[str, Any]:
     """Serve the config of ``overrides`` and measure it under ``workload`` (see the module
     doc); the result of :func:`~inferflow.experiment.results.measured_result` with
@@ -140,10 +142,87 @@ def measure_served(
     workload or SLOs ``inferflow bench`` refuses raise
     :class:`~inferflow.config.ConfigError` before a server starts. KeyboardInterrupt is raised
     after the server stopped.
+
+    ``servers`` > 1 spreads the repeats over that many fresh servers, one after another, each
+    with its own warm-up (:func:`repeat_shares`): the spread then holds how much a new server's
+    level varies, which one server's repeats cannot show. Logs: ``server.log``, then
+    ``server-2.log``, ...
     """
     load = workload_dict(workload)
     slo = {str(k): float(v) for k, v in dict(goodput or {}).items()}
     check_load(load, slo)
+    figures: list[dict[str, Any]] = []
+    parts: list[_Part] = []
+    reason = ""
+    for index, share in enumerate(repeat_shares(repeats, servers)):
+        log = Path(log_dir) / (SERVER_LOG if index == 0 else f"server-{index + 1}.log")
+        seeds = int(load.get("seed") or 0) + len(figures)  # every repeat its own prompts
+        part = _serve_and_measure(overrides, {**load, "seed": seeds}, slo, share, warmup, log,
+                                  timeout_s, env, api_key, tokenizer)  # fmt: skip
+        if part.failed:
+            reason = part.failed
+            if quote_log:
+                print(log_tail(log), file=sys.stderr)
+            break
+        figures += part.figures
+        parts.append(part)
+    if not reason:
+        first = parts[0]
+        extra = {"workload": recorded(load), "slo": slo, "tokenizer": first.tokenizer,
+                 **({"servers": len(parts)} if len(parts) > 1 else {}), **first.info}  # fmt: skip
+        return measured_result(
+            "bench",
+            figures,
+            warmup=warmup,
+            max_spread=max_spread,
+            machine=MachineLoad.mean([p.machine for p in parts]),
+            idle_before_pct=first.idle_before_pct,
+            extra=extra,
+        )
+    return {
+        "task": "bench",
+        "failed": reason,
+        "repeats": 0,
+        "warmup": warmup,
+        "workload": recorded(load),
+        "slo": slo,
+    }
+
+
+def repeat_shares(repeats: int, servers: int) -> list[int]:
+    """How many of ``repeats`` each server measures: as even as can be, the first ones one
+    more, never a server without a repeat (``repeat_shares(3, 2) == [2, 1]``)."""
+    repeats = max(1, repeats)
+    servers = max(1, min(servers, repeats))
+    return [repeats // servers + (1 if i < repeats % servers else 0) for i in range(servers)]
+
+
+@dataclasses.dataclass
+class _Part:
+    """One server's share of a measured point: its repeats' figures and the machine's load
+    during them, or why it failed."""
+
+    figures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    machine: MachineLoad = dataclasses.field(default_factory=MachineLoad)
+    idle_before_pct: float | None = None
+    tokenizer: str = ""
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    failed: str = ""
+
+
+def _serve_and_measure(
+    overrides: Sequence[str],
+    load: dict[str, Any],
+    slo: dict[str, float],
+    repeats: int,
+    warmup: int,
+    log: Path,
+    timeout_s: float,
+    env: Mapping[str, str] | None,
+    api_key: str | None,
+    tokenizer: str | None,
+) -> _Part:
+    """Start one server of ``overrides``, warm it up, measure ``repeats`` loads, stop it."""
     port = free_port()
     cmd = [
         sys.executable,
@@ -155,26 +234,11 @@ def measure_served(
         f"server.port={port}",
         "hydra.mode=RUN",  # one server, whatever an experiment file says
     ]
-    log = Path(log_dir) / SERVER_LOG
     try:
         with quiet_http(), managed_server(cmd, port, log, timeout_s, env=env, settled=False) as url:
-            client = Client(url, api_key, tokenizer)
-            result = _measure(client, load, slo, repeats, warmup, max_spread)
-            if "failed" not in result:
-                return result
-            reason = result["failed"]
+            return _measure(Client(url, api_key, tokenizer), load, slo, repeats, warmup)
     except ServerStartError as exc:
-        reason = f"the server did not start: {start_failure(str(exc), log)}"
-    if quote_log:
-        print(log_tail(log), file=sys.stderr)
-    return {
-        "task": "bench",
-        "failed": reason,
-        "repeats": 0,
-        "warmup": warmup,
-        "workload": recorded(load),
-        "slo": slo,
-    }
+        return _Part(failed=f"the server did not start: {start_failure(str(exc), log)}")
 
 
 def served_tokenizer(config: DictConfig) -> str | None:
@@ -224,41 +288,28 @@ class Client:
 
 
 def _measure(
-    client: Client,
-    load: dict[str, Any],
-    slo: dict[str, float],
-    repeats: int,
-    warmup: int,
-    max_spread: float,
-) -> dict[str, Any]:
+    client: Client, load: dict[str, Any], slo: dict[str, float], repeats: int, warmup: int
+) -> _Part:
     seed = int(load.get("seed") or 0)
     for i in range(warmup):  # the workload itself on other prompts, unmeasured
         warm = {**load, "seed": WARMUP_SEED + i}
         _, failures, completed = one_load(client, warm, slo, f"warmup{i}")
         if not completed:
-            return {"failed": f"every warm-up request failed: {first_line(failures)}"}
-    idle = idle_cpu_pct(0.5)
-    figures: list[dict[str, Any]] = []
-    with MachineLoad() as machine:
+            return _Part(failed=f"every warm-up request failed: {first_line(failures)}")
+    part = _Part(idle_before_pct=idle_cpu_pct(0.5))
+    with part.machine:
         for i in range(max(1, repeats)):
             load_i = {**load, "seed": seed + i}
             result, failures, completed = one_load(client, load_i, slo, f"r{i}")
             if not completed:
-                return {"failed": f"every request of repeat {i + 1} failed: {first_line(failures)}"}
-            figures.append(result)
+                return _Part(failed=f"every request of repeat {i + 1} failed: "
+                                    f"{first_line(failures)}")  # fmt: skip
+            part.figures.append(result)
     # what counted the load's lengths: the served checkpoint's tokenizer, else the bench's own
     # lookup (which may count words: see inferflow.bench.tokenizer_lookup)
-    counted = client.tokenizer or "inferflow bench lookup"
-    extra = {"workload": recorded(load), "slo": slo, "tokenizer": counted, **server_info(client)}
-    return measured_result(
-        "bench",
-        figures,
-        warmup=warmup,
-        max_spread=max_spread,
-        machine=machine,
-        idle_before_pct=idle,
-        extra=extra,
-    )
+    part.tokenizer = client.tokenizer or "inferflow bench lookup"
+    part.info = server_info(client)
+    return part
 
 
 def one_load(

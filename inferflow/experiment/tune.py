@@ -40,6 +40,7 @@ The command line is :mod:`~inferflow.experiment.tune_options`; the files and rep
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import math
 import sys
@@ -263,7 +264,9 @@ class Tuner:
 
     # ------------------------------------------------------------ served runs
     def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
-        fn = self.measure_fn or _served_measure
+        fn = self.measure_fn or functools.partial(
+            _served_measure, servers=int(self.exp.get("servers", 1))
+        )
         run_dir = self.opts.out / "runs" / f"{len(self._run_dirs()):03d}_{stage}_{trial.label}"
         started = time.perf_counter()
         try:
@@ -653,6 +656,7 @@ def _served_measure(
     repeats: int,
     warmup: int,
     log_dir: Path,
+    servers: int = 1,
 ) -> dict[str, Any]:
     from inferflow.experiment.served import measure_served, tokenizer_of
 
@@ -665,6 +669,7 @@ def _served_measure(
         max_spread=0.10,
         log_dir=log_dir,
         tokenizer=tokenizer_of(overrides),
+        servers=servers,
     )
 
 

@@ -311,3 +311,32 @@ def test_sigint_stops_a_sweep_of_servers(
     assert "inferflow: the sweep was interrupted (SIGINT)" in stderr
     assert "Traceback" not in stderr
     assert [p.name.split("_")[0] for p in job_dirs(sweep)] == ["0"]
+
+
+def test_repeats_are_shared_evenly_among_servers() -> None:
+    from inferflow.experiment.served import repeat_shares
+
+    assert repeat_shares(3, 1) == [3]
+    assert repeat_shares(3, 2) == [2, 1]
+    assert repeat_shares(3, 3) == [1, 1, 1]
+    assert repeat_shares(2, 5) == [1, 1]  # never a server without a repeat
+    assert repeat_shares(0, 2) == [1]
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_repeats_spread_over_fresh_servers(env: dict[str, str], tmp_path: Path) -> None:
+    """``servers=2``: two servers, one after another, each warmed up and logged; the result
+    holds all the repeats (one spread over both) and says how many servers made them."""
+    workload = {"num_prompts": 3, "input_len": 8, "output_len": 4, "max_concurrency": 3,
+                "seed": 5}  # fmt: skip
+    result = measure_served(
+        ["tracing=off"], workload, {"ttft": 60000}, 3, 1, 0.5, tmp_path, 120,
+        {"PYTHONPATH": env["PYTHONPATH"]}, servers=2,
+    )  # fmt: skip
+    assert "failed" not in result, result.get("failed")
+    assert result["repeats"] == 3 and result["servers"] == 2
+    assert len(result["figures"]["request_goodput"]["values"]) == 3
+    assert result["machine"]["cpu_busy_pct"] is not None
+    for name in ("server.log", "server-2.log"):
+        assert "ready:" in (tmp_path / name).read_text()
