@@ -151,20 +151,19 @@ def measure_served(
     load = workload_dict(workload)
     slo = {str(k): float(v) for k, v in dict(goodput or {}).items()}
     check_load(load, slo)
-    figures: list[dict[str, Any]] = []
     parts: list[_Part] = []
     reason = ""
     for index, share in enumerate(repeat_shares(repeats, servers)):
         log = Path(log_dir) / (SERVER_LOG if index == 0 else f"server-{index + 1}.log")
-        seeds = int(load.get("seed") or 0) + len(figures)  # every repeat its own prompts
-        part = _serve_and_measure(overrides, {**load, "seed": seeds}, slo, share, warmup, log,
+        done = sum(len(p.figures) for p in parts)
+        seed = int(load.get("seed") or 0) + done  # every repeat its own prompts
+        part = _serve_and_measure(overrides, {**load, "seed": seed}, slo, share, warmup, log,
                                   timeout_s, env, api_key, tokenizer)  # fmt: skip
         if part.failed:
             reason = part.failed
             if quote_log:
                 print(log_tail(log), file=sys.stderr)
             break
-        figures += part.figures
         parts.append(part)
     if not reason:
         first = parts[0]
@@ -172,7 +171,7 @@ def measure_served(
                  **({"servers": len(parts)} if len(parts) > 1 else {}), **first.info}  # fmt: skip
         return measured_result(
             "bench",
-            figures,
+            [figures for p in parts for figures in p.figures],
             warmup=warmup,
             max_spread=max_spread,
             machine=MachineLoad.mean([p.machine for p in parts]),

@@ -264,9 +264,7 @@ class Tuner:
 
     # ------------------------------------------------------------ served runs
     def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
-        fn = self.measure_fn or functools.partial(
-            _served_measure, servers=int(self.exp.get("servers", 1))
-        )
+        fn = self.measure_fn or functools.partial(_served_measure, servers=int(self.exp.servers))
         run_dir = self.opts.out / "runs" / f"{len(self._run_dirs()):03d}_{stage}_{trial.label}"
         started = time.perf_counter()
         try:
