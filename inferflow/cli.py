@@ -34,7 +34,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.compose import CONF_SOURCE, CONFIG_NAME, prepare_overrides, split_args
 from inferflow.compose import compose_config as compose_config  # (re-exported: cli's names)
-from inferflow.config import ConfigError, Task, describe_omegaconf_error
+from inferflow.config import (
+    ConfigError,
+    ExperimentConfig,
+    Task,
+    describe_omegaconf_error,
+    typed_config,
+)
 from inferflow.dry_run import check
 from inferflow.graph import ServingGraph, build_graph
 from inferflow.models.errors import CheckpointError
@@ -195,6 +201,8 @@ def describe_hydra_error(exc: Exception) -> str:
 
 
 def _task(cfg: DictConfig) -> None:
+    if Task(cfg.task) in MEASURE_TASKS or Task(cfg.task) is Task.check:
+        typed_config(ExperimentConfig, cfg.get("experiment"), "experiment")  # its range checks
     graph = build_graph(cfg)
     if not graph.model.is_embedding:
         if not graph.config.get("models"):  # (a repository reports each model's own failure)

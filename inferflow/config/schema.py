@@ -180,6 +180,16 @@ class ExperimentConfig:
     goodput: dict[str, float] = field(default_factory=dict)
     server_timeout_s: float = 600.0  # task=bench: the served config's start, /ready included
 
+    def __post_init__(self) -> None:
+        for name in ("repeats", "servers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup", "max_spread"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name}: must be >= 0, got {getattr(self, name)}")
+        if not self.server_timeout_s > 0:
+            raise ValueError(f"server_timeout_s: must be > 0, got {self.server_timeout_s}")
+
 
 @dataclass
 class InferflowConfig:

@@ -53,7 +53,7 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from inferflow.config import ConfigError
+from inferflow.config import ConfigError, ExperimentConfig, typed_config
 from inferflow.experiment.simulate import CostModel, Profile, Workload, profile_engine, simulate
 from inferflow.experiment.space import Point, SearchSpace, format_value
 from inferflow.experiment.tune_options import (
@@ -131,7 +131,10 @@ class Tuner:
         wl = dict(self.base.experiment.workload)
         wl.update(opts.workload)
         self.workload = wl
-        self.exp = self.base.experiment
+        # experiment.* checked (repeats, servers, ... in range) and typed
+        self.exp: ExperimentConfig = typed_config(
+            ExperimentConfig, self.base.experiment, "experiment"
+        )
         self.trials: list[Trial] = []
         self.profiles: dict[tuple[str, ...], Profile] = {}
         self.scale, self.overhead_s = 1.0, 0.0

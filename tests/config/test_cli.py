@@ -110,6 +110,21 @@ def test_bad_override_is_one_line_and_exit_2(
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["task=bench", "experiment.servers=0"], "experiment.servers: must be >= 1, got 0"),
+        (["task=offline", "experiment.repeats=0"], "experiment.repeats: must be >= 1, got 0"),
+        (["task=check", "experiment.warmup=-1"], "experiment.warmup: must be >= 0, got -1"),
+    ],
+)
+def test_measuring_settings_out_of_range_are_one_line(
+    args: list[str], expected: str, cli_env: dict[str, str], workdir: Path
+) -> None:
+    proc = run_cli(args, cli_env, workdir)
+    assert proc.returncode == 2 and proc.stderr == f"inferflow: {expected}\n"
+
+
 def test_a_group_given_twice_is_one_line_without_hydras_defaults_list_hint(
     cli_env: dict[str, str], workdir: Path
 ) -> None:

@@ -188,6 +188,7 @@ def test_undeclared_key_of_the_config_may_be_searched(base: Any) -> None:
         ["--slo", "ttft:10", "--name", "a/b"],
         ["--slo", "ttft:10", "--space", "batching.max_num_seqs=x"],
         ["--slo", "ttft:10", "batching.max_num_seqs=0"],
+        ["--slo", "ttft:10", "experiment.servers=0"],
         ["--slo", "ttft:10", "nokey"],
     ],
 )
