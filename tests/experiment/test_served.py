@@ -166,7 +166,8 @@ def test_the_load_counts_lengths_with_the_served_checkpoints_tokenizer(tmp_path:
     """A checkpoint outside this machine's model folders (``model.path``): its folder is the
     tokenizer the bench gets; a repository or a folder without ``tokenizer.json``: the
     bench's own lookup (None); overrides that do not compose: None, no exception."""
-    from inferflow.experiment.served import Client, bench_argv, tokenizer_of
+    from inferflow.experiment.served import tokenizer_of
+    from inferflow.experiment.served_load import Client, bench_argv
     from inferflow.models.tiny import make_checkpoint
 
     folder = make_checkpoint(tmp_path / "ckpt", seed=3)
