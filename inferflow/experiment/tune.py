@@ -33,20 +33,19 @@ measurement time, the commands), ``tuned.yaml``; and ``$INFERFLOW_HOME/conf/tune
 which ``python -m inferflow +tuned=NAME`` selects. Exit codes: 0 done, 1 nothing measured, 2 bad
 arguments or base config (one line).
 
-The command line is :mod:`~inferflow.experiment.tune_options`; the files and report
+The command line is :mod:`~inferflow.experiment.tune_options`; a point and what was measured of it
+:mod:`~inferflow.experiment.tune_trial`; the files and report
 :mod:`~inferflow.experiment.tune_report`; this module the search (:class:`Tuner`) and ``main``.
 """
 
 from __future__ import annotations
 
-import csv
 import functools
 import json
 import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -64,16 +63,19 @@ from inferflow.experiment.tune_options import (
 )
 from inferflow.experiment.tune_report import (
     binding_slo,
-    csv_cell,
     fmt_figure,
     print_report,
+    report_figures,
     report_markdown,
     reproduce_command,
     serve_command,
     slo_text,
     workload_text,
+    write_trials_csv,
+    write_trials_summary,
     write_tuned,
 )
+from inferflow.experiment.tune_trial import Trial, within_interval
 
 # measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
 TIE = 0.02
@@ -82,31 +84,6 @@ TIE = 0.02
 Measure = Callable[
     [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
 ]
-
-
-# ---------------------------------------------------------------------- trials
-
-
-@dataclass
-class Trial:
-    """One point: its knobs, what the model predicted, what the served runs measured."""
-
-    number: int
-    point: Point
-    overrides: list[str]
-    label: str = ""
-    state: str = "ok"  # ok | infeasible | failed | skipped
-    reason: str = ""
-    predicted: dict[str, Any] = field(default_factory=dict)
-    measured: dict[str, dict[str, Any]] = field(default_factory=dict)  # stage -> results
-    seconds: dict[str, float] = field(default_factory=dict)  # stage -> wall time
-
-    def goodput(self, stage: str) -> float | None:
-        result = self.measured.get(stage)
-        if not result or result.get("failed"):
-            return None
-        value = result.get("request_goodput")
-        return float(value) if value is not None else None
 
 
 def _log(message: str) -> None:
@@ -495,32 +472,13 @@ class Tuner:
     def report(
         self, default: Trial, winner: Trial, stage: str | None, tuned_path: Path, summary: Any
     ) -> dict[str, Any]:
-        def figures(trial: Trial) -> dict[str, Any]:
-            result = trial.measured.get(stage or "", {}) if stage else trial.predicted
-            keys = (
-                "request_goodput",
-                "output_throughput",
-                "p99_ttft_ms",
-                "p99_tpot_ms",
-                "p99_e2el_ms",
-                "median_ttft_ms",
-                "mean_tpot_ms",
-                "failed",
-            )
-            out = {k: result.get(k) for k in keys if result.get(k) is not None}
-            spread = result.get("figures", {}).get("request_goodput") if stage else None
-            if spread:
-                out["request_goodput_std"] = spread.get("std")
-                out["request_goodput_pi95"] = spread.get("pi95")
-            return out
-
-        win, dflt = figures(winner), figures(default)
+        win, dflt = report_figures(winner, stage), report_figures(default, stage)
         ratio = None
         if win.get("request_goodput") is not None and dflt.get("request_goodput"):
             ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
         clear = None  # the default's mean outside the winner's prediction interval
         if ratio is not None and winner is not default:
-            clear = not _within(winner, default.measured.get(stage or "", {}), stage)
+            clear = not within_interval(winner, default.measured.get(stage or "", {}), stage)
         binds = binding_slo(win, self.opts.slos)
         # the measured points the winner cannot be told apart from at these repeats
         tied = [
@@ -529,7 +487,7 @@ class Tuner:
             if stage
             and t is not winner
             and t.goodput(stage) is not None
-            and _within(winner, t.measured[stage], stage)
+            and within_interval(winner, t.measured[stage], stage)
         ]
         rate = self.workload.get("request_rate")
         served = winner.measured.get(stage or "", {}).get("request_throughput") if stage else None
@@ -570,84 +528,12 @@ class Tuner:
         }
 
     def write_trials(self) -> Path:
-        keys = list(dict.fromkeys(k for t in self.trials for k in t.point))
-        figures = (
-            "request_goodput",
-            "slo_attainment",
-            "p99_ttft_ms",
-            "p99_tpot_ms",
-            "p99_e2el_ms",
-            "output_throughput",
-        )
-        path = self.opts.out / "trials.csv"
-        with path.open("w", newline="") as f:
-            w = csv.writer(f)
-            w.writerow(
-                [
-                    "trial",
-                    "label",
-                    "state",
-                    *keys,
-                    *(f"predicted_{k}" for k in figures),
-                    *(f"short_{k}" for k in figures[:1] + figures[2:4]),
-                    *(f"confirm_{k}" for k in figures[:1] + figures[2:4]),
-                    "measured_s",
-                    "reason",
-                ]
-            )
-            for t in self.trials:
-                short, confirm = t.measured.get("short", {}), t.measured.get("confirm", {})
-                w.writerow(
-                    [
-                        t.number,
-                        t.label,
-                        t.state,
-                        *(format_value(t.point[k]) if k in t.point else "" for k in keys),
-                        *(csv_cell(t.predicted.get(k)) for k in figures),
-                        *(csv_cell(short.get(k)) for k in figures[:1] + figures[2:4]),
-                        *(csv_cell(confirm.get(k)) for k in figures[:1] + figures[2:4]),
-                        csv_cell(sum(t.seconds.values()) if t.seconds else None),
-                        t.reason,
-                    ]
-                )
-        return path
+        return write_trials_csv(self.trials, self.opts.out / "trials.csv")
 
     def write_summary(self) -> dict[str, Path | None] | None:
-        """``summary.{csv,md,png}`` of every served run (summary.py; skipped without it)."""
-        try:
-            from inferflow.experiment.summary import SummaryRow, write_summary
-        except ImportError:
-            self.log("summary module not available: trials.csv only")
-            return None
-        rows = []
-        for t in self.trials:
-            for stage, result in t.measured.items():
-                params = {k: format_value(v) for k, v in t.point.items()}
-                failed = result.get("failed")
-                rows.append(
-                    SummaryRow.from_result(
-                        {**params, "stage": stage},
-                        None if failed else result,
-                        label=f"{t.label} {stage}",
-                        **({"error": failed} if failed else {}),
-                    )
-                )
-        if not rows:
-            return None
-        files = write_summary(rows, self.opts.out, title=f"inferflow tune {self.opts.name}")
-        return {"csv": files.csv, "md": files.md, "png": files.png}
-
-
-def _within(winner: Trial, result: Mapping[str, Any], stage: str | None) -> bool:
-    """Whether ``result``'s goodput lies in the 95 % prediction interval of ``winner``'s
-    measurement at ``stage`` (False when the winner has no interval: a single repeat)."""
-    if not stage or "request_goodput" not in result:
-        return False
-    spread = winner.measured.get(stage, {}).get("figures", {}).get("request_goodput") or {}
-    mean, half = spread.get("mean"), spread.get("pi95")
-    if mean is None or half is None:
-        return False
-    return abs(float(result["request_goodput"]) - float(mean)) <= float(half)
+        return write_trials_summary(
+            self.trials, self.opts.out, f"inferflow tune {self.opts.name}", self.log
+        )
 
 
 def _served_measure(

@@ -1,18 +1,22 @@
 """What ``inferflow tune`` leaves behind: the winner as a ``+tuned=NAME`` config
-(:func:`write_tuned`), the report's Markdown (:func:`report_markdown`) and its printed form, and
-the commands that reproduce and serve the result."""
+(:func:`write_tuned`), the report's Markdown (:func:`report_markdown`) and its printed form, the
+commands that reproduce and serve the result, and every trial (:func:`write_trials_csv`, the
+summary of the served runs: :func:`write_trials_summary`)."""
 
 from __future__ import annotations
 
+import csv
 import math
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from inferflow.experiment.space import format_value
 from inferflow.experiment.tune_options import Options
+from inferflow.experiment.tune_trial import Trial
 
 
 def tuned_text(overrides: Sequence[str], header: Sequence[str] = ()) -> str:
@@ -204,3 +208,104 @@ def print_report(report: Mapping[str, Any]) -> None:
         print(f"  note: {note}")
     print(f"  serve: {report['serve_command']}")
     print(f"  results: {report['out']} (report.md, trials.csv, summary.*)")
+
+
+# the figures the report gives of the winner and the default
+REPORT_FIGURES = (
+    "request_goodput",
+    "output_throughput",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "p99_e2el_ms",
+    "median_ttft_ms",
+    "mean_tpot_ms",
+    "failed",
+)
+
+
+def report_figures(trial: Trial, stage: str | None) -> dict[str, Any]:
+    """A trial's figures in the report: measured at ``stage`` (with the goodput's std and 95 %
+    prediction half-width), or predicted by the engine model when ``stage`` is None."""
+    result = trial.measured.get(stage, {}) if stage else trial.predicted
+    out = {k: result.get(k) for k in REPORT_FIGURES if result.get(k) is not None}
+    spread = result.get("figures", {}).get("request_goodput") if stage else None
+    if spread:
+        out["request_goodput_std"] = spread.get("std")
+        out["request_goodput_pi95"] = spread.get("pi95")
+    return out
+
+
+# the figures trials.csv records of each trial (predicted; short and confirm: the first, 3rd, 4th)
+TRIAL_FIGURES = (
+    "request_goodput",
+    "slo_attainment",
+    "p99_ttft_ms",
+    "p99_tpot_ms",
+    "p99_e2el_ms",
+    "output_throughput",
+)
+
+
+def write_trials_csv(trials: Sequence[Trial], path: Path) -> Path:
+    """``trials.csv``: one row per trial, its knobs, predicted and measured figures, state."""
+    keys = list(dict.fromkeys(k for t in trials for k in t.point))
+    measured = TRIAL_FIGURES[:1] + TRIAL_FIGURES[2:4]
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(
+            [
+                "trial",
+                "label",
+                "state",
+                *keys,
+                *(f"predicted_{k}" for k in TRIAL_FIGURES),
+                *(f"short_{k}" for k in measured),
+                *(f"confirm_{k}" for k in measured),
+                "measured_s",
+                "reason",
+            ]
+        )
+        for t in trials:
+            short, confirm = t.measured.get("short", {}), t.measured.get("confirm", {})
+            w.writerow(
+                [
+                    t.number,
+                    t.label,
+                    t.state,
+                    *(format_value(t.point[k]) if k in t.point else "" for k in keys),
+                    *(csv_cell(t.predicted.get(k)) for k in TRIAL_FIGURES),
+                    *(csv_cell(short.get(k)) for k in measured),
+                    *(csv_cell(confirm.get(k)) for k in measured),
+                    csv_cell(sum(t.seconds.values()) if t.seconds else None),
+                    t.reason,
+                ]
+            )
+    return path
+
+
+def write_trials_summary(
+    trials: Sequence[Trial], out: Path, title: str, log: Callable[[str], None]
+) -> dict[str, Path | None] | None:
+    """``summary.{csv,md,png}`` of every served run (summary.py; skipped without it)."""
+    try:
+        from inferflow.experiment.summary import SummaryRow, write_summary
+    except ImportError:
+        log("summary module not available: trials.csv only")
+        return None
+    rows = []
+    for t in trials:
+        for stage, result in t.measured.items():
+            params = {k: format_value(v) for k, v in t.point.items()}
+            failed = result.get("failed")
+            rows.append(
+                SummaryRow.from_result(
+                    {**params, "stage": stage},
+                    None if failed else result,
+                    label=f"{t.label} {stage}",
+                    **({"error": failed} if failed else {}),
+                )
+            )
+    if not rows:
+        return None
+    files = write_summary(rows, out, title=title)
+    return {"csv": files.csv, "md": files.md, "png": files.png}

@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from inferflow.compose import compose_config
 from inferflow.config import ConfigError
 from inferflow.config.tunable import Tunable, tunable, tunables
-from inferflow.experiment import tune
+from inferflow.experiment import tune, tune_trial
 from inferflow.experiment.simulate import CostModel, Profile, Workload, simulate
 from inferflow.experiment.space import SearchSpace, parse_range
 from inferflow.graph import build_graph
@@ -435,17 +435,20 @@ def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
     from inferflow.experiment.figures import Spread
     from inferflow.experiment.tune_report import tie_and_capacity_notes
 
-    def trial(number: int, values: list[float], served: float) -> tune.Trial:
+    def trial(number: int, values: list[float], served: float) -> tune_trial.Trial:
         spread = Spread.of(values)
         result = {"request_goodput": spread.mean, "request_throughput": served,
                   "figures": {"request_goodput": spread.to_dict()}}  # fmt: skip
-        return tune.Trial(number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result})
+        return tune_trial.Trial(
+            number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result}
+        )
 
     winner = trial(1, [3.0, 3.2, 3.1], served=3.4)  # interval 3.1 ± 0.50
     close, far = trial(2, [2.7, 2.8, 2.9], served=3.3), trial(3, [1.0, 1.1, 1.2], served=2.0)
-    assert tune._within(winner, close.measured["confirm"], "confirm")
-    assert not tune._within(winner, far.measured["confirm"], "confirm")
-    assert not tune._within(trial(4, [3.0], served=3.0), close.measured["confirm"], "confirm")
+    assert tune_trial.within_interval(winner, close.measured["confirm"], "confirm")
+    assert not tune_trial.within_interval(winner, far.measured["confirm"], "confirm")
+    alone = trial(4, [3.0], served=3.0)  # one repeat: no interval
+    assert not tune_trial.within_interval(alone, close.measured["confirm"], "confirm")
     notes = tie_and_capacity_notes({
         "tied_with_winner": [{"overrides": close.overrides, "request_goodput": 2.8}],
         "past_capacity": True,
@@ -467,9 +470,11 @@ def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
         log=lambda m: None,
     )
 
-    def trial(number: int, goodput: float, ttft: float, tpot: float) -> tune.Trial:
+    def trial(number: int, goodput: float, ttft: float, tpot: float) -> tune_trial.Trial:
         result = {"request_goodput": goodput, "p99_ttft_ms": ttft, "p99_tpot_ms": tpot}
-        return tune.Trial(number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result})
+        return tune_trial.Trial(
+            number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result}
+        )
 
     edgy = trial(1, 2.90, ttft=900.0, tpot=20.0)  # 90 % of the TTFT limit
     roomy = trial(2, 2.86, ttft=400.0, tpot=30.0)  # 60 % of the TPOT limit
