@@ -391,15 +391,21 @@ class Tuner:
 
     def _how_many(self, short_cost: float) -> int:
         """Candidates whose short runs, with the confirmations after them, fit the budget."""
-        ratio = max(
-            1.0, int(self.workload["num_prompts"]) / max(4, int(self.workload["num_prompts"]) // 3)
-        )
-        confirm_cost = short_cost * ratio * self.opts.repeats / 2 + short_cost / 2
         for k in range(self.opts.top, 0, -1):
             finalists = max(1, math.ceil(k / 3))
-            if k * short_cost + (finalists + 1) * confirm_cost <= self.left_s():
+            if k * short_cost + (finalists + 1) * self.confirm_cost(short_cost) <= self.left_s():
                 return k
         return 1
+
+    def confirm_cost(self, short_cost: float) -> float:
+        """A confirmation's expected seconds from a short run's: a short run is a server start,
+        a warm-up and one load of a third of the prompts, about three units ``u`` of a short
+        load each; a confirmation is ``experiment.servers`` x (a start and a full-length
+        warm-up) and ``--repeats`` full-length loads, a full load being ``ratio`` units."""
+        prompts = int(self.workload["num_prompts"])
+        ratio = max(1.0, prompts / max(4, prompts // 3))
+        servers = max(1, min(int(self.exp.servers), self.opts.repeats))
+        return short_cost / 3 * (servers * (1 + ratio) + self.opts.repeats * ratio)
 
     def _grid(self, default: Trial) -> dict[str, Any]:
         """Every point of the space, full-length runs (the baseline the tuner is judged by)."""

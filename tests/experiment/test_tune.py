@@ -482,3 +482,25 @@ def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
     assert tuner._measured_winner([edgy, roomy, worse], "confirm") is roomy
     ahead = trial(4, 3.00, ttft=950.0, tpot=45.0)
     assert tuner._measured_winner([edgy, roomy, ahead], "confirm") is ahead
+
+
+def test_a_confirmation_on_several_servers_is_budgeted_for_each_start_and_warm_up(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short run (a start, a warm-up and a load of a third of the prompts) is three units; a
+    confirmation is a start and a full warm-up per server and ``--repeats`` full loads: with
+    three servers it costs more, and fewer candidates get short runs in the same budget."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    argv = ["--slo", "ttft:1000", "--request-rate", "3", "--num-prompts", "96", "--repeats", "3",
+            "--budget-s", "700"]  # fmt: skip
+
+    def tuner(*extra: str) -> tune.Tuner:
+        return tune.Tuner(tune.parse_args([*argv, *extra]), log=lambda m: None)
+
+    one, three = tuner(), tuner("experiment.servers=3")
+    # units of 10 s: one server 1x(1 + 3) + 3x3 = 13 units, three servers 3x(1 + 3) + 3x3 = 21
+    assert one.confirm_cost(30.0) == pytest.approx(130.0)
+    assert three.confirm_cost(30.0) == pytest.approx(210.0)
+    assert tuner("experiment.servers=9").confirm_cost(30.0) == pytest.approx(210.0)  # <= repeats
+    # 700 s: one server, 6 short runs (180 s) and 3 confirmations (390 s); three servers, 3
+    assert (one._how_many(30.0), three._how_many(30.0)) == (6, 3)
