@@ -4,6 +4,8 @@
     python benchmarks/tune_acceptance.py                  # the ~100M checkpoint (run it on an idle machine)
     python benchmarks/tune_acceptance.py --quick          # the embedded tiny model, a smoke-sized run
     python benchmarks/tune_acceptance.py --request-rate 5 # another fixed rate
+    python benchmarks/tune_acceptance.py --report benchmarks/results/tune/tune_acceptance.json
+                                                          # rewrite the .md from a saved result
 
 Three phases, each through the real command line, on one fixed workload and SLO:
 
@@ -201,7 +203,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="the tiny model, a smoke-sized run")
     ap.add_argument("--request-rate", type=float, default=None)
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
+    ap.add_argument("--report", type=Path, default=None, metavar="JSON",
+                    help="measure nothing: rewrite the Markdown beside a saved result")  # fmt: skip
     args = ap.parse_args(argv)
+    if args.report is not None:
+        saved = json.loads(args.report.read_text())
+        args.report.with_suffix(".md").write_text(markdown(saved))
+        print(markdown(saved))
+        return 0
     size = sizes(args.quick)
     if args.request_rate is not None:
         size["workload"]["request_rate"] = args.request_rate
@@ -277,6 +286,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def coverage(checks: list[dict[str, Any]]) -> str:
+    """How often the reported 95 % intervals held the other measurements: the means (the
+    acceptance check: every one) and the single repeats (a calibrated interval misses ~5 %)."""
+    means = sum(bool(c["mean_in"]) for c in checks)
+    counts = [tuple(int(n) for n in c["repeats_in"].split("/")) for c in checks]
+    inside, total = sum(c[0] for c in counts), sum(c[1] for c in counts)
+    share = f" ({100 * inside / total:.1f} %)" if total else ""
+    return (f"- inside the other measurement's 95 % interval: {means} of {len(checks)} means, "
+            f"{inside} of {total} single repeats{share}")  # fmt: skip
+
+
 def markdown(r: dict[str, Any]) -> str:
     wl = r["workload"]
     lines = [
@@ -315,6 +335,7 @@ def markdown(r: dict[str, Any]) -> str:
             for c in r.get("agreement", [])
         ),
         "",
+        coverage(r.get("agreement", [])),
         f"- acceptance: {r['acceptance']}",
         *(f"- note: {n}" for n in r["notes"]),
         "",
