@@ -79,11 +79,22 @@ from inferflow.experiment.tune_trial import Trial, within_interval
 
 # measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
 TIE = 0.02
+# the step-time scales calibration may find, and its bisection steps (2 ** -12 of the log range)
+CALIBRATION_SCALES = (0.25, 4.0)
+CALIBRATION_STEPS = 12
 
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
 Measure = Callable[
     [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
 ]
+
+
+def _decode_span_ms(figures: Mapping[str, Any]) -> float | None:
+    """Mean E2EL - mean TTFT of a run's figures (ms): a request's time after its first token."""
+    e2el, ttft = figures.get("mean_e2el_ms"), figures.get("mean_ttft_ms")
+    if e2el is None or ttft is None or float(e2el) <= float(ttft):
+        return None
+    return float(e2el) - float(ttft)
 
 
 def _log(message: str) -> None:
@@ -205,8 +216,13 @@ class Tuner:
         )
         return prof
 
-    def predict(self, point: Point, overrides: Sequence[str]) -> tuple[dict[str, Any], str]:
-        """(predicted figures, "") or ({}, why not)."""
+    def predict(
+        self,
+        point: Point,
+        overrides: Sequence[str],
+        workload: Mapping[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], str]:
+        """(predicted figures, "") or ({}, why not), for ``workload`` (default: the tuned one)."""
         graph, layout, reason = self.check(overrides)
         if graph is None:
             return {}, reason
@@ -215,7 +231,7 @@ class Tuner:
             return {}, "the engine did not start for its step profile"
         figures = simulate(
             graph,
-            Workload.of(self.workload),
+            Workload.of(self.workload if workload is None else workload),
             prof.cost.scaled(self.scale),
             self.opts.slos,
             overhead_s=self.overhead_s,
@@ -223,17 +239,26 @@ class Tuner:
         )
         return figures, ""
 
-    def calibrate(self, measured: Mapping[str, Any]) -> None:
-        """Fit the model to the default's short run: a step-time scale from the mean end-to-end
-        latency (TPOT is no guide where the server streams several tokens per chunk), then a
-        per-request overhead from the median TTFT."""
-        predicted, reason = self.predict({}, [])
-        if reason or not predicted:
+    def calibrate(self, measured: Mapping[str, Any], workload: Mapping[str, Any]) -> None:
+        """Fit the model to the default's run of ``workload`` (replayed with the same number of
+        prompts and the same arrivals, so both see the same queue): the step-time scale whose
+        replay has the run's mean decode span (E2EL - TTFT: the steps a request spends after its
+        first token, free of any per-request overhead; TPOT is no guide where the server streams
+        several tokens per chunk), then a per-request overhead from the median TTFT.
+
+        The span grows with the scale, not always in proportion (the batches change with it), so
+        the scale is found by bisection in log space within ``CALIBRATION_SCALES``."""
+        if not self.predict({}, [], workload)[0]:
             return
-        sim_e2el, real_e2el = predicted.get("mean_e2el_ms"), measured.get("mean_e2el_ms")
-        if sim_e2el and real_e2el:
-            self.scale = min(4.0, max(0.25, float(real_e2el) / float(sim_e2el)))
-        predicted, _ = self.predict({}, [])
+        real_span = _decode_span_ms(measured)
+        if real_span is not None:
+            lo, hi = CALIBRATION_SCALES
+            for _ in range(CALIBRATION_STEPS):
+                self.scale = math.sqrt(lo * hi)
+                sim_span = _decode_span_ms(self.predict({}, [], workload)[0]) or 0.0
+                lo, hi = (self.scale, hi) if sim_span < real_span else (lo, self.scale)
+            self.scale = math.sqrt(lo * hi)
+        predicted, _ = self.predict({}, [], workload)
         sim_ttft, real_ttft = predicted.get("median_ttft_ms"), measured.get("median_ttft_ms")
         if sim_ttft is not None and real_ttft is not None:
             self.overhead_s = min(1.0, max(0.0, (float(real_ttft) - float(sim_ttft)) / 1000))
@@ -370,7 +395,7 @@ class Tuner:
         self.profile(())
         self.measure(default, "short", short_wl, 1)
         if default.state == "ok":
-            self.calibrate(default.measured["short"])
+            self.calibrate(default.measured["short"], short_wl)
         short_cost = default.seconds.get("short", 60.0)
         ranked = self.simulated_search()
         # (the default is measured already, also where the space spells its values out)

@@ -244,6 +244,28 @@ def test_cost_model_fit_recovers_the_step_times() -> None:
     assert fitted.coef == pytest.approx(truth, abs=1e-9)
 
 
+@pytest.mark.parametrize("rate", [20.0, 60.0])  # below and past the queue's edge
+def test_calibration_recovers_the_scale_and_overhead_of_the_run_it_measured(
+    home: Path, monkeypatch: pytest.MonkeyPatch, rate: float
+) -> None:
+    """The default's short run is replayed as it was sent (its prompts and arrivals, not the
+    full workload's): a "measured" run made by the model with step times x1.6 and 80 ms per
+    request gives back x1.6 and 80 ms, also where requests queue."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    cost = CostModel((0.004, 0.002, 0.0002, 0.0))
+    monkeypatch.setattr(tune, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0))
+    argv = ["--slo", "ttft:1000", "--request-rate", str(rate), "--num-prompts", "48",
+            "--input-len", "32", "--output-len", "16"]  # fmt: skip
+    tuner = tune.Tuner(tune.parse_args(argv), log=lambda m: None)
+    tuner.profile(())
+    short = {**tuner.workload, "num_prompts": 16}
+    graph = build_graph(compose_config([]))
+    measured = simulate(graph, Workload.of(short), cost.scaled(1.6), overhead_s=0.08)
+    tuner.calibrate(measured, short)
+    assert tuner.scale == pytest.approx(1.6, rel=0.02)
+    assert tuner.overhead_s == pytest.approx(0.08, abs=0.005)
+
+
 # ------------------------------------------------------------------ the +tuned=NAME file
 
 
