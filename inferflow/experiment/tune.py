@@ -33,8 +33,9 @@ measurement time, the commands), ``tuned.yaml``; and ``$INFERFLOW_HOME/conf/tune
 which ``python -m inferflow +tuned=NAME`` selects. Exit codes: 0 done, 1 nothing measured, 2 bad
 arguments or base config (one line).
 
-The command line is :mod:`~inferflow.experiment.tune_options`; a point and what was measured of it
-:mod:`~inferflow.experiment.tune_trial`; the files and report
+The command line is :mod:`~inferflow.experiment.tune_options`; the engine model (profiles,
+calibration, predictions) :mod:`~inferflow.experiment.tune_model`; a point and what was measured
+of it :mod:`~inferflow.experiment.tune_trial`; the files and report
 :mod:`~inferflow.experiment.tune_report`; this module the search (:class:`Tuner`) and ``main``.
 """
 
@@ -53,8 +54,8 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import ConfigError, ExperimentConfig, typed_config
-from inferflow.experiment.simulate import CostModel, Profile, Workload, profile_engine, simulate
-from inferflow.experiment.space import Point, SearchSpace, format_value
+from inferflow.experiment.space import Point, SearchSpace
+from inferflow.experiment.tune_model import EngineModel, check_point
 from inferflow.experiment.tune_options import (
     PROG,
     ArgumentError,
@@ -79,22 +80,11 @@ from inferflow.experiment.tune_trial import Trial, within_interval
 
 # measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
 TIE = 0.02
-# the step-time scales calibration may find, and its bisection steps (2 ** -12 of the log range)
-CALIBRATION_SCALES = (0.25, 4.0)
-CALIBRATION_STEPS = 12
 
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
 Measure = Callable[
     [Sequence[str], Mapping[str, Any], Mapping[str, float], int, int, Path], dict[str, Any]
 ]
-
-
-def _decode_span_ms(figures: Mapping[str, Any]) -> float | None:
-    """Mean E2EL - mean TTFT of a run's figures (ms): a request's time after its first token."""
-    e2el, ttft = figures.get("mean_e2el_ms"), figures.get("mean_ttft_ms")
-    if e2el is None or ttft is None or float(e2el) <= float(ttft):
-        return None
-    return float(e2el) - float(ttft)
 
 
 def _log(message: str) -> None:
@@ -124,148 +114,30 @@ class Tuner:
             ExperimentConfig, self.base.experiment, "experiment"
         )
         self.trials: list[Trial] = []
-        self.profiles: dict[tuple[str, ...], Profile] = {}
-        self.scale, self.overhead_s = 1.0, 0.0
-        self.measure_s = 0.0  # profiles + served runs
+        self.served_s = 0.0  # the served runs
         self.model_s = 0.0  # the simulated search
         self._checked: dict[tuple[str, ...], tuple[Any, Any, str]] = {}
         self.started = time.perf_counter()
         if self.check([])[0] is None:
             raise ConfigError(f"the base config: {self.check([])[2]}")
+        self.model = EngineModel(
+            self.base, self.space, self.workload, opts.slos, self.check,
+            base_overrides=opts.overrides, max_profiles=opts.max_profiles, log=log,
+        )  # fmt: skip
+
+    @property
+    def measure_s(self) -> float:
+        """Measurement time spent: the step profiles and the served runs (what the budget caps)."""
+        return self.model.profile_s + self.served_s
 
     # ------------------------------------------------------------ checking points
     def check(self, overrides: Sequence[str]) -> tuple[Any, Any, str]:
-        """(graph, layout, "") for a point the graph accepts, else (None, None, reason)."""
+        """(graph, layout, "") for a point the graph accepts, else (None, None, reason); each
+        point composed once."""
         key = tuple(overrides)
         if key not in self._checked:
-            from inferflow.compose import compose_config
-            from inferflow.graph import build_graph
-
-            try:
-                graph = build_graph(compose_config([*self.opts.overrides, *overrides]))
-                layout = graph.check_engine_settings()
-                self._checked[key] = (graph, layout, "")
-            except Exception as exc:  # ConfigError, Hydra's, a stage's ValueError
-                from inferflow.cli import describe_hydra_error
-
-                text = str(exc) if isinstance(exc, ConfigError) else describe_hydra_error(exc)
-                self._checked[key] = (None, None, text.splitlines()[0] if text else repr(exc))
+            self._checked[key] = check_point([*self.opts.overrides, *overrides])
         return self._checked[key]
-
-    # ------------------------------------------------------------ the engine model
-    def executor_key(self, point: Mapping[str, Any]) -> tuple[str, ...]:
-        """The executor settings of ``point`` that differ from the base's (one step-time model
-        each; the base's own values share the base's)."""
-        from omegaconf import OmegaConf
-
-        return tuple(
-            sorted(
-                f"{k}={format_value(v)}"
-                for k, v in point.items()
-                if k.startswith("executor.")
-                and format_value(v) != format_value(OmegaConf.select(self.base, k, default=None))
-            )
-        )
-
-    def max_rows(self) -> int:
-        seqs = [int(self.base.batching.max_num_seqs)] if self.base.get("batching") else [1]
-        for knob in self.space.knobs:
-            if knob.key == "batching.max_num_seqs":
-                seqs = [int(v) for v in knob.values(256)]
-        cap = self.workload.get("max_concurrency") or int(self.workload["num_prompts"])
-        return max(1, min(max(seqs), int(cap), 64))
-
-    def profile(self, key: tuple[str, ...]) -> Profile | None:
-        """The step-time model of executor setting ``key`` (timed here once; None once
-        ``--max-profiles`` are spent or when the engine does not start)."""
-        if key in self.profiles:
-            return self.profiles[key]
-        if len(self.profiles) >= self.opts.max_profiles:
-            return None
-        rows = self.max_rows()
-        tokens = max(
-            rows,
-            int(self.base.batching.max_num_batched_tokens) if self.base.get("batching") else rows,
-        )
-        sized = [*key, f"batching.max_num_seqs={rows}", f"batching.max_num_batched_tokens={tokens}"]
-        graph, _, reason = self.check(sized)
-        if graph is None:
-            self.log(f"profile {' '.join(key) or 'base'}: {reason}")
-            return None
-        self.log(f"timing engine steps ({' '.join(key) or 'base executor'}; up to {rows} rows)")
-        started = time.perf_counter()
-        try:
-            prof = profile_engine(graph, input_len=int(self.workload["input_len"]), max_rows=rows)
-        except Exception as exc:  # (an engine that does not load: its points are infeasible)
-            self.log(f"profile {' '.join(key) or 'base'} failed: {exc}".splitlines()[0])
-            prof = Profile(CostModel((math.inf, 0, 0, 0)), seconds=time.perf_counter() - started)
-        finally:
-            del self._checked[tuple(sized)]  # the loaded engine goes with its graph
-            del graph
-        self.measure_s += prof.seconds
-        if math.isinf(prof.cost.coef[0]):
-            self.profiles[key] = prof
-            return prof
-        self.profiles[key] = prof
-        c = prof.cost.coef
-        self.log(
-            f"step model: {1000 * c[0]:.2f} ms + {1000 * c[1]:.3f} ms/row + "
-            f"{1000 * c[2]:.4f} ms/token + {1000 * c[3]:.3f} ms/1k context "
-            f"({prof.cost.samples} steps, rmse {1000 * prof.cost.rmse_s:.2f} ms, "
-            f"{prof.seconds:.0f} s)"
-        )
-        return prof
-
-    def predict(
-        self,
-        point: Point,
-        overrides: Sequence[str],
-        workload: Mapping[str, Any] | None = None,
-    ) -> tuple[dict[str, Any], str]:
-        """(predicted figures, "") or ({}, why not), for ``workload`` (default: the tuned one)."""
-        graph, layout, reason = self.check(overrides)
-        if graph is None:
-            return {}, reason
-        prof = self.profile(self.executor_key(point)) or self.profile(())
-        if prof is None or math.isinf(prof.cost.coef[0]):
-            return {}, "the engine did not start for its step profile"
-        figures = simulate(
-            graph,
-            Workload.of(self.workload if workload is None else workload),
-            prof.cost.scaled(self.scale),
-            self.opts.slos,
-            overhead_s=self.overhead_s,
-            layout=layout,
-        )
-        return figures, ""
-
-    def calibrate(self, measured: Mapping[str, Any], workload: Mapping[str, Any]) -> None:
-        """Fit the model to the default's run of ``workload`` (replayed with the same number of
-        prompts and the same arrivals, so both see the same queue): the step-time scale whose
-        replay has the run's mean decode span (E2EL - TTFT: the steps a request spends after its
-        first token, free of any per-request overhead; TPOT is no guide where the server streams
-        several tokens per chunk), then a per-request overhead from the median TTFT.
-
-        The span grows with the scale, not always in proportion (the batches change with it), so
-        the scale is found by bisection in log space within ``CALIBRATION_SCALES``."""
-        if not self.predict({}, [], workload)[0]:
-            return
-        real_span = _decode_span_ms(measured)
-        if real_span is not None:
-            lo, hi = CALIBRATION_SCALES
-            for _ in range(CALIBRATION_STEPS):
-                self.scale = math.sqrt(lo * hi)
-                sim_span = _decode_span_ms(self.predict({}, [], workload)[0]) or 0.0
-                lo, hi = (self.scale, hi) if sim_span < real_span else (lo, self.scale)
-            self.scale = math.sqrt(lo * hi)
-        predicted, _ = self.predict({}, [], workload)
-        sim_ttft, real_ttft = predicted.get("median_ttft_ms"), measured.get("median_ttft_ms")
-        if sim_ttft is not None and real_ttft is not None:
-            self.overhead_s = min(1.0, max(0.0, (float(real_ttft) - float(sim_ttft)) / 1000))
-        self.log(
-            f"model calibrated on the default's run: step times x{self.scale:.2f}, "
-            f"+{1000 * self.overhead_s:.0f} ms per request"
-        )
 
     # ------------------------------------------------------------ served runs
     def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
@@ -286,7 +158,7 @@ class Tuner:
         except Exception as exc:  # a measurement that broke is this point's failure
             result = {"task": "bench", "failed": f"{type(exc).__name__}: {exc}".splitlines()[0]}
         seconds = time.perf_counter() - started
-        self.measure_s += seconds
+        self.served_s += seconds
         result = {"overrides": [*trial.overrides], **result}
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -343,7 +215,7 @@ class Tuner:
                 trial = seen[key]
             else:
                 trial = self.new_trial(point)
-                figures, reason = self.predict(point, overrides)
+                figures, reason = self.model.predict(point, overrides)
                 trial.predicted = figures
                 if reason:
                     trial.state, trial.reason = "infeasible", reason
@@ -388,14 +260,14 @@ class Tuner:
         if opts.grid:
             return self._grid(default)
         if opts.simulate_only:
-            self.profile(())
-            default.predicted, _ = self.predict({}, [])
+            self.model.profile(())
+            default.predicted, _ = self.model.predict({}, [])
             ranked = self.simulated_search()
             return self.finish(default, ranked[:1], stage=None)
-        self.profile(())
+        self.model.profile(())
         self.measure(default, "short", short_wl, 1)
         if default.state == "ok":
-            self.calibrate(default.measured["short"], short_wl)
+            self.model.calibrate(default.measured["short"], short_wl)
         short_cost = default.seconds.get("short", 60.0)
         ranked = self.simulated_search()
         # (the default is measured already, also where the space spells its values out)
@@ -549,8 +421,7 @@ class Tuner:
             "budget_s": self.opts.budget_s,
             "served_runs": sum(len(t.measured) for t in self.trials),
             "trials": counts,
-            "engine_model": {" ".join(k) or "base": p.to_dict() for k, p in self.profiles.items()},
-            "calibration": {"step_scale": self.scale, "overhead_ms": 1000 * self.overhead_s},
+            **self.model.to_dict(),  # engine_model (the step profiles), calibration
             "tuned_file": str(tuned_path),
             "serve_command": serve_command(self.opts),
             "reproduce": reproduce_command(self.opts),

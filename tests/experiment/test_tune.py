@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 from inferflow.compose import compose_config
 from inferflow.config import ConfigError
 from inferflow.config.tunable import Tunable, tunable, tunables
-from inferflow.experiment import tune, tune_trial
+from inferflow.experiment import tune, tune_model, tune_trial
 from inferflow.experiment.simulate import CostModel, Profile, Workload, simulate
 from inferflow.experiment.space import SearchSpace, parse_range
 from inferflow.graph import build_graph
@@ -128,8 +128,10 @@ def test_every_drawn_point_composes_and_the_invalid_ones_are_infeasible(
             reasons.append(reason)
             assert "\n" not in reason
     # the base's own executor values share the base's step-time model
-    assert tuner.executor_key({"executor.precision": "fp32", "batching.max_num_seqs": 2}) == ()
-    assert tuner.executor_key({"executor.precision": "int8"}) == ("executor.precision=int8",)
+    assert (
+        tuner.model.executor_key({"executor.precision": "fp32", "batching.max_num_seqs": 2}) == ()
+    )
+    assert tuner.model.executor_key({"executor.precision": "int8"}) == ("executor.precision=int8",)
     # max_num_batched_tokens below max_num_seqs is what task=check refuses
     _, _, reason = tuner.check(["batching.max_num_seqs=128", "batching.max_num_batched_tokens=64"])
     assert reason.startswith("batching.max_num_batched_tokens:")
@@ -253,17 +255,19 @@ def test_calibration_recovers_the_scale_and_overhead_of_the_run_it_measured(
     request gives back x1.6 and 80 ms, also where requests queue."""
     monkeypatch.setenv("INFERFLOW_HOME", str(home))
     cost = CostModel((0.004, 0.002, 0.0002, 0.0))
-    monkeypatch.setattr(tune, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0))
+    monkeypatch.setattr(
+        tune_model, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0)
+    )
     argv = ["--slo", "ttft:1000", "--request-rate", str(rate), "--num-prompts", "48",
             "--input-len", "32", "--output-len", "16"]  # fmt: skip
     tuner = tune.Tuner(tune.parse_args(argv), log=lambda m: None)
-    tuner.profile(())
+    tuner.model.profile(())
     short = {**tuner.workload, "num_prompts": 16}
     graph = build_graph(compose_config([]))
     measured = simulate(graph, Workload.of(short), cost.scaled(1.6), overhead_s=0.08)
-    tuner.calibrate(measured, short)
-    assert tuner.scale == pytest.approx(1.6, rel=0.02)
-    assert tuner.overhead_s == pytest.approx(0.08, abs=0.005)
+    tuner.model.calibrate(measured, short)
+    assert tuner.model.scale == pytest.approx(1.6, rel=0.02)
+    assert tuner.model.overhead_s == pytest.approx(0.08, abs=0.005)
 
 
 # ------------------------------------------------------------------ the +tuned=NAME file
@@ -302,7 +306,9 @@ def test_search_measures_the_promising_points_and_records_failures(
     point with max_num_seqs 3 "fails to start"): short runs, confirmations, the files."""
     monkeypatch.setenv("INFERFLOW_HOME", str(home))
     cost = CostModel((0.004, 0.002, 0.0002, 0.0))
-    monkeypatch.setattr(tune, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0))
+    monkeypatch.setattr(
+        tune_model, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0)
+    )
     calls: list[tuple[list[str], int]] = []
 
     def stand_in(
