@@ -32,7 +32,13 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 from omegaconf.errors import OmegaConfBaseException
 
-from inferflow.compose import CONF_SOURCE, CONFIG_NAME, prepare_overrides, split_args
+from inferflow.compose import (
+    CONF_SOURCE,
+    CONFIG_NAME,
+    prepare_overrides,
+    register_resolvers,
+    split_args,
+)
 from inferflow.compose import compose_config as compose_config  # (re-exported: cli's names)
 from inferflow.config import (
     ConfigError,
@@ -119,6 +125,7 @@ def _run_hydra(args: list[str]) -> int:
     ):
         overrides.append("hydra.output_subdir=.hydra")  # sweeps keep Hydra's record of each run
     register_configs()
+    register_resolvers()
     failures: list[str] = []
     codes: list[int] = []
 

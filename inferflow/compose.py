@@ -9,6 +9,7 @@ several ``+stages=NAME``, old key names, and the plugin folders of the config se
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.resources
 import os
@@ -21,7 +22,7 @@ from pathlib import Path
 import yaml
 from hydra import compose, initialize_config_module
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from inferflow.stages.registry import register_configs
 
@@ -36,8 +37,39 @@ def compose_config(overrides: Sequence[str] = ()) -> DictConfig:
     Must not be called inside a running Hydra app (use the ``cfg`` it passes instead).
     """
     register_configs()
+    register_resolvers()
     with initialize_config_module(CONF_PACKAGE, version_base="1.3"):
         return compose(CONFIG_NAME, overrides=prepare_overrides(overrides))
+
+
+# ---------------------------------------------------------------- a sweep's run folders
+
+# a run folder's name past this many characters is cut and ends in a hash of the whole
+RUN_DIRNAME_MAX = 120
+
+
+def run_dirname(overrides: Sequence[str]) -> str:
+    """A multirun job's folder name (``hydra.sweep.subdir``, after ``NUM_``): its overrides but
+    the measurement's own (``task``, ``experiment.*``: the same for every run of a sweep, and
+    in each ``results.json``) and Hydra's, ``/`` read as ``_`` (a value that is a path must not
+    nest folders), at most ``RUN_DIRNAME_MAX`` characters (file systems refuse names over 255:
+    a longer one keeps its start and a hash of the whole, so runs stay apart)."""
+    kept = []
+    for item in overrides:
+        key = str(item).split("=", 1)[0].lstrip("+~")
+        if key in ("task", "experiment") or key.startswith(("experiment.", "hydra.", "hydra/")):
+            continue
+        kept.append(str(item))
+    name = ",".join(kept).replace("/", "_")
+    if len(name) > RUN_DIRNAME_MAX:
+        digest = hashlib.sha1(name.encode()).hexdigest()[:8]
+        name = f"{name[: RUN_DIRNAME_MAX - 9]}-{digest}"
+    return name
+
+
+def register_resolvers() -> None:
+    """``${inferflow.run_dirname:LIST}`` for ``conf/config.yaml`` (idempotent)."""
+    OmegaConf.register_new_resolver("inferflow.run_dirname", run_dirname, replace=True)
 
 
 # ---------------------------------------------------------------- plugins and the search path

@@ -59,3 +59,18 @@ def test_hydra_flags_and_their_values_are_told_from_the_overrides(
 ) -> None:
     """What Hydra's own argument parser would split (without importing hydra._internal)."""
     assert compose.split_args(args) == (flags, [a for a in args if a not in flags])
+
+
+def test_a_sweep_run_folder_name_drops_the_measurement_settings_and_never_nests_or_overflows() -> None:
+    """``hydra.sweep.subdir``'s name: the measurement's own keys (the same in every run) go,
+    a path value does not make sub-folders, and a long list is cut with a hash that keeps runs
+    apart (Linux refuses names over 255 characters)."""
+    name = compose.run_dirname(
+        ["+model=local", "model.path=/tmp/ckpt/llama", "task=bench", "batching.max_num_seqs=8",
+         "experiment.workload.request_rate=2.5", "+experiment.goodput={ttft:3000,tpot:50}"]
+    )  # fmt: skip
+    assert name == "+model=local,model.path=_tmp_ckpt_llama,batching.max_num_seqs=8"
+    long = [f"stages.s{i}.some_rather_long_option_name=value{i}" for i in range(12)]
+    one, two = compose.run_dirname(long), compose.run_dirname([*long[:-1], "stages.s11.x=other"])
+    assert len(one) == compose.RUN_DIRNAME_MAX and "/" not in one
+    assert one != two and one[:100] == two[:100]

@@ -44,6 +44,29 @@ def test_sweep_runs_each_job_in_its_own_folder_with_its_config(
     assert list(workdir.iterdir()) == []
 
 
+def test_sweep_folders_of_long_command_lines_and_paths_stay_flat_and_apart(
+    cli_env: dict[str, str], workdir: Path, tmp_path: Path, tiny_checkpoint: Path
+) -> None:
+    """A measuring sweep's command line with the workload spelled out and a checkpoint path
+    (over 255 characters as Hydra's own ``override_dirname``) runs: one folder per run, right
+    under the sweep folder, with the swept value in its name."""
+    sweep = tmp_path / "sweep"
+    args = ["-m", "task=check", f"model.path={tiny_checkpoint}", "batching.max_num_seqs=2,4",
+            *(f"experiment.workload.{k}={v}" for k, v in
+              (("request_rate", 2.5), ("num_prompts", 96), ("input_len", 256), ("output_len", 64),
+               ("dataset", "random"), ("burstiness", 1.0), ("seed", 3))),
+            "+experiment.goodput={ttft: 3000, tpot: 50}", "tracing=off",
+            f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    assert len(",".join(args)) > 300
+    proc = run_cli(args, cli_env, workdir, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    jobs = job_dirs(sweep)
+    assert [j.name.split("_", 1)[0] for j in jobs] == ["0", "1"]
+    for job, seqs in zip(jobs, (2, 4), strict=True):
+        assert f"batching.max_num_seqs={seqs}" in job.name and len(job.name) <= 122
+        assert (job / ".hydra" / "overrides.yaml").is_file()  # not nested by the path's "/"
+
+
 def test_sweep_measures_each_batching_policy_offline(
     cli_env: dict[str, str], workdir: Path, tmp_path: Path
 ) -> None:
