@@ -5,7 +5,8 @@ trial): the point's parameters, its figures (mean, std; see :mod:`inferflow.expe
 the machine's CPU use meanwhile and its spread verdict. :func:`write_summary` lays the rows out:
 
 - columns: the swept keys (a key with one value in every row is stated once, as *fixed*), then
-  :data:`FIGURES` (those present: mean ± std), CPU busy %, the spread verdict, the Pareto mark;
+  :data:`FIGURES` (those present: mean ± the 95 % prediction interval of one more repeat,
+  :attr:`Figure.half_width`), CPU busy %, the spread verdict, the Pareto mark;
 - the Pareto front over (p99 TTFT, output throughput) -- lower TTFT and higher throughput are
   better; a point is on the front when no other point is at least as good on both and better on
   one (:func:`pareto_front`);
@@ -20,6 +21,7 @@ Re-summarize a finished or interrupted sweep: ``python -m inferflow.experiment.s
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import math
 import sys
@@ -70,6 +72,13 @@ class Figure:
     std: float | None = None
     cv: float | None = None
     pi95: float | None = None
+
+    @property
+    def half_width(self) -> float | None:
+        """What the table writes after ``±`` and the plot draws as error bars: the 95 %
+        prediction interval where the result has one, else the std (older results); None for
+        a single repeat (its std of 0 says nothing)."""
+        return self.pi95 if self.pi95 is not None else (self.std or None)
 
 
 @dataclass(frozen=True)
@@ -330,9 +339,8 @@ def markdown(table: Table, title: str) -> str:
 
 
 def _plus_minus(fig: Figure) -> str:
-    """`` ± h``: the 95 % prediction interval where the result has one, else the std (none
-    for a single repeat: its std of 0 says nothing)."""
-    half = fig.pi95 if fig.pi95 is not None else (fig.std or None)
+    """`` ± h`` (:attr:`Figure.half_width`), or nothing."""
+    half = fig.half_width
     return f" ± {_number(half, fig.mean)}" if half is not None else ""
 
 
@@ -413,7 +421,12 @@ def write_summary(
     png = plot(table, out_dir / f"{prefix}summary.png", title, Y_FIGURE, HEADERS)
     text = markdown(table, title)
     if png is None:
-        text += "\n(no plot: matplotlib is not installed, or no run has TTFT and throughput)\n"
+        why = (
+            "no run has TTFT and throughput"
+            if importlib.util.find_spec("matplotlib")
+            else "matplotlib is not installed: pip install 'inferflow[experiments]'"
+        )
+        text += f"\n(no plot: {why})\n"
     md_path.write_text(text)
     return SummaryFiles(csv_path, md_path, png, text, list(table.pareto), list(table.rows))
 

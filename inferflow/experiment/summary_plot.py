@@ -1,7 +1,8 @@
 """``summary.png``: throughput against TTFT, one point per run, the Pareto front joined.
 
-x = p99 TTFT ms (the mean where no run has a p99), y = output tok/s, error bars = the repeats'
-std; each point is labelled with its swept values; noisy runs (spread too wide) are drawn
+x = p99 TTFT ms (the mean where no run has a p99), y = output tok/s, error bars = the table's ±
+(the 95 % prediction interval of one more repeat, :attr:`~inferflow.experiment.summary.Figure.half_width`);
+each point is labelled with its swept values; noisy runs (spread too wide) are drawn
 hollow. Drawn with matplotlib's Agg canvas directly (no pyplot: no global figure state, no
 display needed); without matplotlib nothing is drawn.
 """
@@ -60,8 +61,8 @@ def plot(
         ax.errorbar(
             [f.mean for f in xs],
             [f.mean for f in ys],
-            xerr=[f.std or 0.0 for f in xs],
-            yerr=[f.std or 0.0 for f in ys],
+            xerr=[f.half_width or 0.0 for f in xs],
+            yerr=[f.half_width or 0.0 for f in ys],
             fmt="o",
             color="tab:gray" if noisy else "tab:blue",
             mfc="none" if noisy else "tab:blue",
