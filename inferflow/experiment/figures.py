@@ -176,6 +176,6 @@ class MachineLoad:
         return merged
 
 
-def idle_cpu_pct(seconds: float = 1.0) -> float:
+def cpu_busy_pct_now(seconds: float = 1.0) -> float:
     """The machine's CPU use over ``seconds`` before a measurement (what else is running)."""
     return float(psutil.cpu_percent(interval=seconds))

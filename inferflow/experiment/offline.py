@@ -17,7 +17,7 @@ from typing import Any
 from omegaconf import DictConfig
 
 from inferflow.engine import LLMEngine
-from inferflow.experiment.figures import MachineLoad, idle_cpu_pct
+from inferflow.experiment.figures import MachineLoad, cpu_busy_pct_now
 from inferflow.experiment.results import measured_result
 from inferflow.graph import ServingGraph
 from inferflow.outputs import RequestOutput
@@ -29,7 +29,7 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
     params, experiment = cfg.offline, cfg.experiment
     engine = graph.create_engine()
     wait_resident(engine)
-    idle = idle_cpu_pct(0.5)
+    busy_before = cpu_busy_pct_now(0.5)
     for i in range(int(experiment.warmup)):
         one_pass(engine, params, tag=f"warmup{i}")
     repeats = []
@@ -42,7 +42,7 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
         warmup=int(experiment.warmup),
         max_spread=float(experiment.max_spread),
         machine=machine,
-        idle_before_pct=idle,
+        cpu_busy_before_pct=busy_before,
         extra={"batching": type(graph.engine_slots.get("batching")).__name__},
     )
 

@@ -6,7 +6,7 @@
      "repeats": 3, "warmup": 1,
      "figures": {"output_throughput": {"mean", "std", "min", "max", "cv", "n", "values"}, ...},
      "spread": {"ok": true, "max_spread": 0.1, "wide": [], "note": null},
-     "machine": {"cores": 2, "cpu_busy_pct": 97.1, "loadavg_1m": 1.9, "idle_before_pct": 0.5},
+     "machine": {"cores": 2, "cpu_busy_pct": 97.1, "loadavg_1m": 1.9, "cpu_busy_before_pct": 0.5},
      "per_repeat": [{vLLM result keys of repeat 1}, ...],
      "output_throughput": 512.3, "p99_ttft_ms": 801.2, ...}        # each figure's mean, flat
 
@@ -33,7 +33,7 @@ def measured_result(
     warmup: int,
     max_spread: float,
     machine: MachineLoad,
-    idle_before_pct: float | None = None,
+    cpu_busy_before_pct: float | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The record of one measured point from its repeats' figure dicts (see the module doc)."""
@@ -46,7 +46,7 @@ def measured_result(
         **(extra or {}),
         "figures": {k: v.to_dict() for k, v in figures.items()},
         "spread": verdict.to_dict(),
-        "machine": {**machine.to_dict(), "idle_before_pct": idle_before_pct},
+        "machine": {**machine.to_dict(), "cpu_busy_before_pct": cpu_busy_before_pct},
         "per_repeat": [dict(r) for r in repeats],
     }
     for key, spread in figures.items():

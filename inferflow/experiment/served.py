@@ -38,7 +38,7 @@ from inferflow.bench.suite import ServerStartError, free_port, managed_server
 from inferflow.bench.tokenizer_lookup import TOKENIZER_FILE
 from inferflow.config import ConfigError
 from inferflow.config.schema import WorkloadConfig
-from inferflow.experiment.figures import MachineLoad, idle_cpu_pct
+from inferflow.experiment.figures import MachineLoad, cpu_busy_pct_now
 from inferflow.experiment.results import measured_result
 from inferflow.experiment.served_load import (
     Client,
@@ -177,7 +177,7 @@ def measure_served(
             warmup=warmup,
             max_spread=max_spread,
             machine=MachineLoad.mean([p.machine for p in parts]),
-            idle_before_pct=first.idle_before_pct,
+            cpu_busy_before_pct=first.cpu_busy_before_pct,
             extra=extra,
         )
     return {
@@ -205,7 +205,7 @@ class _Part:
 
     figures: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     machine: MachineLoad = dataclasses.field(default_factory=MachineLoad)
-    idle_before_pct: float | None = None
+    cpu_busy_before_pct: float | None = None
     tokenizer: str = ""
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     failed: str = ""
@@ -284,7 +284,7 @@ def _measure(
         _, failures, completed = one_load(client, warm, slo, f"warmup{i}")
         if not completed:
             return _Part(failed=f"every warm-up request failed: {first_line(failures)}")
-    part = _Part(idle_before_pct=idle_cpu_pct(0.5))
+    part = _Part(cpu_busy_before_pct=cpu_busy_pct_now(0.5))
     with part.machine:
         for i in range(max(1, repeats)):
             load_i = {**load, "seed": seed + i}
