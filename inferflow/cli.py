@@ -11,17 +11,16 @@ stops the running job (its server drains) and no later job starts.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import logging
 import os
 import signal
 import sys
-import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
+from traceback import format_exc
 from typing import Any
 
 import hydra
@@ -49,6 +48,8 @@ from inferflow.config import (
 )
 from inferflow.dry_run import check
 from inferflow.graph import ServingGraph, build_graph
+from inferflow.interrupts import Interrupted as Interrupted  # (re-exported: cli's names)
+from inferflow.interrupts import signal_of, signal_raises
 from inferflow.models.errors import CheckpointError
 from inferflow.stages.registry import register_configs
 
@@ -62,17 +63,6 @@ PROG = "inferflow"
 
 class ComponentUnavailable(RuntimeError):
     """A part of inferflow this command needs is missing or failed (exit code 1, one line)."""
-
-
-class Interrupted(KeyboardInterrupt):
-    """A signal (SIGINT, SIGTERM) stopped a run: the whole sweep stops, exit code 128 + signal.
-
-    A KeyboardInterrupt, so that Hydra's launcher lets it through instead of starting the next
-    job (it records an ``Exception`` as that job's failure and goes on)."""
-
-    def __init__(self, sig: int = signal.SIGINT) -> None:
-        super().__init__(signal.Signals(sig).name)
-        self.signal = sig
 
 
 class MeasurementFailed(RuntimeError):
@@ -139,6 +129,17 @@ def _run_hydra(args: list[str]) -> int:
             codes.append(1 if isinstance(exc, MeasurementFailed) else 2)
             if not isinstance(exc, MeasurementFailed):
                 _record_failed_point(cfg, str(exc))
+        except Exception as exc:
+            # anything else in one point of a measuring sweep (a bug, a plugin's error): that
+            # point is recorded as failed with its traceback beside it, and the sweep goes on
+            # to its other points and its summary (Hydra would stop at the first and skip both)
+            if not (_multirun() and Task(cfg.task) in MEASURE_TASKS):
+                raise
+            where = _record_failed_point(cfg, f"{type(exc).__name__}: {exc}", with_traceback=True)
+            label = ", ".join(HydraConfig.get().overrides.task)
+            failures.append(f"{PROG} [{label}]: {type(exc).__name__}: {exc} (traceback: {where})")
+            print(failures[-1], file=sys.stderr)
+            codes.append(1)
 
     task = hydra.main(config_path=CONF_SOURCE, config_name=CONFIG_NAME, version_base="1.3")(
         run_task
@@ -151,7 +152,7 @@ def _run_hydra(args: list[str]) -> int:
     except (ConfigCompositionException, OverrideParseException, OmegaConfBaseException) as exc:
         raise ConfigError(describe_hydra_error(exc)) from None
     except KeyboardInterrupt as exc:  # Ctrl+C, or SIGTERM (Interrupted): stop, sweep included
-        sig = exc.signal if isinstance(exc, Interrupted) else signal.SIGINT
+        sig = signal_of(exc)
         what = "the sweep was interrupted" if {"-m", "--multirun"} & set(flags) else "interrupted"
         tail = ": the running job stopped, no later job started" if "sweep" in what else ""
         print(f"{PROG}: {what} ({signal.Signals(sig).name}){tail}", file=sys.stderr)
@@ -244,7 +245,7 @@ def _measure(task: Task, graph: ServingGraph, cfg: DictConfig, out_dir: Path | N
     :class:`MeasurementFailed` once written. SIGTERM stops it as Ctrl+C does (the task's
     ``finally`` blocks stop what it started, a served config's server included)."""
     module = importlib.import_module(MEASURE_TASKS[task])
-    with _signal_raises(signal.SIGTERM):
+    with signal_raises(signal.SIGTERM):
         results: dict[str, Any] = module.run(graph, cfg)
     _write_results(cfg, out_dir, results)
     if results.get("failed"):
@@ -261,34 +262,22 @@ def _write_results(cfg: DictConfig, out_dir: Path | None, results: dict[str, Any
     print(text)
 
 
-def _record_failed_point(cfg: DictConfig, reason: str) -> None:
-    """A sweep's measuring point refused before it ran: its ``results.json`` says so (a
-    summary lists it as failed)."""
+def _record_failed_point(cfg: DictConfig, reason: str, with_traceback: bool = False) -> Path | None:
+    """A sweep's measuring point refused or broken: its ``results.json`` says so (a summary
+    lists it as failed); with ``with_traceback``, the exception being handled goes to
+    ``traceback.txt`` beside it, whose path is returned."""
     if not _multirun() or Task(cfg.task) not in MEASURE_TASKS:
-        return
+        return None
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = {"overrides": list(HydraConfig.get().overrides.task), "task": str(cfg.task)}
     (out_dir / "results.json").write_text(
         json.dumps({**results, "failed": reason}, indent=2) + "\n"
     )
-
-
-@contextlib.contextmanager
-def _signal_raises(sig: int) -> Iterator[None]:
-    """While inside: ``sig`` raises :class:`Interrupted` (main thread only; else nothing)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signum)
-
-    previous = signal.signal(sig, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(sig, previous)
+    if not with_traceback:
+        return None
+    (out_dir / "traceback.txt").write_text(format_exc())
+    return out_dir / "traceback.txt"
 
 
 def serve(graph: ServingGraph) -> None:

@@ -262,3 +262,54 @@ def test_offline_sweep_ends_with_its_summary(
     png = (sweep / "summary.png").read_bytes()
     assert png.startswith(PNG_MAGIC) and len(png) > 10_000
     assert list(workdir.iterdir()) == []  # nothing written where the user stood
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_an_unexpected_error_in_one_point_fails_that_point_and_the_sweep_goes_on(
+    cli_env: dict[str, str], workdir: Path, tmp_path: Path
+) -> None:
+    """A bug (here: the offline task raising for 4 rows) is not a config problem: Hydra alone
+    would stop the sweep there and skip the summary. The point is recorded as failed with its
+    traceback beside it; the next point runs; the summary lists both; the exit code is 1."""
+    sweep = tmp_path / "sweep"
+    patch = (
+        "import sys, inferflow.experiment.offline as o\n"
+        "real = o.run\n"
+        "def run(graph, cfg):\n"
+        "    if cfg.batching.max_num_seqs == 4:\n"
+        "        raise RuntimeError('boom in the task')\n"
+        "    return real(graph, cfg)\n"
+        "o.run = run\n"
+        "from inferflow.cli import main\n"
+        "raise SystemExit(main(sys.argv[1:]))\n"
+    )
+    args = ["-m", "task=offline", "batching.max_num_seqs=4,1", "offline.num_prompts=2",
+            "offline.prompt_len=8", "offline.max_tokens=2", "experiment.repeats=1",
+            "experiment.warmup=0", f"hydra.sweep.dir={sweep}"]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", patch, *args],
+        env=cli_env,
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    broken = sweep / "0_batching.max_num_seqs=4"
+    line = next(x for x in proc.stderr.splitlines() if "boom" in x)
+    assert line.startswith("inferflow [task=offline, batching.max_num_seqs=4, ") and line.endswith(
+        f"]: RuntimeError: boom in the task (traceback: {broken}/traceback.txt)"
+    )
+    assert "raise RuntimeError('boom in the task')" in (broken / "traceback.txt").read_text()
+    failed = json.loads((broken / "results.json").read_text())
+    assert failed["failed"] == "RuntimeError: boom in the task"
+    measured = json.loads((sweep / "1_batching.max_num_seqs=1" / "results.json").read_text())
+    assert "failed" not in measured and measured["output_throughput"] > 0
+    with (sweep / "summary.csv").open() as stream:
+        table = list(csv.DictReader(stream))
+    assert len(table) == 2
+    assert (table[0]["batching.max_num_seqs"], table[0]["status"]) == ("4", "failed")
+    assert table[1]["batching.max_num_seqs"] == "1" and table[1]["status"] in {"ok", "noisy"}
