@@ -44,6 +44,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -77,6 +78,7 @@ from inferflow.experiment.tune_report import (
     write_tuned,
 )
 from inferflow.experiment.tune_trial import Trial, within_interval
+from inferflow.interrupts import signal_of, signal_raises
 
 # measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
 TIE = 0.02
@@ -113,6 +115,7 @@ class Tuner:
         self.exp: ExperimentConfig = typed_config(
             ExperimentConfig, self.base.experiment, "experiment"
         )
+        _refuse_what_options_set(self.exp, opts)
         self.trials: list[Trial] = []
         self.served_s = 0.0  # the served runs
         self.model_s = 0.0  # the simulated search
@@ -141,7 +144,12 @@ class Tuner:
 
     # ------------------------------------------------------------ served runs
     def measure(self, trial: Trial, stage: str, workload: Mapping[str, Any], repeats: int) -> None:
-        fn = self.measure_fn or functools.partial(_served_measure, servers=int(self.exp.servers))
+        fn = self.measure_fn or functools.partial(
+            _served_measure,
+            servers=int(self.exp.servers),
+            max_spread=float(self.exp.max_spread),
+            timeout_s=float(self.exp.server_timeout_s),
+        )
         run_dir = self.opts.out / "runs" / f"{len(self._run_dirs()):03d}_{stage}_{trial.label}"
         started = time.perf_counter()
         try:
@@ -345,6 +353,14 @@ class Tuner:
         request rate every point that meets the SLOs serves what arrives, so their goodputs
         tie and the order among them is the runs' noise; the margin is what a fresh run is
         likeliest to repeat."""
+        if self.opts.attainment is not None:  # the constraint holds for measured points too
+            attaining = [t for t in measured if self._attains(t, stage)]
+            if not attaining:
+                self.log(
+                    f"no measured point has {self.opts.attainment:.0%} of its requests inside the "
+                    "SLOs (--slo-attainment): the winner is the best that misses it"
+                )
+            measured = attaining or measured
         best = max(t.goodput(stage) or 0.0 for t in measured)
         tied = [t for t in measured if (t.goodput(stage) or 0.0) >= (1.0 - TIE) * best]
 
@@ -362,6 +378,14 @@ class Tuner:
                 f"the winner is the one furthest inside the SLOs: {winner.label}"
             )
         return winner
+
+    def _attains(self, trial: Trial, stage: str) -> bool:
+        """``--slo-attainment`` on a measured point: the share of its completed requests that
+        met every SLO (goodput / request throughput: both count over the same run)."""
+        result = trial.measured[stage]
+        served = float(result.get("request_throughput") or 0.0)
+        good = float(result.get("request_goodput") or 0.0)
+        return served > 0 and good / served >= float(self.opts.attainment or 0.0) - 1e-9
 
     def _header(self, winner: Trial) -> list[str]:
         return [
@@ -407,6 +431,11 @@ class Tuner:
             "workload": self.workload,
             "slo_ms": self.opts.slos,
             "slo_attainment": self.opts.attainment,
+            "winner_attains": (
+                self._attains(winner, stage)
+                if stage and self.opts.attainment is not None and winner.goodput(stage) is not None
+                else None
+            ),
             "stage": stage or "simulated",
             "winner": {"overrides": winner.overrides, "label": winner.label, **win},
             "default": dflt,
@@ -438,6 +467,24 @@ class Tuner:
         )
 
 
+def _refuse_what_options_set(exp: ExperimentConfig, opts: Options) -> None:
+    """``experiment.repeats`` and ``experiment.goodput`` are tune's ``--repeats`` and ``--slo``:
+    a base config that sets them otherwise is refused in one line, not silently overridden
+    (``experiment.warmup``, ``servers``, ``max_spread``, ``server_timeout_s`` and ``workload``
+    apply as in ``task=bench``; the ``--`` workload options override ``workload``)."""
+    if exp.repeats not in (ExperimentConfig().repeats, opts.repeats):
+        raise ConfigError(
+            f"experiment.repeats={exp.repeats}: inferflow tune sets a confirmation's repeats "
+            f"with --repeats (now {opts.repeats}); use --repeats {exp.repeats}"
+        )
+    if exp.goodput and dict(exp.goodput) != dict(opts.slos):
+        given = " ".join(f"{k}:{v:g}" for k, v in exp.goodput.items())
+        raise ConfigError(
+            f"experiment.goodput: inferflow tune takes its SLOs from --slo, which differs; "
+            f"use --slo {given} (or drop experiment.goodput)"
+        )
+
+
 def _served_measure(
     overrides: Sequence[str],
     workload: Mapping[str, Any],
@@ -446,6 +493,8 @@ def _served_measure(
     warmup: int,
     log_dir: Path,
     servers: int = 1,
+    max_spread: float = 0.10,
+    timeout_s: float = 600.0,
 ) -> dict[str, Any]:
     from inferflow.experiment.served import measure_served, tokenizer_of
 
@@ -455,8 +504,9 @@ def _served_measure(
         goodput,
         repeats=repeats,
         warmup=warmup,
-        max_spread=0.10,
+        max_spread=max_spread,
         log_dir=log_dir,
+        timeout_s=timeout_s,
         tokenizer=tokenizer_of(overrides),
         servers=servers,
     )
@@ -483,15 +533,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: needs optuna (pip install 'optuna>=4.5')", file=sys.stderr)
         return 1
     try:
-        report = tuner.run()
+        with signal_raises(signal.SIGTERM):  # a kill or a CI timeout stops it as Ctrl+C does
+            report = tuner.run()
     except ConfigError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # (a server being measured was stopped by measure_served)
+    except KeyboardInterrupt as exc:  # (a server being measured was stopped by measure_served)
         if tuner.trials:
             tuner.write_trials()
-        print(f"{PROG}: interrupted; trials so far in {opts.out / 'trials.csv'}", file=sys.stderr)
-        return 130
+        sig = signal_of(exc)
+        print(
+            f"{PROG}: interrupted ({signal.Signals(sig).name}); trials so far in "
+            f"{opts.out / 'trials.csv'}",
+            file=sys.stderr,
+        )
+        return 128 + sig
     print_report(report)
     measured = report["stage"] == "simulated" or report["winner"].get("request_goodput") is not None
     return 0 if measured else 1

@@ -286,12 +286,9 @@ def write_trials_csv(trials: Sequence[Trial], path: Path) -> Path:
 def write_trials_summary(
     trials: Sequence[Trial], out: Path, title: str, log: Callable[[str], None]
 ) -> dict[str, Path | None] | None:
-    """``summary.{csv,md,png}`` of every served run (summary.py; skipped without it)."""
-    try:
-        from inferflow.experiment.summary import SummaryRow, write_summary
-    except ImportError:
-        log("summary module not available: trials.csv only")
-        return None
+    """``summary.{csv,md,png}`` of every served run (None when nothing was served)."""
+    from inferflow.experiment.summary import SummaryRow, write_summary
+
     rows = []
     for t in trials:
         for stage, result in t.measured.items():

@@ -4,6 +4,7 @@ one small real run through the command line (slow)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 import os
@@ -192,6 +193,9 @@ def test_undeclared_key_of_the_config_may_be_searched(base: Any) -> None:
         ["--slo", "ttft:10", "batching.max_num_seqs=0"],
         ["--slo", "ttft:10", "experiment.servers=0"],
         ["--slo", "ttft:10", "nokey"],
+        # what an option sets, set otherwise in the base config: refused, not overridden
+        ["--slo", "ttft:10", "experiment.repeats=5"],
+        ["--slo", "ttft:10", "+experiment.goodput={ttft: 20}"],
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -442,8 +446,13 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(
     report = json.loads((out / "report.json").read_text())
     assert report["default"].get("request_goodput") is not None
     assert (out / "trials.csv").is_file()
-    if report["summary"]:
-        assert Path(report["summary"]["csv"]).is_file()
+    # the summary of everything tried: the default and each measured point, short and confirm
+    summary = report["summary"]
+    with Path(summary["csv"]).open() as stream:
+        rows = list(csv.DictReader(stream))
+    assert len(rows) >= 2 and {"default short", "default confirm"} <= {r["run"] for r in rows}
+    assert Path(summary["md"]).read_text().startswith("## inferflow tune e2e")
+    assert Path(summary["png"]).read_bytes().startswith(b"\x89PNG")
     check = subprocess.run(
         [sys.executable, "-m", "inferflow", "+tuned=e2e", "task=check"],
         env=env,
@@ -510,6 +519,32 @@ def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
     assert tuner._measured_winner([edgy, roomy, worse], "confirm") is roomy
     ahead = trial(4, 3.00, ttft=950.0, tpot=45.0)
     assert tuner._measured_winner([edgy, roomy, ahead], "confirm") is ahead
+
+
+def test_slo_attainment_constrains_the_measured_winner_too(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--slo-attainment 0.95``: a point whose measured goodput is higher but whose share of
+    requests inside the SLOs (goodput / throughput) is under 95 % does not win; when no point
+    attains it, the best one still wins and the report says it misses."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    tuner = tune.Tuner(
+        tune.parse_args(["--slo", "ttft:1000", "--request-rate", "3", "--slo-attainment", "0.95"]),
+        log=lambda m: None,
+    )
+
+    def trial(number: int, goodput: float, served: float) -> tune_trial.Trial:
+        result = {"request_goodput": goodput, "request_throughput": served, "p99_ttft_ms": 500.0}
+        return tune_trial.Trial(
+            number, {}, [f"k={number}"], f"t{number}", measured={"confirm": result}
+        )
+
+    busy = trial(1, 2.60, served=3.00)  # 87 % of its requests good
+    tidy = trial(2, 2.40, served=2.45)  # 98 %
+    assert tuner._measured_winner([busy, tidy], "confirm") is tidy
+    assert tuner._attains(tidy, "confirm") and not tuner._attains(busy, "confirm")
+    worse = trial(3, 2.00, served=2.90)  # 69 %
+    assert tuner._measured_winner([busy, worse], "confirm") is busy
 
 
 def test_a_confirmation_on_several_servers_is_budgeted_for_each_start_and_warm_up(
