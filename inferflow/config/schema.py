@@ -151,12 +151,17 @@ class OfflineConfig:
 class WorkloadConfig:
     """The load of a served measurement (``task=bench``, ``inferflow tune``): the options of
     ``inferflow bench`` (vLLM ``bench serve`` names). ``request_rate`` is req/s (``.inf``: all
-    at once, capped by ``max_concurrency``); ``burstiness`` 1 is a Poisson process."""
+    at once, capped by ``max_concurrency``); ``burstiness`` 1 is a Poisson process.
+    ``dataset_path``: the prompts of ``dataset=jsonl``; ``range_ratio`` and ``prefix_len`` as
+    ``--random-range-ratio`` / ``--random-prefix-len`` (None: the dataset's default)."""
 
     dataset: str = "random"
+    dataset_path: str | None = None
     num_prompts: int = 64
     input_len: int = 128
     output_len: int = 64
+    range_ratio: float = 0.0
+    prefix_len: int | None = None
     request_rate: float = float("inf")
     max_concurrency: int | None = 16
     burstiness: float = 1.0

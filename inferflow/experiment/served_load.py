@@ -75,6 +75,12 @@ def bench_argv(
     ]  # fmt: skip
     if load.get("max_concurrency"):
         argv += ["--max-concurrency", str(load["max_concurrency"])]
+    if load.get("dataset_path") is not None:
+        argv += ["--dataset-path", str(load["dataset_path"])]
+    if load.get("range_ratio"):
+        argv += ["--range-ratio", str(load["range_ratio"])]
+    if load.get("prefix_len") is not None:
+        argv += ["--prefix-len", str(load["prefix_len"])]
     if slo:
         argv += ["--goodput", *(f"{k}:{v}" for k, v in slo.items())]
     if client.api_key:

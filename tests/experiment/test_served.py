@@ -5,6 +5,7 @@ Timing values are never asserted: only that the figures exist, with their spread
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import signal
@@ -127,6 +128,23 @@ def test_served_sweep_measures_each_point_and_goes_on_past_a_refused_one(
         assert result["engine"]["scheduler"]["max_num_seqs"] == size
         log = (job / "server.log").read_text()
         assert "ready:" in log and f"max_num_seqs {size}" in log
+    # one table across the runs (the summary callback): a row per point, the refused one failed,
+    # each measured one's figures with the spread the repeats give; the plot of the two points
+    with (sweep / "summary.csv").open() as stream:
+        table = list(csv.DictReader(stream))
+    assert [r["batching.max_num_seqs"] for r in table] == ["2", "0", "4"]
+    assert table[1]["status"] == "failed" and "must be >= 1" in table[1]["note"]
+    for row, result in zip((table[0], table[2]), good, strict=True):
+        assert row["status"] in {"ok", "noisy"} and row["repeats"] == "2"
+        for name in ("request_goodput", "p99_ttft_ms", "p99_tpot_ms", "output_throughput"):
+            figure = result["figures"][name]
+            assert float(row[name]) == pytest.approx(figure["mean"])
+            assert float(row[f"{name}_pi95"]) == pytest.approx(figure["pi95"])
+    text = (sweep / "summary.md").read_text()
+    assert "| run | batching.max_num_seqs |" in text and "failed" in text
+    assert text in proc.stdout  # printed at the end of the sweep
+    png = (sweep / "summary.png").read_bytes()
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     assert list(cwd.iterdir()) == []  # the servers wrote nothing where they were started
 
 
@@ -182,6 +200,32 @@ def test_the_load_counts_lengths_with_the_served_checkpoints_tokenizer(tmp_path:
     argv = bench_argv(Client("http://127.0.0.1:1", None, "/ckpt"), load, {}, "t")
     assert argv[argv.index("--tokenizer") + 1] == "/ckpt"
     assert "--tokenizer" not in bench_argv(Client("http://127.0.0.1:1"), load, {}, "t")
+
+
+def test_a_workload_of_the_users_own_prompts_reaches_the_bench(tmp_path: Path) -> None:
+    """``experiment.workload.dataset=jsonl`` with ``dataset_path`` (and the random dataset's
+    ``range_ratio`` and ``prefix_len``) are passed to ``inferflow bench``; jsonl without a
+    path is refused in one line before any server starts."""
+    from inferflow.config import ConfigError
+    from inferflow.experiment.served_load import (
+        Client,
+        bench_args,
+        bench_argv,
+        check_load,
+        workload_dict,
+    )
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello there"}\n{"prompt": "and again"}\n')
+    load = workload_dict({"dataset": "jsonl", "dataset_path": str(prompts), "num_prompts": 2})
+    check_load(load, {})
+    args = bench_args(bench_argv(Client("http://127.0.0.1:1"), load, {}, "t"))
+    assert (args.dataset_name, args.dataset_path, args.num_prompts) == ("jsonl", str(prompts), 2)
+    shaped = workload_dict({"range_ratio": 0.5, "prefix_len": 16})
+    args = bench_args(bench_argv(Client("http://127.0.0.1:1"), shaped, {}, "t"))
+    assert (args.range_ratio, args.prefix_len) == (0.5, 16)
+    with pytest.raises(ConfigError, match="jsonl dataset needs a path"):
+        check_load(workload_dict({"dataset": "jsonl"}), {})
 
 
 def test_serve_overrides_keep_the_config_and_drop_the_measuring() -> None:
@@ -341,3 +385,38 @@ def test_repeats_spread_over_fresh_servers(env: dict[str, str], tmp_path: Path) 
     assert result["machine"]["cpu_busy_pct"] is not None
     for name in ("server.log", "server-2.log"):
         assert "ready:" in (tmp_path / name).read_text()
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_sigterm_stops_inferflow_tune_and_the_server_it_measures(
+    env: dict[str, str], cwd: Path, tmp_path: Path, sweep_process: list
+) -> None:
+    """``kill`` (or a CI job's timeout) on ``inferflow tune`` while it measures a point: the
+    point's server (in a session of its own) is stopped with it, and what was tried is kept."""
+    out = tmp_path / "tune"
+    args = ["tune", "tracing=off", "experiment.warmup=0", "--slo", "ttft:2000", "--grid",
+            "--space", "batching.max_num_seqs=2,4", "--num-prompts", "100000", "--input-len",
+            "16", "--output-len", "64", "--max-concurrency", "2", "--name", "sigterm",
+            "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferflow", *args],
+        env=env,
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    sweep_process.append(proc)
+
+    def loading() -> bool:  # the default's server is up and the endless load runs
+        logs = list(out.glob("runs/*/server.log"))
+        return bool(logs) and "ready:" in logs[0].read_text(errors="replace")
+
+    wait_for(loading, proc, 180, "the first server")
+    time.sleep(1.0)
+    code, stderr = interrupt(proc, signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM, stderr
+    assert f"inferflow tune: interrupted (SIGTERM); trials so far in {out}/trials.csv" in stderr
+    assert "Traceback" not in stderr
+    assert len(list(out.glob("runs/*"))) == 1  # no later point started
