@@ -77,6 +77,8 @@ class EngineModel:
         self.max_profiles = max_profiles
         self.log = log
         self.profiles: dict[tuple[str, ...], Profile] = {}
+        # executor settings predicted with the base's profile (theirs not timed), logged once
+        self.borrowed: set[tuple[str, ...]] = set()
         self.profile_s = 0.0
         # calibration: every step time x scale, and overhead_s added to each request's TTFT
         self.scale, self.overhead_s = 1.0, 0.0
@@ -154,7 +156,16 @@ class EngineModel:
         graph, layout, reason = self.check(overrides)
         if graph is None:
             return {}, reason
-        prof = self.profile(self.executor_key(point)) or self.profile(())
+        key = self.executor_key(point)
+        prof, used = self.profile(key), key
+        if prof is None and key:  # its own profile not timed: --max-profiles spent
+            prof, used = self.profile(()), ()
+            if key not in self.borrowed:
+                self.borrowed.add(key)
+                self.log(
+                    f"no step profile for {' '.join(key)} (--max-profiles {self.max_profiles} "
+                    "spent): its points are predicted with the base executor's step times"
+                )
         if prof is None or math.isinf(prof.cost.coef[0]):
             return {}, "the engine did not start for its step profile"
         figures = simulate(
@@ -165,6 +176,7 @@ class EngineModel:
             overhead_s=self.overhead_s,
             layout=layout,
         )
+        figures["step_profile"] = " ".join(used) or "base"  # (trials.csv: which one ranked it)
         return figures, ""
 
     def calibrate(self, measured: Mapping[str, Any], workload: Mapping[str, Any]) -> None:

@@ -274,6 +274,34 @@ def test_calibration_recovers_the_scale_and_overhead_of_the_run_it_measured(
     assert tuner.model.overhead_s == pytest.approx(0.08, abs=0.005)
 
 
+def test_a_point_whose_executor_was_not_profiled_says_which_profile_ranked_it(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--max-profiles 1: the base is timed; int4's points borrow the base's step times, and the
+    prediction (trials.csv's step_profile) and the log say so, once."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    timed: list[str] = []
+
+    def profile_engine(graph: Any, **kw: Any) -> Profile:
+        timed.append(str(graph.config.executor.precision))
+        return Profile(CostModel((0.004, 0.002, 0.0002, 0.0)), seconds=0.0)
+
+    monkeypatch.setattr(tune_model, "profile_engine", profile_engine)
+    logged: list[str] = []
+    argv = ["--slo", "ttft:1000", "--request-rate", "10", "--num-prompts", "8", "--max-profiles",
+            "1", "--space", "executor.precision=fp32,int4"]  # fmt: skip
+    tuner = tune.Tuner(tune.parse_args(argv), log=logged.append)
+    base, _ = tuner.model.predict({}, [])
+    assert base["step_profile"] == "base"
+    int4 = {"executor.precision": "int4"}
+    for _ in range(2):
+        predicted, reason = tuner.model.predict(int4, ["executor.precision=int4"])
+        assert reason == "" and predicted["step_profile"] == "base"
+    assert timed == ["fp32"]  # one profile: the base's
+    notes = [m for m in logged if m.startswith("no step profile for executor.precision=int4")]
+    assert len(notes) == 1 and "--max-profiles 1" in notes[0]
+
+
 # ------------------------------------------------------------------ the +tuned=NAME file
 
 
