@@ -32,7 +32,7 @@ from inferflow.config import ConfigError
 from inferflow.config.schema import SLOTS
 from inferflow.config.server import RayServerConfig, ServerConfig
 from inferflow.config.tunable import Tunable, tunables
-from inferflow.stages.registry import BUILTIN_OPTIONS, TUNABLE_OPTIONS
+from inferflow.stages.registry import BUILTIN_OPTIONS, TUNABLE_OPTIONS, UNMODELLED_OPTIONS
 
 Point = dict[str, Any]  # knob key -> value (a group knob's value is the option name)
 _ABSENT = object()
@@ -109,7 +109,8 @@ class SearchSpace:
             base_options[slot] = option_of(slot, base_cls)
             options = TUNABLE_OPTIONS.get(slot)
             if options:
-                knobs.append(Knob(slot, Tunable(choices=options), slot, group=True))
+                spec = Tunable(choices=options, simulated=slot not in UNMODELLED_OPTIONS)
+                knobs.append(Knob(slot, spec, slot, group=True))
                 having: dict[tuple[str, Tunable], list[str]] = {}
                 for opt in options:  # a field several options share is one knob
                     for name, spec in tunables(BUILTIN_OPTIONS[slot][opt]).items():
@@ -147,8 +148,13 @@ class SearchSpace:
                 integer = known and known[0].spec.low is not None  # an integer knob
                 if integer and any(type(c) is not int for c in spec.choices):
                     raise ConfigError(f"--space {key}={text}: expected integers")
-                if known:
-                    found = [dataclasses.replace(k, spec=spec) for k in known]
+                if known:  # (the range given; whether the model sees it stays declared)
+                    found = [
+                        dataclasses.replace(
+                            k, spec=dataclasses.replace(spec, simulated=k.spec.simulated)
+                        )
+                        for k in known
+                    ]
                 else:
                     found = [self._undeclared(key, spec, base)]
             elif known:
@@ -189,11 +195,21 @@ class SearchSpace:
         if "." not in key and (key in BUILTIN_OPTIONS or key in SLOTS):
             if not spec.choices:
                 raise ConfigError(f"--space {key}: a config group takes options: {key}=a,b")
+            spec = dataclasses.replace(spec, simulated=key not in UNMODELLED_OPTIONS)
             return Knob(key, spec, key, group=True)
         slot = key.split(".", 1)[0]
         if OmegaConf.select(base, key, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"--space {key}: the composed config has no such key")
         return Knob(key, spec, slot)
+
+    def modelled(self) -> SearchSpace:
+        """The knobs the engine model sees (``Tunable.simulated``): what the simulated search
+        draws; the others keep the base's values there and are decided by real runs."""
+        return SearchSpace([k for k in self.knobs if k.spec.simulated], dict(self.base_options))
+
+    def unmodelled(self) -> list[Knob]:
+        """The knobs only real runs decide (API processes, KV block size, speculation)."""
+        return [k for k in self.knobs if not k.spec.simulated]
 
     # ---------------------------------------------------------------- using it
     def options(self, slot: str) -> list[str | None]:

@@ -55,7 +55,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from inferflow.config import ConfigError, ExperimentConfig, typed_config
-from inferflow.experiment.space import Point, SearchSpace
+from inferflow.experiment.space import Point, SearchSpace, format_value
 from inferflow.experiment.tune_model import EngineModel, check_point
 from inferflow.experiment.tune_options import (
     PROG,
@@ -64,10 +64,9 @@ from inferflow.experiment.tune_options import (
     parse_args,
 )
 from inferflow.experiment.tune_report import (
-    binding_slo,
+    build_report,
     fmt_figure,
     print_report,
-    report_figures,
     report_markdown,
     reproduce_command,
     serve_command,
@@ -77,11 +76,9 @@ from inferflow.experiment.tune_report import (
     write_trials_summary,
     write_tuned,
 )
-from inferflow.experiment.tune_trial import Trial, within_interval
+from inferflow.experiment.tune_trial import Trial
+from inferflow.experiment.tune_winner import measured_winner
 from inferflow.interrupts import signal_of, signal_raises
-
-# measured goodputs this close to the best are a tie (``Tuner._measured_winner``)
-TIE = 0.02
 
 # measure(overrides, workload, goodput, repeats, warmup, log_dir) -> results dict (served.py's)
 Measure = Callable[
@@ -210,13 +207,16 @@ class Tuner:
             constraints_func=None if new_api else lambda t: t.user_attrs.get("constraint", (1.0,)),
         )
         study = optuna.create_study(direction="maximize", sampler=sampler)
-        default = self.space.default_point(self.base)
-        if self.space.contains(default):
+        # only the knobs the model sees: the others would be drawn at random (the model gives
+        # every value the same figures) and keep the base's values here (measured_only_variants)
+        space = self.space.modelled()
+        default = space.default_point(self.base)
+        if space.contains(default):
             study.enqueue_trial({k: v for k, v in default.items()}, skip_if_exists=True)
         seen: dict[tuple[str, ...], Trial] = {}
-        for _ in range(self.opts.sim_trials):
+        for _ in range(self.opts.sim_trials if space.knobs else 0):
             ot = study.ask()
-            point = self.space.suggest(ot)
+            point = space.suggest(ot)
             overrides = SearchSpace.overrides(point)
             key = tuple(overrides)
             if key in seen:
@@ -287,18 +287,76 @@ class Tuner:
                 trial.state, trial.reason = "skipped", "measurement budget spent"
                 continue
             self.measure(trial, "short", short_wl, 1)
-        shorts = [t for t in ranked[:k] if t.goodput("short") is not None]
+        shorts = [t for t in [default, *ranked[:k]] if t.goodput("short") is not None]
         shorts.sort(key=lambda t: t.goodput("short") or 0.0, reverse=True)
+        if shorts and self.space.unmodelled():
+            shorts += self.measured_only_variants(shorts[0], short_wl, short_cost)
+            shorts = [t for t in shorts if t.goodput("short") is not None]
+            shorts.sort(key=lambda t: t.goodput("short") or 0.0, reverse=True)
+        shorts = [t for t in shorts if t is not default]  # (confirmed anyway, as the baseline)
         finalists = shorts[: max(1, math.ceil(len(shorts) / 3))]
         for trial in [default, *finalists]:
             self.measure(trial, "confirm", self.workload, opts.repeats)
         return self.finish(default, finalists, stage="confirm")
 
+    def measured_only_variants(
+        self, best: Trial, short_wl: Mapping[str, Any], short_cost: float
+    ) -> list[Trial]:
+        """The knobs the engine model cannot see (``Tunable.simulated`` False: API processes,
+        KV block size, speculation), decided by real runs: the best short run's point with one
+        such knob at each of its other values, one knob at a time, a short run each while the
+        budget lasts (an option's own fields keep their defaults)."""
+        variants: list[Trial] = []
+        unmodelled = {k.key for k in self.space.unmodelled()}
+        # the best's modelled values (the default's point spells out every knob)
+        modelled = {k: v for k, v in best.point.items() if k not in unmodelled}
+        for knob in self.space.unmodelled():
+            if not self.space.active(knob, best.point):
+                continue
+            current = best.point.get(
+                knob.key,
+                self.space.base_options.get(knob.slot)
+                if knob.group
+                else knob.default_of(self.base),
+            )
+            for value in knob.values():
+                if format_value(value) == format_value(current):
+                    continue
+                point = {**modelled, knob.key: value}
+                if knob.group:  # the fields of the option it leaves do not exist any more
+                    point = {
+                        key: v
+                        for key, v in point.items()
+                        if all(
+                            k.key != key or self.space.active(k, point) for k in self.space.knobs
+                        )
+                    }
+                trial = self.new_trial(point)
+                variants.append(trial)
+                _, _, reason = self.check(trial.overrides)
+                if reason:
+                    trial.state, trial.reason = "infeasible", reason
+                elif self.left_s() < short_cost:
+                    trial.state, trial.reason = "skipped", "measurement budget spent"
+                else:
+                    self.measure(trial, "short", short_wl, 1)
+        return variants
+
+    def variant_count(self) -> int:
+        """Short runs :meth:`measured_only_variants` asks for (at the default's options)."""
+        point = self.space.default_point(self.base)
+        return sum(
+            len(k.values()) - 1 for k in self.space.unmodelled() if self.space.active(k, point)
+        )
+
     def _how_many(self, short_cost: float) -> int:
-        """Candidates whose short runs, with the confirmations after them, fit the budget."""
+        """Candidates whose short runs, with those of the measured-only knobs and the
+        confirmations after them, fit the budget."""
+        extra = self.variant_count()
         for k in range(self.opts.top, 0, -1):
             finalists = max(1, math.ceil(k / 3))
-            if k * short_cost + (finalists + 1) * self.confirm_cost(short_cost) <= self.left_s():
+            shorts = (k + extra) * short_cost
+            if shorts + (finalists + 1) * self.confirm_cost(short_cost) <= self.left_s():
                 return k
         return 1
 
@@ -337,55 +395,24 @@ class Tuner:
             winner = finalists[0] if finalists else default
         else:
             measured = [t for t in [default, *finalists] if t.goodput(stage) is not None]
-            winner = self._measured_winner(measured, stage) if measured else default
+            winner = (
+                measured_winner(measured, stage, opts.slos, opts.attainment, self.log)
+                if measured
+                else default
+            )
         self.write_trials()
         summary = self.write_summary()
         tuned_path = write_tuned(opts.name, winner.overrides, self._header(winner))
         (opts.out / "tuned.yaml").write_text(tuned_path.read_text())
-        report = self.report(default, winner, stage, tuned_path, summary)
+        report = build_report(
+            opts, self.workload, self.trials, default, winner, stage,
+            tuned_path=tuned_path, summary=summary, measure_s=self.measure_s,
+            model_s=self.model_s, wall_s=time.perf_counter() - self.started,
+            engine_model=self.model.to_dict(),
+        )  # fmt: skip
         (opts.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
         (opts.out / "report.md").write_text(report_markdown(report))
         return report
-
-    def _measured_winner(self, measured: Sequence[Trial], stage: str) -> Trial:
-        """The most goodput at ``stage``; among the points within ``TIE`` of it, the one furthest
-        inside its SLOs (the smallest measured p99 / limit of its binding SLO). At a fixed
-        request rate every point that meets the SLOs serves what arrives, so their goodputs
-        tie and the order among them is the runs' noise; the margin is what a fresh run is
-        likeliest to repeat."""
-        if self.opts.attainment is not None:  # the constraint holds for measured points too
-            attaining = [t for t in measured if self._attains(t, stage)]
-            if not attaining:
-                self.log(
-                    f"no measured point has {self.opts.attainment:.0%} of its requests inside the "
-                    "SLOs (--slo-attainment): the winner is the best that misses it"
-                )
-            measured = attaining or measured
-        best = max(t.goodput(stage) or 0.0 for t in measured)
-        tied = [t for t in measured if (t.goodput(stage) or 0.0) >= (1.0 - TIE) * best]
-
-        def pressure(trial: Trial) -> float:
-            result = trial.measured[stage]
-            return max(
-                (result.get(f"p99_{m}_ms") or math.inf) / limit
-                for m, limit in self.opts.slos.items()
-            )
-
-        winner = min(tied, key=lambda t: (pressure(t), -(t.goodput(stage) or 0.0)))
-        if len(tied) > 1:
-            self.log(
-                f"{len(tied)} points within {TIE:.0%} of the best goodput ({best:.3f} req/s); "
-                f"the winner is the one furthest inside the SLOs: {winner.label}"
-            )
-        return winner
-
-    def _attains(self, trial: Trial, stage: str) -> bool:
-        """``--slo-attainment`` on a measured point: the share of its completed requests that
-        met every SLO (goodput / request throughput: both count over the same run)."""
-        result = trial.measured[stage]
-        served = float(result.get("request_throughput") or 0.0)
-        good = float(result.get("request_goodput") or 0.0)
-        return served > 0 and good / served >= float(self.opts.attainment or 0.0) - 1e-9
 
     def _header(self, winner: Trial) -> list[str]:
         return [
@@ -395,68 +422,6 @@ class Tuner:
             f"serve it: {serve_command(self.opts)}",
             f"reproduce: {reproduce_command(self.opts)}",
         ]
-
-    def report(
-        self, default: Trial, winner: Trial, stage: str | None, tuned_path: Path, summary: Any
-    ) -> dict[str, Any]:
-        win, dflt = report_figures(winner, stage), report_figures(default, stage)
-        ratio = None
-        if win.get("request_goodput") is not None and dflt.get("request_goodput"):
-            ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
-        clear = None  # the default's mean outside the winner's prediction interval
-        if ratio is not None and winner is not default:
-            clear = not within_interval(winner, default.measured.get(stage or "", {}), stage)
-        binds = binding_slo(win, self.opts.slos)
-        # the measured points the winner cannot be told apart from at these repeats
-        tied = [
-            {"label": t.label, "overrides": t.overrides, "request_goodput": t.goodput(stage)}
-            for t in self.trials
-            if stage
-            and t is not winner
-            and t.goodput(stage) is not None
-            and within_interval(winner, t.measured[stage], stage)
-        ]
-        rate = self.workload.get("request_rate")
-        served = winner.measured.get(stage or "", {}).get("request_throughput") if stage else None
-        # past capacity the queue grows through the run and goodput depends on the arrival draw
-        overloaded = (
-            rate is not None and math.isfinite(float(rate)) and served is not None
-            and float(served) < 0.95 * float(rate)
-        )  # fmt: skip
-        counts: dict[str, int] = {}
-        for t in self.trials:
-            counts[t.state] = counts.get(t.state, 0) + 1
-        return {
-            "name": self.opts.name,
-            "workload": self.workload,
-            "slo_ms": self.opts.slos,
-            "slo_attainment": self.opts.attainment,
-            "winner_attains": (
-                self._attains(winner, stage)
-                if stage and self.opts.attainment is not None and winner.goodput(stage) is not None
-                else None
-            ),
-            "stage": stage or "simulated",
-            "winner": {"overrides": winner.overrides, "label": winner.label, **win},
-            "default": dflt,
-            "goodput_ratio": ratio,
-            "clear_win": clear,
-            "tied_with_winner": tied,
-            "past_capacity": overloaded,
-            "binding_slo": binds,
-            "measurement_s": round(self.measure_s, 1),
-            "model_s": round(self.model_s, 1),
-            "wall_s": round(time.perf_counter() - self.started, 1),
-            "budget_s": self.opts.budget_s,
-            "served_runs": sum(len(t.measured) for t in self.trials),
-            "trials": counts,
-            **self.model.to_dict(),  # engine_model (the step profiles), calibration
-            "tuned_file": str(tuned_path),
-            "serve_command": serve_command(self.opts),
-            "reproduce": reproduce_command(self.opts),
-            "summary": {k: str(v) for k, v in summary.items()} if summary else None,
-            "out": str(self.opts.out),
-        }
 
     def write_trials(self) -> Path:
         return write_trials_csv(self.trials, self.opts.out / "trials.csv")

@@ -16,7 +16,8 @@ import yaml
 
 from inferflow.experiment.space import format_value
 from inferflow.experiment.tune_options import Options
-from inferflow.experiment.tune_trial import Trial
+from inferflow.experiment.tune_trial import Trial, within_interval
+from inferflow.experiment.tune_winner import attains
 
 
 def tuned_text(overrides: Sequence[str], header: Sequence[str] = ()) -> str:
@@ -308,3 +309,82 @@ def write_trials_summary(
         return None
     files = write_summary(rows, out, title=title)
     return {"csv": files.csv, "md": files.md, "png": files.png}
+
+
+def build_report(
+    opts: Options,
+    workload: Mapping[str, Any],
+    trials: Sequence[Trial],
+    default: Trial,
+    winner: Trial,
+    stage: str | None,
+    *,
+    tuned_path: Path,
+    summary: Mapping[str, Any] | None,
+    measure_s: float,
+    model_s: float,
+    wall_s: float,
+    engine_model: Mapping[str, Any],
+) -> dict[str, Any]:
+    """``report.json``: the winner beside the default measured in the same session (their
+    goodput ratio and whether it exceeds the runs' spread), the points it cannot be told apart
+    from, which SLO binds, the time spent, and how to serve and reproduce it. ``stage`` None:
+    the engine model's prediction (``--simulate-only``)."""
+    win, dflt = report_figures(winner, stage), report_figures(default, stage)
+    ratio = None
+    if win.get("request_goodput") is not None and dflt.get("request_goodput"):
+        ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
+    clear = None  # the default's mean outside the winner's prediction interval
+    if ratio is not None and winner is not default:
+        clear = not within_interval(winner, default.measured.get(stage or "", {}), stage)
+    # the measured points the winner cannot be told apart from at these repeats
+    tied = [
+        {"label": t.label, "overrides": t.overrides, "request_goodput": t.goodput(stage)}
+        for t in trials
+        if stage
+        and t is not winner
+        and t.goodput(stage) is not None
+        and within_interval(winner, t.measured[stage], stage)
+    ]
+    rate = workload.get("request_rate")
+    served = winner.measured.get(stage or "", {}).get("request_throughput") if stage else None
+    # past capacity the queue grows through the run and goodput depends on the arrival draw
+    overloaded = (
+        rate is not None and math.isfinite(float(rate)) and served is not None
+        and float(served) < 0.95 * float(rate)
+    )  # fmt: skip
+    counts: dict[str, int] = {}
+    for t in trials:
+        counts[t.state] = counts.get(t.state, 0) + 1
+    measured = stage is not None and winner.goodput(stage) is not None
+    return {
+        "name": opts.name,
+        "workload": dict(workload),
+        "slo_ms": opts.slos,
+        "slo_attainment": opts.attainment,
+        "winner_attains": (
+            attains(winner, stage, opts.attainment)
+            if measured and stage and opts.attainment is not None
+            else None
+        ),
+        "stage": stage or "simulated",
+        "winner": {"overrides": winner.overrides, "label": winner.label, **win},
+        "default": dflt,
+        "goodput_ratio": ratio,
+        "clear_win": clear,
+        "tied_with_winner": tied,
+        "past_capacity": overloaded,
+        "binding_slo": binding_slo(win, opts.slos),
+        "measurement_s": round(measure_s, 1),
+        "model_s": round(model_s, 1),
+        "wall_s": round(wall_s, 1),
+        "budget_s": opts.budget_s,
+        "served_runs": sum(len(t.measured) for t in trials),
+        "trials": counts,
+        **engine_model,  # engine_model (the step profiles), calibration
+        "tuned_file": str(tuned_path),
+        "serve_command": serve_command(opts),
+        "reproduce": reproduce_command(opts),
+        "summary": {k: str(v) for k, v in summary.items()} if summary else None,
+        "out": str(opts.out),
+    }

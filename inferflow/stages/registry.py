@@ -70,6 +70,10 @@ TUNABLE_OPTIONS: dict[str, tuple[str, ...]] = {
     "cache": ("prefix", "none"),
     "speculative": ("none", "ngram"),
 }
+# Of those, the groups whose choice the tuner's engine model cannot see (it leaves speculative
+# decoding out: acceptance depends on the text): real runs decide them, as for the fields
+# declared ``tunable(..., simulated=False)``.
+UNMODELLED_OPTIONS: frozenset[str] = frozenset({"speculative"})
 
 
 def schema_name(group: str, option: str) -> str:

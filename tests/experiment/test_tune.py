@@ -26,6 +26,7 @@ from inferflow.config.tunable import Tunable, tunable, tunables
 from inferflow.experiment import tune, tune_model, tune_trial
 from inferflow.experiment.simulate import CostModel, Profile, Workload, simulate
 from inferflow.experiment.space import SearchSpace, parse_range
+from inferflow.experiment.tune_winner import attains, measured_winner
 from inferflow.graph import build_graph
 from inferflow.stages.batching import ContinuousBatching
 from inferflow.stages.registry import BUILTIN_OPTIONS, TUNABLE_OPTIONS
@@ -414,6 +415,57 @@ def test_search_measures_the_promising_points_and_records_failures(
     assert (out / "report.md").read_text().startswith("# inferflow tune: standin")
 
 
+def test_knobs_the_model_cannot_see_are_decided_by_short_runs(
+    home: Path, home_conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """API processes and speculation are invisible to the engine model (every value predicts
+    the same): the simulated search keeps them at the base's values, then the best short
+    point gets a short run with each of their other values, and one that serves more wins."""
+    monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    cost = CostModel((0.004, 0.002, 0.0002, 0.0))
+    monkeypatch.setattr(
+        tune_model, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0)
+    )
+    calls: list[list[str]] = []
+
+    def stand_in(
+        overrides: Sequence[str],
+        workload: Mapping[str, Any],
+        goodput: Mapping[str, float],
+        repeats: int,
+        warmup: int,
+        log_dir: Path,
+    ) -> dict[str, Any]:
+        calls.append(list(overrides))
+        graph = build_graph(compose_config(list(overrides)))
+        # two API processes serve a third more (what only a real run can show)
+        faster = "server.num_api_servers=2" in overrides
+        figures = simulate(graph, Workload.of(workload), cost.scaled(0.75 if faster else 1.0),
+                           goodput)  # fmt: skip
+        return {"task": "bench", "repeats": repeats, **figures}
+
+    # SLOs every point meets: goodput is throughput, so the faster point is the better one
+    argv = ["--slo", "ttft:100000", "--request-rate", "inf", "--max-concurrency", "32",
+            "--num-prompts", "36", "--input-len", "32", "--output-len", "16",
+            "--space", "batching.max_num_seqs=2,16", "server.num_api_servers=1,2",
+            "speculative=none,ngram", "--sim-trials", "12", "--top", "2", "--budget-s", "5000",
+            "--out", str(tmp_path / "out"), "--name", "unmodelled"]  # fmt: skip
+    tuner = tune.Tuner(tune.parse_args(argv), measure=stand_in, log=lambda m: None)
+    assert [k.key for k in tuner.space.unmodelled()] == ["speculative", "server.num_api_servers"]
+    assert tuner.variant_count() == 2
+    report = tuner.run()
+    simulated = [t for t in tuner.trials if t.predicted]
+    assert simulated and all(
+        "server.num_api_servers" not in t.point and "speculative" not in t.point for t in simulated
+    )
+    variants = [t for t in tuner.trials if not t.predicted and t.label != "default"]
+    assert sorted(
+        o for t in variants for o in t.overrides if o.startswith(("server.", "speculative"))
+    ) == ["server.num_api_servers=2", "speculative=ngram"]
+    assert all(t.measured.get("short") for t in variants)
+    assert "server.num_api_servers=2" in report["winner"]["overrides"]
+
+
 # ------------------------------------------------------------------ the real command
 
 
@@ -544,9 +596,9 @@ def test_of_tied_goodputs_the_point_furthest_inside_the_slos_wins(
     edgy = trial(1, 2.90, ttft=900.0, tpot=20.0)  # 90 % of the TTFT limit
     roomy = trial(2, 2.86, ttft=400.0, tpot=30.0)  # 60 % of the TPOT limit
     worse = trial(3, 2.50, ttft=100.0, tpot=10.0)
-    assert tuner._measured_winner([edgy, roomy, worse], "confirm") is roomy
+    assert measured_winner([edgy, roomy, worse], "confirm", tuner.opts.slos) is roomy
     ahead = trial(4, 3.00, ttft=950.0, tpot=45.0)
-    assert tuner._measured_winner([edgy, roomy, ahead], "confirm") is ahead
+    assert measured_winner([edgy, roomy, ahead], "confirm", tuner.opts.slos) is ahead
 
 
 def test_slo_attainment_constrains_the_measured_winner_too(
@@ -554,12 +606,12 @@ def test_slo_attainment_constrains_the_measured_winner_too(
 ) -> None:
     """``--slo-attainment 0.95``: a point whose measured goodput is higher but whose share of
     requests inside the SLOs (goodput / throughput) is under 95 % does not win; when no point
-    attains it, the best one still wins and the report says it misses."""
+    attains it, the best one still wins and the log says it misses."""
     monkeypatch.setenv("INFERFLOW_HOME", str(home))
-    tuner = tune.Tuner(
-        tune.parse_args(["--slo", "ttft:1000", "--request-rate", "3", "--slo-attainment", "0.95"]),
-        log=lambda m: None,
+    opts = tune.parse_args(
+        ["--slo", "ttft:1000", "--request-rate", "3", "--slo-attainment", "0.95"]
     )
+    slos, need = opts.slos, opts.attainment
 
     def trial(number: int, goodput: float, served: float) -> tune_trial.Trial:
         result = {"request_goodput": goodput, "request_throughput": served, "p99_ttft_ms": 500.0}
@@ -569,10 +621,15 @@ def test_slo_attainment_constrains_the_measured_winner_too(
 
     busy = trial(1, 2.60, served=3.00)  # 87 % of its requests good
     tidy = trial(2, 2.40, served=2.45)  # 98 %
-    assert tuner._measured_winner([busy, tidy], "confirm") is tidy
-    assert tuner._attains(tidy, "confirm") and not tuner._attains(busy, "confirm")
+    assert measured_winner([busy, tidy], "confirm", slos, need) is tidy
+    assert attains(tidy, "confirm", need) and not attains(busy, "confirm", need)
     worse = trial(3, 2.00, served=2.90)  # 69 %
-    assert tuner._measured_winner([busy, worse], "confirm") is busy
+    logged: list[str] = []
+    assert measured_winner([busy, worse], "confirm", slos, need, logged.append) is busy
+    assert logged == [
+        "no measured point has 95% of its requests inside the SLOs (--slo-attainment): "
+        "the winner is the best that misses it"
+    ]
 
 
 def test_a_confirmation_on_several_servers_is_budgeted_for_each_start_and_warm_up(
@@ -582,11 +639,12 @@ def test_a_confirmation_on_several_servers_is_budgeted_for_each_start_and_warm_u
     confirmation is a start and a full warm-up per server and ``--repeats`` full loads: with
     three servers it costs more, and fewer candidates get short runs in the same budget."""
     monkeypatch.setenv("INFERFLOW_HOME", str(home))
+    # (a space of knobs the model sees: no short runs for measured-only knobs to budget)
     argv = ["--slo", "ttft:1000", "--request-rate", "3", "--num-prompts", "96", "--repeats", "3",
-            "--budget-s", "700"]  # fmt: skip
+            "--budget-s", "700", "--space", "batching.max_num_seqs"]  # fmt: skip
 
     def tuner(*extra: str) -> tune.Tuner:
-        return tune.Tuner(tune.parse_args([*argv, *extra]), log=lambda m: None)
+        return tune.Tuner(tune.parse_args([*extra, *argv]), log=lambda m: None)
 
     one, three = tuner(), tuner("experiment.servers=3")
     # units of 10 s: one server 1x(1 + 3) + 3x3 = 13 units, three servers 3x(1 + 3) + 3x3 = 21
@@ -595,3 +653,7 @@ def test_a_confirmation_on_several_servers_is_budgeted_for_each_start_and_warm_u
     assert tuner("experiment.servers=9").confirm_cost(30.0) == pytest.approx(210.0)  # <= repeats
     # 700 s: one server, 6 short runs (180 s) and 3 confirmations (390 s); three servers, 3
     assert (one._how_many(30.0), three._how_many(30.0)) == (6, 3)
+    # knobs only real runs decide: their other values on the best point (3 + 3 short runs,
+    # 180 s) come out of the model's picks: 4 short runs and 2 confirmations fit
+    unseen = tuner("--space", "server.num_api_servers=1:4", "cache.block_size")
+    assert unseen.variant_count() == 6 and unseen._how_many(30.0) == 4
