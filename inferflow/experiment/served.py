@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from inferflow.bench.suite import ServerStartError, free_port, managed_server
 from inferflow.bench.tokenizer_lookup import TOKENIZER_FILE
+from inferflow.compose import CONFIG_NAME
 from inferflow.config import ConfigError
 from inferflow.config.schema import WorkloadConfig
 from inferflow.experiment.figures import MachineLoad, cpu_busy_pct_now
@@ -66,7 +67,7 @@ def run(graph: ServingGraph, cfg: DictConfig) -> dict[str, Any]:
     experiment = cfg.experiment
     with log_folder(cfg) as (log_dir, temporary):
         return measure_served(
-            list(HydraConfig.get().overrides.task),
+            [*config_sources(), *HydraConfig.get().overrides.task],
             experiment.workload,
             experiment.goodput,
             int(experiment.repeats),
@@ -104,15 +105,38 @@ def log_folder(cfg: DictConfig) -> Iterator[tuple[Path, bool]]:
             yield Path(tmp), True
 
 
+def config_sources() -> list[str]:
+    """What made this run's config besides its overrides, for the served config's process:
+    ``--config-dir`` and ``--config-name`` given on the command line, and
+    ``hydra.searchpath`` (a user's own configs and stages; ``INFERFLOW_CONFIG_PATH`` reaches
+    the server through its environment)."""
+    hydra = HydraConfig.get()
+    flags = [
+        f"--config-dir={source.path.removeprefix('file://')}"
+        for source in hydra.runtime.config_sources
+        if source.provider == "command-line"
+    ]
+    if hydra.job.config_name and hydra.job.config_name != CONFIG_NAME:
+        flags.append(f"--config-name={hydra.job.config_name}")
+    return flags + [o for o in hydra.overrides.hydra if _key(o) == "hydra.searchpath"]
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
 def serve_overrides(overrides: Sequence[str]) -> list[str]:
     """The overrides of a measuring run that make up the served config (without
-    :data:`MEASURING_KEYS` and :data:`MEASURING_PREFIXES`)."""
-    kept = []
-    for override in overrides:
-        key = override.lstrip("+~").split("=", 1)[0]
-        if key not in MEASURING_KEYS and not key.startswith(MEASURING_PREFIXES):
-            kept.append(override)
-    return kept
+    :data:`MEASURING_KEYS` and :data:`MEASURING_PREFIXES`; ``hydra.searchpath`` and the
+    ``--config-*`` flags of :func:`config_sources` stay)."""
+
+    def served(override: str) -> bool:
+        key = _key(override)
+        if key == "hydra.searchpath" or override.startswith("--config-"):
+            return True
+        return key not in MEASURING_KEYS and not key.startswith(MEASURING_PREFIXES)
+
+    return [o for o in overrides if served(o)]
 
 
 def measure_served(

@@ -244,6 +244,9 @@ def test_serve_overrides_keep_the_config_and_drop_the_measuring() -> None:
         "batching.max_num_seqs=8",
         "~cache",
     ]
+    # where the config came from stays; Hydra's other settings do not
+    sources = ["--config-dir=/my/conf", "hydra.searchpath=[file:///my/more]", "hydra.run.dir=x"]
+    assert serve_overrides(sources) == sources[:2]
 
 
 @pytest.fixture
@@ -420,3 +423,24 @@ def test_sigterm_stops_inferflow_tune_and_the_server_it_measures(
     assert f"inferflow tune: interrupted (SIGTERM); trials so far in {out}/trials.csv" in stderr
     assert "Traceback" not in stderr
     assert len(list(out.glob("runs/*"))) == 1  # no later point started
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_bench_of_a_config_from_the_users_config_dir_serves_that_config(
+    env: dict[str, str], cwd: Path, tmp_path: Path
+) -> None:
+    """``--config-dir`` (and ``hydra.searchpath``) made the measuring run's config: the server
+    it starts gets them too, and serves the user's option (it failed: unknown option)."""
+    user = tmp_path / "my_conf"
+    (user / "batching").mkdir(parents=True)
+    (user / "batching" / "three.yaml").write_text(
+        "defaults:\n  - /batching_continuous_schema@_here_\n  - _self_\nmax_num_seqs: 3\n"
+    )
+    out = tmp_path / "result.json"
+    args = [f"--config-dir={user}", "task=bench", "batching=three", "tracing=off",
+            *TINY_WORKLOAD, "experiment.repeats=1", f"offline.output={out}"]  # fmt: skip
+    proc = inferflow(args, env, cwd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["engine"]["scheduler"]["max_num_seqs"] == 3 and result["completed"] == 8
