@@ -218,6 +218,14 @@ def test_callback_failure_is_one_warning_line(
 # --- a real sweep through the command line ----------------------------------------------------
 
 
+def run_python(argv: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` as a user runs it, its output captured."""
+    return subprocess.run(
+        [sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True, timeout=600,
+        check=False,
+    )  # fmt: skip
+
+
 @pytest.mark.server
 @pytest.mark.slow
 def test_offline_sweep_ends_with_its_summary(
@@ -235,15 +243,7 @@ def test_offline_sweep_ends_with_its_summary(
         "experiment.warmup=0",
         f"hydra.sweep.dir={sweep}",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "inferflow", *args],
-        env=cli_env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_python(["-m", "inferflow", *args], cli_env, workdir)
     assert proc.returncode == 0, proc.stderr
     assert "no sweep summary" not in proc.stderr
     with (sweep / "summary.csv").open() as stream:
@@ -287,15 +287,7 @@ def test_an_unexpected_error_in_one_point_fails_that_point_and_the_sweep_goes_on
     args = ["-m", "task=offline", "batching.max_num_seqs=4,1", "offline.num_prompts=2",
             "offline.prompt_len=8", "offline.max_tokens=2", "experiment.repeats=1",
             "experiment.warmup=0", f"hydra.sweep.dir={sweep}"]  # fmt: skip
-    proc = subprocess.run(
-        [sys.executable, "-c", patch, *args],
-        env=cli_env,
-        cwd=workdir,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    proc = run_python(["-c", patch, *args], cli_env, workdir)
     assert proc.returncode == 1, proc.stderr
     assert "Traceback" not in proc.stderr
     broken = next(sweep.glob("0_batching.max_num_seqs=4,*"))

@@ -332,6 +332,36 @@ def test_tuned_file_composes_as_plus_tuned(tmp_path: Path, monkeypatch: pytest.M
 # ------------------------------------------------------------------ the search, measured by a stand-in
 
 
+def model_measure(
+    cost: CostModel,
+    calls: list[tuple[list[str], int]],
+    *,
+    failing: str | None = None,
+    faster: str | None = None,
+) -> tune.Measure:
+    """A served measurement played by the engine model (each call recorded in ``calls`` with
+    its number of prompts): a point with the override ``failing`` "does not start", one with
+    ``faster`` takes 0.75 of the modelled step times (what only a real run would show)."""
+
+    def measure(
+        overrides: Sequence[str],
+        workload: Mapping[str, Any],
+        goodput: Mapping[str, float],
+        repeats: int,
+        warmup: int,
+        log_dir: Path,
+    ) -> dict[str, Any]:
+        calls.append((list(overrides), int(workload["num_prompts"])))
+        if failing is not None and failing in overrides:
+            return {"task": "bench", "failed": "server did not start: boom"}
+        graph = build_graph(compose_config(list(overrides)))
+        scale = 0.75 if faster is not None and faster in overrides else 1.0
+        figures = simulate(graph, Workload.of(workload), cost.scaled(scale), goodput)
+        return {"task": "bench", "repeats": repeats, **figures}
+
+    return measure
+
+
 def test_search_measures_the_promising_points_and_records_failures(
     home: Path, home_conf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -343,21 +373,7 @@ def test_search_measures_the_promising_points_and_records_failures(
         tune_model, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0)
     )
     calls: list[tuple[list[str], int]] = []
-
-    def stand_in(
-        overrides: Sequence[str],
-        workload: Mapping[str, Any],
-        goodput: Mapping[str, float],
-        repeats: int,
-        warmup: int,
-        log_dir: Path,
-    ) -> dict[str, Any]:
-        calls.append((list(overrides), int(workload["num_prompts"])))
-        if "batching.max_num_seqs=3" in overrides:
-            return {"task": "bench", "failed": "server did not start: boom"}
-        graph = build_graph(compose_config(list(overrides)))
-        figures = simulate(graph, Workload.of(workload), cost, goodput)
-        return {"task": "bench", "repeats": repeats, **figures}
+    stand_in = model_measure(cost, calls, failing="batching.max_num_seqs=3")
 
     out = tmp_path / "out"
     argv = [
@@ -426,23 +442,8 @@ def test_knobs_the_model_cannot_see_are_decided_by_short_runs(
     monkeypatch.setattr(
         tune_model, "profile_engine", lambda graph, **kw: Profile(cost, seconds=0.0)
     )
-    calls: list[list[str]] = []
-
-    def stand_in(
-        overrides: Sequence[str],
-        workload: Mapping[str, Any],
-        goodput: Mapping[str, float],
-        repeats: int,
-        warmup: int,
-        log_dir: Path,
-    ) -> dict[str, Any]:
-        calls.append(list(overrides))
-        graph = build_graph(compose_config(list(overrides)))
-        # two API processes serve a third more (what only a real run can show)
-        faster = "server.num_api_servers=2" in overrides
-        figures = simulate(graph, Workload.of(workload), cost.scaled(0.75 if faster else 1.0),
-                           goodput)  # fmt: skip
-        return {"task": "bench", "repeats": repeats, **figures}
+    # two API processes serve a third more (what only a real run can show)
+    stand_in = model_measure(cost, [], faster="server.num_api_servers=2")
 
     # SLOs every point meets: goodput is throughput, so the faster point is the better one
     argv = ["--slo", "ttft:100000", "--request-rate", "inf", "--max-concurrency", "32",
