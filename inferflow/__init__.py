@@ -2,7 +2,7 @@
 
 ``from inferflow import LLM, SamplingParams`` is the offline API (vLLM-style); ``LLM`` is
 imported on first use, so importing the package stays cheap. The layers, bottom up, each
-importing only the ones below it (``tests/test_layers.py``): ``paths``, ``json_types`` ->
+importing only the ones below it (``tests/test_layers.py``): ``paths``, ``json_types``, ``interrupts`` ->
 ``config/`` -> ``sampling_params``, ``outputs`` -> ``models/`` -> ``scheduling/`` -> ``sampling/``
 -> ``runtimes/`` -> ``stages/`` -> ``engine/``, ``compose`` -> ``graph/`` -> ``llm``,
 ``embeddings/``, ``telemetry/`` -> ``server/`` -> ``cli``; ``testing/`` and ``bench/`` on top.

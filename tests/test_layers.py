@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1] / "inferflow"
 
 LAYERS: dict[str, list[set[str]]] = {
     "inferflow": [
-        {"paths", "json_types"},  # leaves
+        {"paths", "json_types", "interrupts"},  # leaves
         {"config"},  # schemas, SLOTS, ConfigError: imports only the leaves
         {"sampling_params", "outputs", "guided"},  # what a request carries in and out
         {"models"},  # checkpoints, tokenizers, the models' ONNX graphs
