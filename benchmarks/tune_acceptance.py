@@ -4,6 +4,8 @@
     python benchmarks/tune_acceptance.py                  # the ~100M checkpoint (run it on an idle machine)
     python benchmarks/tune_acceptance.py --quick          # the embedded tiny model, a smoke-sized run
     python benchmarks/tune_acceptance.py --request-rate 5 # another fixed rate
+    python benchmarks/tune_acceptance.py --space batching.max_num_seqs=4,8,16,32 executor.precision=fp32,int4
+                                                          # another space (8 points: half the time)
     python benchmarks/tune_acceptance.py --report benchmarks/results/tune/tune_acceptance.json
                                                           # rewrite the .md from a saved result
 
@@ -206,6 +208,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="the tiny model, a smoke-sized run")
     ap.add_argument("--request-rate", type=float, default=None)
+    ap.add_argument("--space", nargs="+", default=None, metavar="KEY=VALUES",
+                    help="another space (inferflow tune's --space items) for every phase")  # fmt: skip
     ap.add_argument("--out", type=Path, default=None, help="work folder (default: a temp dir)")
     ap.add_argument("--report", type=Path, default=None, metavar="JSON",
                     help="measure nothing: rewrite the Markdown beside a saved result")  # fmt: skip
@@ -223,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     size = sizes(args.quick)
     if args.request_rate is not None:
         size["workload"]["request_rate"] = args.request_rate
+    if args.space is not None:
+        size["space"] = list(args.space)
     path = checkpoint(size["model"], MODELS_DIR)
     base = ["+model=local", f"model.path={path}", "tracing=off"]
     if size["servers"] > 1:  # tune and the grid measure with it (the server never sees it)
