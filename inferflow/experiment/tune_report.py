@@ -16,7 +16,7 @@ import yaml
 
 from inferflow.experiment.space import format_value
 from inferflow.experiment.tune_options import Options
-from inferflow.experiment.tune_trial import Trial, within_interval
+from inferflow.experiment.tune_trial import Trial, goodput_interval, within_interval
 from inferflow.experiment.tune_winner import attains
 
 
@@ -334,8 +334,9 @@ def build_report(
     ratio = None
     if win.get("request_goodput") is not None and dflt.get("request_goodput"):
         ratio = float(win["request_goodput"]) / float(dflt["request_goodput"])
-    clear = None  # the default's mean outside the winner's prediction interval
-    if ratio is not None and winner is not default:
+    # the default's mean outside the winner's prediction interval (None: no interval to say)
+    clear = None
+    if ratio is not None and winner is not default and goodput_interval(winner, stage):
         clear = not within_interval(winner, default.measured.get(stage or "", {}), stage)
     # the measured points the winner cannot be told apart from at these repeats
     tied = [

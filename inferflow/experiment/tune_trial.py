@@ -33,13 +33,20 @@ class Trial:
         return float(value) if value is not None else None
 
 
+def goodput_interval(trial: Trial, stage: str | None) -> tuple[float, float] | None:
+    """(mean, half-width) of the 95 % prediction interval of ``trial``'s goodput at ``stage``;
+    None without one (a single repeat, or nothing measured)."""
+    if not stage:
+        return None
+    spread = trial.measured.get(stage, {}).get("figures", {}).get("request_goodput") or {}
+    mean, half = spread.get("mean"), spread.get("pi95")
+    return None if mean is None or half is None else (float(mean), float(half))
+
+
 def within_interval(winner: Trial, result: Mapping[str, Any], stage: str | None) -> bool:
     """Whether ``result``'s goodput lies in the 95 % prediction interval of ``winner``'s
     measurement at ``stage`` (False when the winner has no interval: a single repeat)."""
-    if not stage or "request_goodput" not in result:
+    interval = goodput_interval(winner, stage)
+    if interval is None or "request_goodput" not in result:
         return False
-    spread = winner.measured.get(stage, {}).get("figures", {}).get("request_goodput") or {}
-    mean, half = spread.get("mean"), spread.get("pi95")
-    if mean is None or half is None:
-        return False
-    return abs(float(result["request_goodput"]) - float(mean)) <= float(half)
+    return abs(float(result["request_goodput"]) - interval[0]) <= interval[1]

@@ -24,6 +24,7 @@ from inferflow.compose import compose_config
 from inferflow.config import ConfigError
 from inferflow.config.tunable import Tunable, tunable, tunables
 from inferflow.experiment import tune, tune_model, tune_trial
+from inferflow.experiment.figures import Spread
 from inferflow.experiment.simulate import CostModel, Profile, Workload, simulate
 from inferflow.experiment.space import SearchSpace, parse_range
 from inferflow.experiment.tune_winner import attains, measured_winner
@@ -357,7 +358,10 @@ def model_measure(
         graph = build_graph(compose_config(list(overrides)))
         scale = 0.75 if faster is not None and faster in overrides else 1.0
         figures = simulate(graph, Workload.of(workload), cost.scaled(scale), goodput)
-        return {"task": "bench", "repeats": repeats, **figures}
+        # repeats that vary by 3 % each way: a spread and a prediction interval, as served.py's
+        values = [figures["request_goodput"] * (1 + 0.03 * k) for k in (-1, 0, 1)][:repeats]
+        spread = {"request_goodput": Spread.of(values).to_dict()}
+        return {"task": "bench", "repeats": repeats, **figures, "figures": spread}
 
     return measure
 
@@ -416,7 +420,7 @@ def test_search_measures_the_promising_points_and_records_failures(
         ["batching.max_num_seqs=32"],
     )
     assert report["goodput_ratio"] is not None and report["goodput_ratio"] >= 1.0
-    assert report["clear_win"] is not None  # judged against the runs' spread
+    assert isinstance(report["clear_win"], bool)  # judged against the runs' spread
     assert report["past_capacity"] is False  # a closed loop (--request-rate inf): no rate to miss
     assert isinstance(report["tied_with_winner"], list)
     assert report["binding_slo"]["slo"] in ("ttft", "tpot")
@@ -526,6 +530,7 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(
     assert tuned.read_text().startswith("# @package _global_")
     report = json.loads((out / "report.json").read_text())
     assert report["default"].get("request_goodput") is not None
+    assert report["clear_win"] is None  # one repeat: no interval to call the win clear by
     assert (out / "trials.csv").is_file()
     # the summary of everything tried: the default and each measured point, short and confirm
     summary = report["summary"]
@@ -550,7 +555,6 @@ def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
     """A measured point whose goodput lies in the winner's 95 % prediction interval cannot be
     ranked below it at these repeats: the report names it; a rate past what the winner serves
     is called out (past capacity goodput depends on the arrival draw)."""
-    from inferflow.experiment.figures import Spread
     from inferflow.experiment.tune_report import tie_and_capacity_notes
 
     def trial(number: int, values: list[float], served: float) -> tune_trial.Trial:
@@ -567,6 +571,9 @@ def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
     assert not tune_trial.within_interval(winner, far.measured["confirm"], "confirm")
     alone = trial(4, [3.0], served=3.0)  # one repeat: no interval
     assert not tune_trial.within_interval(alone, close.measured["confirm"], "confirm")
+    assert tune_trial.goodput_interval(alone, "confirm") is None
+    mean, half = tune_trial.goodput_interval(winner, "confirm") or (0.0, 0.0)
+    assert mean == pytest.approx(3.1) and half == pytest.approx(0.497, abs=0.001)
     notes = tie_and_capacity_notes({
         "tied_with_winner": [{"overrides": close.overrides, "request_goodput": 2.8}],
         "past_capacity": True,
