@@ -101,7 +101,12 @@ def reproduce_command(opts: Options) -> str:
 
 
 def serve_command(opts: Options) -> str:
-    return " ".join(["python -m inferflow", _join(opts.overrides), f"+tuned={opts.name}"]).replace(
+    """How to serve the winner: the base overrides (but how it was measured:
+    ``experiment.*``, ``task``) and ``+tuned=NAME``."""
+    from inferflow.experiment.served import serve_overrides
+
+    served = serve_overrides(opts.overrides)
+    return " ".join(["python -m inferflow", _join(served), f"+tuned={opts.name}"]).replace(
         "  ", " "
     )
 

@@ -551,6 +551,14 @@ def test_inferflow_tune_end_to_end_on_the_tiny_model(
     assert check.returncode == 0, check.stderr
 
 
+def test_the_serve_command_keeps_the_config_and_drops_how_it_was_measured() -> None:
+    from inferflow.experiment.tune_report import serve_command
+
+    opts = tune.parse_args(["experiment.servers=3", "+model=local", "model.path=/m", "task=bench",
+                            "--slo", "ttft:100", "--name", "x"])  # fmt: skip
+    assert serve_command(opts) == "python -m inferflow +model=local model.path=/m +tuned=x"
+
+
 def test_points_inside_the_winners_interval_are_reported_as_tied() -> None:
     """A measured point whose goodput lies in the winner's 95 % prediction interval cannot be
     ranked below it at these repeats: the report names it; a rate past what the winner serves
