@@ -62,6 +62,7 @@ from inferflow.experiment.tune_options import (
     ArgumentError,
     Options,
     parse_args,
+    refuse_what_options_set,
 )
 from inferflow.experiment.tune_report import (
     build_report,
@@ -112,7 +113,7 @@ class Tuner:
         self.exp: ExperimentConfig = typed_config(
             ExperimentConfig, self.base.experiment, "experiment"
         )
-        _refuse_what_options_set(self.exp, opts)
+        refuse_what_options_set(self.exp, opts)
         self.trials: list[Trial] = []
         self.served_s = 0.0  # the served runs
         self.model_s = 0.0  # the simulated search
@@ -429,24 +430,6 @@ class Tuner:
     def write_summary(self) -> dict[str, Path | None] | None:
         return write_trials_summary(
             self.trials, self.opts.out, f"inferflow tune {self.opts.name}", self.log
-        )
-
-
-def _refuse_what_options_set(exp: ExperimentConfig, opts: Options) -> None:
-    """``experiment.repeats`` and ``experiment.goodput`` are tune's ``--repeats`` and ``--slo``:
-    a base config that sets them otherwise is refused in one line, not silently overridden
-    (``experiment.warmup``, ``servers``, ``max_spread``, ``server_timeout_s`` and ``workload``
-    apply as in ``task=bench``; the ``--`` workload options override ``workload``)."""
-    if exp.repeats not in (ExperimentConfig().repeats, opts.repeats):
-        raise ConfigError(
-            f"experiment.repeats={exp.repeats}: inferflow tune sets a confirmation's repeats "
-            f"with --repeats (now {opts.repeats}); use --repeats {exp.repeats}"
-        )
-    if exp.goodput and dict(exp.goodput) != dict(opts.slos):
-        given = " ".join(f"{k}:{v:g}" for k, v in exp.goodput.items())
-        raise ConfigError(
-            f"experiment.goodput: inferflow tune takes its SLOs from --slo, which differs; "
-            f"use --slo {given} (or drop experiment.goodput)"
         )
 
 

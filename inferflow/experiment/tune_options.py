@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferflow.config import ConfigError, ExperimentConfig
+
 PROG = "inferflow tune"
 SLO_NAMES = ("ttft", "tpot", "e2el")
 
@@ -194,3 +196,21 @@ def parse_args(argv: Sequence[str]) -> Options:
         list_space=args.list,
         argv=list(argv),
     )
+
+
+def refuse_what_options_set(exp: ExperimentConfig, opts: Options) -> None:
+    """``experiment.repeats`` and ``experiment.goodput`` are tune's ``--repeats`` and ``--slo``:
+    a base config that sets them otherwise is refused in one line, not silently overridden
+    (``experiment.warmup``, ``servers``, ``max_spread``, ``server_timeout_s`` and ``workload``
+    apply as in ``task=bench``; the ``--`` workload options override ``workload``)."""
+    if exp.repeats not in (ExperimentConfig().repeats, opts.repeats):
+        raise ConfigError(
+            f"experiment.repeats={exp.repeats}: inferflow tune sets a confirmation's repeats "
+            f"with --repeats (now {opts.repeats}); use --repeats {exp.repeats}"
+        )
+    if exp.goodput and dict(exp.goodput) != dict(opts.slos):
+        given = " ".join(f"{k}:{v:g}" for k, v in exp.goodput.items())
+        raise ConfigError(
+            f"experiment.goodput: inferflow tune takes its SLOs from --slo, which differs; "
+            f"use --slo {given} (or drop experiment.goodput)"
+        )

@@ -264,8 +264,16 @@ def sweep_process(env: dict[str, str], cwd: Path) -> Iterator[list[subprocess.Po
 def start_sweep(
     args: list[str], env: dict[str, str], cwd: Path, procs: list[subprocess.Popen[str]]
 ) -> subprocess.Popen[str]:
+    return start_inferflow(["-m", *args], env, cwd, procs)
+
+
+def start_inferflow(
+    args: list[str], env: dict[str, str], cwd: Path, procs: list[subprocess.Popen[str]]
+) -> subprocess.Popen[str]:
+    """``python -m inferflow ARGS`` in the background (killed at the test's end, with what it
+    started, by ``sweep_process``)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "inferflow", "-m", *args],
+        [sys.executable, "-m", "inferflow", *args],
         env=env,
         cwd=cwd,
         stdout=subprocess.PIPE,
@@ -402,15 +410,7 @@ def test_sigterm_stops_inferflow_tune_and_the_server_it_measures(
             "--space", "batching.max_num_seqs=2,4", "--num-prompts", "100000", "--input-len",
             "16", "--output-len", "64", "--max-concurrency", "2", "--name", "sigterm",
             "--out", str(out)]  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "inferflow", *args],
-        env=env,
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    sweep_process.append(proc)
+    proc = start_inferflow(args, env, cwd, sweep_process)
 
     def loading() -> bool:  # the default's server is up and the endless load runs
         logs = list(out.glob("runs/*/server.log"))
